@@ -1,0 +1,26 @@
+"""phasemem: read a PyTorch memory profile the way an expert reads an X-ray.
+
+Example:
+    >>> from phasemem import instrument
+    >>> with instrument(model, opt) as run:
+    ...     for _ in range(3):
+    ...         train_step()
+    >>> report = run.report()
+    >>> report.save_png("memory.png")
+    >>> report.phases["optimizer"].peak_bytes
+"""
+from .analyze import analyze
+from .errors import PhasememError
+from .report import Allocation, Phase, Report, Step
+
+__all__ = ["analyze", "instrument", "PhasememError", "Report", "Step", "Phase", "Allocation"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # capture imports torch; analysing a saved snapshot should not pay for that.
+    if name == "instrument":
+        from .capture import instrument
+
+        return instrument
+    raise AttributeError(name)

@@ -1,0 +1,83 @@
+"""The pipeline: snapshot → trace → timeline → segmentation → report."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .load import load_snapshot
+from .measure import measure
+from .report import Phase, Report
+from .segment import PHASES, segment
+from .timeline import Timeline
+from .trace import Trace
+
+
+def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
+            marker_prefix: str = "phasemem::") -> Report:
+    """Analyse a memory snapshot: a path to a ``_dump_snapshot`` pickle (.pickle, .gz, .xz) or the dict.
+
+    ``device`` picks the trace (default: the one with most events). ``marker_prefix`` names the
+    ``record_function`` markers that delimit phases (``<prefix>forward``, ``zero_grad``,
+    ``backward``, ``optimizer``).
+
+    Example:
+        >>> report = phasemem.analyze("snapshot.pickle")
+        >>> report.phases["optimizer"].peak_bytes
+    """
+    snap = load_snapshot(snapshot, trusted=trusted)
+    trace = Trace.from_snapshot(snap, device)
+    return analyze_trace(trace, marker_prefix=marker_prefix)
+
+
+def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
+    tl = Timeline.from_trace(trace)
+    seg = segment(trace, marker_prefix)
+    steps = measure(trace, tl, seg)
+    level = tl.level
+    peak_event = int(np.argmax(level))
+    notes = []
+    if not seg.intervals:
+        notes.append("no phase markers or optimizer annotations in this trace: everything is 'other'; "
+                     "record with phasemem.instrument() to get phases")
+    if any(not s.complete for s in steps):
+        notes.append("some steps are partial (the trace starts or ends inside them)")
+    meta = trace.meta
+    name = meta.get("device") or f"cuda:{trace.device}"
+    return Report(
+        device=str(name),
+        n_events=len(trace),
+        peak_bytes=int(level[peak_event]),
+        peak_event=peak_event,
+        preexisting_bytes=int(tl.baseline),
+        reserved_peak_bytes=int(tl.reserved_after.max()) if len(trace) else 0,
+        steps=steps,
+        phases=_aggregate(steps),
+        sources={p: s for p, s in seg.sources.items()},
+        notes=notes,
+        label_codes=seg.labels,
+        step_of=seg.step_of,
+        trace=trace,
+        timeline=tl,
+        segmentation=seg,
+    )
+
+
+def _aggregate(steps) -> dict[str, Phase]:
+    """One Phase per name over all steps: highest peak, first start, last end."""
+    out: dict[str, Phase] = {}
+    for name in PHASES:
+        occ = [s.phases[name] for s in steps if name in s.phases]
+        if not occ:
+            continue
+        top = max(occ, key=lambda p: p.peak_bytes)
+        ran = [p for p in occ if p.n_events]
+        allocs = sorted((a for p in occ for a in p.top_allocations), key=lambda a: (-a.size, a.event))
+        out[name] = Phase(
+            name=name, step=None, peak_bytes=top.peak_bytes,
+            start_bytes=occ[0].start_bytes, end_bytes=occ[-1].end_bytes,
+            start_event=ran[0].start_event if ran else None, end_event=ran[-1].end_event if ran else None,
+            peak_event=top.peak_event, n_events=sum(p.n_events for p in occ), source=occ[0].source,
+            top_allocations=allocs[:len(occ[0].top_allocations) or 5],
+        )
+    return out

@@ -1,0 +1,113 @@
+"""Read a memory snapshot from a path or a dict, without trusting the file.
+
+A snapshot is the dict ``torch.cuda.memory._snapshot()`` returns; ``_dump_snapshot`` pickles it.
+Unpickling runs code named in the file, so by default only the types a snapshot contains are
+accepted (``trusted=True`` lifts that for files you made yourself).
+"""
+from __future__ import annotations
+
+import bz2
+import collections
+import gzip
+import io
+import lzma
+import os
+import pickle
+from typing import Any
+
+from .errors import RECORD_HINT, PhasememError
+
+
+class _Version(str):
+    """Stands in for ``torch.torch_version.TorchVersion`` (a str subclass) so loading needs no torch."""
+
+
+_SAFE_GLOBALS = {
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "dict"): dict,
+    ("builtins", "list"): list,
+    ("builtins", "tuple"): tuple,
+    ("builtins", "str"): str,
+    ("builtins", "int"): int,
+    ("builtins", "float"): float,
+    ("builtins", "bytes"): bytes,
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("torch.torch_version", "TorchVersion"): _Version,
+}
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _SAFE_GLOBALS[(module, name)]
+        except KeyError:
+            raise PhasememError(
+                f"{self.where}: the pickle names {module}.{name}, which a memory snapshot never contains; "
+                "if you made this file yourself and trust it, load it with trusted=True (CLI: --trust)"
+            ) from None
+
+
+def _decompress(raw: bytes, where: str) -> bytes:
+    # Sniff the content rather than trust the extension: users rename files.
+    try:
+        if raw[:2] == b"\x1f\x8b":
+            return gzip.decompress(raw)
+        if raw[:6] == b"\xfd7zXZ\x00":
+            return lzma.decompress(raw)
+        if raw[:3] == b"BZh":
+            return bz2.decompress(raw)
+    except (OSError, EOFError, lzma.LZMAError, ValueError) as e:
+        raise PhasememError(f"{where}: the compressed stream is truncated or corrupt ({e}); copy the file again") from None
+    return raw
+
+
+def read_snapshot_file(path: str | os.PathLike, *, trusted: bool = False) -> dict:
+    """Load a pickled snapshot (plain, ``.gz``, ``.xz`` or ``.bz2``) and return the snapshot dict."""
+    where = os.fspath(path)
+    try:
+        with open(where, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise PhasememError(f"{where}: no such file; {RECORD_HINT}") from None
+    except IsADirectoryError:
+        raise PhasememError(f"{where}: is a directory, not a snapshot file") from None
+    except OSError as e:
+        raise PhasememError(f"{where}: cannot be read ({e.strerror})") from None
+    if not raw:
+        raise PhasememError(f"{where}: the file is empty; {RECORD_HINT}")
+    data = _decompress(raw, where)
+    if data[:1] != b"\x80" and data[:1] not in (b"(", b"}", b"]"):
+        raise PhasememError(f"{where}: not a pickle (a snapshot is the file torch.cuda.memory._dump_snapshot writes); {RECORD_HINT}")
+    try:
+        if trusted:
+            obj = pickle.loads(data)
+        else:
+            up = _SnapshotUnpickler(io.BytesIO(data))
+            up.where = where
+            obj = up.load()
+    except PhasememError:
+        raise
+    except (EOFError, pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+            ModuleNotFoundError, MemoryError) as e:
+        raise PhasememError(f"{where}: the pickle is truncated or corrupt ({type(e).__name__}); copy the file again or re-record it") from None
+    return as_snapshot(obj, where)
+
+
+def as_snapshot(obj: Any, where: str = "input") -> dict:
+    """Check that ``obj`` is a snapshot dict (or a dict wrapping one under ``"snapshot"``) and return it."""
+    if isinstance(obj, dict) and "device_traces" not in obj and isinstance(obj.get("snapshot"), dict):
+        obj = obj["snapshot"]
+    if not isinstance(obj, dict) or not ("device_traces" in obj or "segments" in obj):
+        raise PhasememError(f"{where}: holds a {type(obj).__name__}, not a memory snapshot; {RECORD_HINT}")
+    traces = obj.get("device_traces")
+    if not isinstance(traces, list) or not any(isinstance(t, list) and t for t in traces):
+        raise PhasememError(f"{where}: the snapshot has no allocator trace (history recording was off); {RECORD_HINT}")
+    return obj
+
+
+def load_snapshot(source: Any, *, trusted: bool = False) -> dict:
+    """A path (str or PathLike) or an in-memory snapshot dict → the snapshot dict."""
+    if isinstance(source, (str, os.PathLike)):
+        return read_snapshot_file(source, trusted=trusted)
+    return as_snapshot(source)

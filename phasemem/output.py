@@ -1,0 +1,26 @@
+"""Write files atomically: a reader sees the old file or the new one, never half of either."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Callable
+
+from .errors import PhasememError
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)``, then move the result over ``path``; on failure ``path`` is untouched."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise PhasememError(f"{path}: the folder {folder} does not exist; create it or choose another output path")
+    fd, tmp = tempfile.mkstemp(prefix=".phasemem-", suffix=os.path.splitext(path)[1], dir=folder)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise PhasememError(f"{path}: cannot be written ({e.strerror or e})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,197 @@
+"""What phasemem found, as plain dataclasses: steps, phases, their numbers, and JSON/text forms."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from .output import atomic_write
+from .units import format_bytes
+
+
+@dataclass
+class Allocation:
+    """One allocation: the trace event that made it, its size, when it was freed, where it came from."""
+
+    event: int
+    size: int
+    free_event: int | None = None  # None: still alive when the trace ends
+    stack: str | None = None  # short call-site summary; None when recorded without frames
+
+
+@dataclass
+class Phase:
+    """A phase of one step (or of all steps, in ``Report.phases``).
+
+    ``peak_bytes`` is the most memory allocated while the phase's events ran (after an alloc,
+    before a free); ``start_bytes`` is what was allocated just before its first event, ``end_bytes``
+    just after its last. Event indices are positions in ``snapshot["device_traces"][device]``;
+    they are None for a phase that ran but allocated and freed nothing.
+
+    Example:
+        >>> report.phases["optimizer"].peak_bytes
+        >>> report.steps[1].phases["backward"].peak_event
+    """
+
+    name: str
+    step: int | None
+    peak_bytes: int
+    start_bytes: int
+    end_bytes: int
+    start_event: int | None
+    end_event: int | None
+    peak_event: int | None
+    n_events: int
+    source: str  # "markers", "annotations" or "none" (for "other")
+    top_allocations: list[Allocation] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    """One training step: from the end of the previous optimizer step to the end of this one."""
+
+    index: int  # position in Report.steps
+    number: int  # training step counted from the start of recording (differs when the ring buffer wrapped)
+    start_event: int
+    end_event: int
+    complete: bool
+    peak_bytes: int
+    peak_event: int | None
+    start_bytes: int
+    end_bytes: int
+    phases: dict[str, Phase]
+
+
+@dataclass
+class Report:
+    """The analysis of one device's trace.
+
+    Example:
+        >>> report = phasemem.analyze("snapshot.pickle")
+        >>> print(report)
+        >>> report.phases["backward"].peak_bytes
+        >>> report.save_png("memory.png")
+    """
+
+    device: str
+    n_events: int
+    peak_bytes: int
+    peak_event: int
+    preexisting_bytes: int
+    reserved_peak_bytes: int
+    steps: list[Step]
+    phases: dict[str, Phase]
+    sources: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+    # The arrays the picture is drawn from; not part of to_dict().
+    label_codes: np.ndarray = field(default=None, repr=False)
+    step_of: np.ndarray = field(default=None, repr=False)
+    trace: Any = field(default=None, repr=False)
+    timeline: Any = field(default=None, repr=False)
+    segmentation: Any = field(default=None, repr=False)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """The phase name of every trace event, as a numpy array of str."""
+        from .segment import PHASES
+
+        return np.array(PHASES, dtype=object)[self.label_codes]
+
+    def label_runs(self) -> list[tuple[int, int, str, int]]:
+        """``labels`` run-length encoded: (first event, last event, phase, step position or -1)."""
+        from .segment import PHASES
+
+        codes = self.label_codes.astype(np.int64) * (1 << 32) + (self.step_of.astype(np.int64) + 1)
+        if not len(codes):
+            return []
+        cut = np.flatnonzero(np.diff(codes)) + 1
+        starts = np.concatenate([[0], cut])
+        ends = np.concatenate([cut - 1, [len(codes) - 1]])
+        return [(int(a), int(b), PHASES[self.label_codes[a]], int(self.step_of[a])) for a, b in zip(starts, ends)]
+
+    def to_dict(self) -> dict:
+        """Everything in the report as JSON-ready Python values."""
+        def plain(obj):
+            if isinstance(obj, (Phase, Step, Allocation)):
+                return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
+            if isinstance(obj, dict):
+                return {k: plain(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return [plain(v) for v in obj]
+            if isinstance(obj, np.integer):
+                return int(obj)
+            return obj
+
+        skip = {"label_codes", "step_of", "trace", "timeline", "segmentation"}
+        out = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
+        out["labels"] = [list(r) for r in self.label_runs()]
+        return out
+
+    def to_json(self, path) -> None:
+        """Write ``to_dict()`` as JSON, atomically."""
+        text = json.dumps(self.to_dict(), indent=1)
+
+        def write(tmp):
+            with open(tmp, "w") as f:
+                f.write(text)
+
+        atomic_write(path, write)
+
+    def plot(self, **options):
+        """The labeled picture as a matplotlib Figure (for notebooks)."""
+        from .render import plot
+
+        return plot(self, **options)
+
+    def save_png(self, path, **options) -> None:
+        """Draw the labeled picture to ``path`` (format from the extension: .png, .svg, .pdf)."""
+        from .render import save
+
+        save(self, path, **options)
+
+    def __str__(self) -> str:
+        return format_report(self)
+
+
+def format_report(r: Report) -> str:
+    lines = [
+        f"phasemem report — {r.device}, {r.n_events:,} events, {len(r.steps)} step(s)",
+        f"peak allocated {format_bytes(r.peak_bytes)} at event {r.peak_event}"
+        f" (step {_step_at(r, r.peak_event)}, {_phase_at(r, r.peak_event)}); "
+        f"allocated before recording {format_bytes(r.preexisting_bytes)}; peak reserved {format_bytes(r.reserved_peak_bytes)}",
+    ]
+    src = sorted(set(r.sources.values()))
+    if src:
+        lines.append("phases from " + ", ".join(f"{s} ({', '.join(p for p, v in r.sources.items() if v == s)})" for s in src))
+    lines += [f"note: {n}" for n in r.notes]
+    head = f"{'step':>5} {'phase':<10} {'start':>11} {'peak':>11} {'end':>11} {'events':>13}"
+    lines += ["", head, "-" * len(head)]
+    for st in r.steps:
+        tag = "" if st.complete else " (partial)"
+        for ph in st.phases.values():
+            ev = f"{ph.start_event}-{ph.end_event}" if ph.n_events else "—"
+            lines.append(f"{st.number:>5} {ph.name:<10} {format_bytes(ph.start_bytes):>11} "
+                         f"{format_bytes(ph.peak_bytes):>11} {format_bytes(ph.end_bytes):>11} {ev:>13}")
+        lines.append(f"{'':>5} {'step' + tag:<10} {format_bytes(st.start_bytes):>11} "
+                     f"{format_bytes(st.peak_bytes):>11} {format_bytes(st.end_bytes):>11} "
+                     f"{f'{st.start_event}-{st.end_event}':>13}")
+    lines += ["", "all steps (peak = highest over every occurrence):"]
+    for ph in r.phases.values():
+        lines.append(f"      {ph.name:<10} peak {format_bytes(ph.peak_bytes):>11} at event {ph.peak_event}")
+    return "\n".join(lines)
+
+
+def _step_at(r: Report, event: int | None):
+    if event is None or r.step_of is None or r.step_of[event] < 0:
+        return "-"
+    return r.steps[int(r.step_of[event])].number
+
+
+def _phase_at(r: Report, event: int | None) -> str:
+    if event is None or r.label_codes is None:
+        return "-"
+    from .segment import PHASES
+
+    return PHASES[int(r.label_codes[event])]

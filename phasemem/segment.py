@@ -1,0 +1,179 @@
+"""Split a trace into steps and phases from ``record_function`` markers.
+
+Markers become time intervals; an event at time t belongs to an interval [START, END] when
+START <= t <= END. Intervals are painted onto the events in start order, outer before inner, so
+nested phases resolve to the innermost (Lightning runs forward and backward inside
+``optimizer.step(closure)``; the optimizer's own work is what is left).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .trace import Trace
+
+#: Phase names in label-code order; ``other`` is code 0.
+PHASES = ("other", "forward", "loss", "zero_grad", "backward", "optimizer")
+P = {name: code for code, name in enumerate(PHASES)}
+MARKED = ("forward", "zero_grad", "backward", "optimizer")
+
+_TORCH_ANNOTATIONS = {
+    "optimizer": re.compile(r"^Optimizer\.step#"),
+    "zero_grad": re.compile(r"^Optimizer\.zero_grad#"),
+}
+
+
+@dataclass
+class Interval:
+    phase: str
+    t0: int  # µs, START
+    t1: int  # µs, END
+    source: str  # "markers" or "annotations"
+    first: int = 0  # first event index inside (searchsorted)
+    stop: int = 0  # one past the last event index inside
+
+
+@dataclass
+class Segmentation:
+    """Per-event phase codes and step numbers, plus the intervals that made them.
+
+    ``step_of[i]`` is the position in ``steps`` of event i, or -1 for events after the last step.
+    """
+
+    labels: np.ndarray  # int8 codes into PHASES
+    step_of: np.ndarray  # int32
+    steps: list[tuple[int, int, bool]]  # (first event, stop event, complete)
+    step_numbers: list[int]  # the training step each entry of ``steps`` is, counting from recording start
+    step_t1: np.ndarray  # int64 µs: the time each step ends (its optimizer's END); max int64 when open-ended
+    intervals: list[Interval]
+    sources: dict[str, str]  # phase → where its boundaries came from
+
+
+def _pair(markers, wanted) -> list[tuple[str, int, int]]:
+    """Match START/END per name with a stack; an unmatched START runs to the end of the trace."""
+    open_: dict[str, list[int]] = {}
+    out = []
+    for name, is_start, t in zip(markers.name, markers.start.tolist(), markers.time_us.tolist()):
+        phase = wanted(name)
+        if phase is None:
+            continue
+        if is_start:
+            open_.setdefault(name, []).append(t)
+        elif open_.get(name):
+            out.append((phase, open_[name].pop(), t))
+    big = np.iinfo(np.int64).max
+    out += [(wanted(name), t, big) for name, ts in open_.items() for t in ts]
+    return out
+
+
+def find_intervals(trace: Trace, prefix: str = "phasemem::") -> tuple[list[Interval], dict[str, str]]:
+    """Phase intervals from phasemem's markers, falling back to PyTorch's optimizer annotations."""
+    ours = set(MARKED)
+
+    def ours_of(name: str):
+        if name.startswith(prefix):
+            ph = name[len(prefix):]
+            return ph if ph in ours else None
+        return None
+
+    def torch_of(name: str):
+        for ph, pat in _TORCH_ANNOTATIONS.items():
+            if pat.match(name):
+                return ph
+        return None
+
+    found = [Interval(ph, t0, t1, "markers") for ph, t0, t1 in _pair(trace.markers, ours_of)]
+    have = {iv.phase for iv in found}
+    sources = {ph: "markers" for ph in have}
+    fallback = [Interval(ph, t0, t1, "annotations") for ph, t0, t1 in _pair(trace.markers, torch_of) if ph not in have]
+    for iv in fallback:
+        sources[iv.phase] = "annotations"
+    return found + fallback, sources
+
+
+def _outermost(ivs: list[Interval]) -> list[Interval]:
+    """Drop intervals nested in another of the same list (a wrapper optimizer calling an inner one)."""
+    out: list[Interval] = []
+    for iv in sorted(ivs, key=lambda i: (i.t0, -i.t1)):
+        if out and iv.t1 <= out[-1].t1:
+            continue
+        out.append(iv)
+    return out
+
+
+def segment(trace: Trace, prefix: str = "phasemem::") -> Segmentation:
+    """Label every event with its phase and step.
+
+    Example:
+        >>> seg = segment(Trace.from_snapshot(snap))
+        >>> PHASES[seg.labels[100]], seg.step_of[100]
+    """
+    t = trace.time_us
+    n = len(trace)
+    intervals, sources = find_intervals(trace, prefix)
+    for iv in intervals:
+        iv.first = int(np.searchsorted(t, iv.t0, "left"))
+        iv.stop = int(np.searchsorted(t, iv.t1, "right"))
+
+    # The loss: events after the model's forward ends and before the next backward begins.
+    fwd_ends = np.sort([iv.t1 for iv in intervals if iv.phase == "forward"])
+    bwd = sorted((iv for iv in intervals if iv.phase == "backward"), key=lambda i: i.t0)
+    prev_bwd_end = np.iinfo(np.int64).min
+    loss = []
+    for b in bwd:
+        k = np.searchsorted(fwd_ends, b.t0, "left") - 1
+        if k >= 0 and fwd_ends[k] > prev_bwd_end:
+            iv = Interval("loss", int(fwd_ends[k]), b.t0, sources.get("forward", "markers"))
+            # open at both ends: the forward's last event and the backward's first are not the loss
+            iv.first = int(np.searchsorted(t, iv.t0, "right"))
+            iv.stop = int(np.searchsorted(t, iv.t1, "left"))
+            loss.append(iv)
+        prev_bwd_end = max(prev_bwd_end, b.t1)
+    if loss:
+        sources["loss"] = loss[0].source
+    intervals = intervals + loss
+
+    labels = np.zeros(n, dtype=np.int8)
+    for iv in sorted(intervals, key=lambda i: (i.t0, -i.t1)):
+        labels[iv.first:iv.stop] = P[iv.phase]
+
+    steps, numbers, ends = _steps(intervals, labels, n)
+    step_of = np.full(n, -1, dtype=np.int32)
+    for k, (a, b, _) in enumerate(steps):
+        step_of[a:b] = k
+    return Segmentation(labels, step_of, steps, numbers, np.array(ends, dtype=np.int64), intervals, sources)
+
+    
+def step_at_time(seg: Segmentation, t: int) -> int:
+    """The step a moment belongs to (-1 after the last step): what places a phase that made no event."""
+    k = int(np.searchsorted(seg.step_t1, t, "left"))
+    return k if k < len(seg.steps) else -1
+
+
+def _steps(intervals: list[Interval], labels: np.ndarray, n: int) -> tuple[list, list, list]:
+    """Steps end where an optimizer step ends; without an optimizer, each forward starts one."""
+    big = int(np.iinfo(np.int64).max)
+    opt = _outermost([iv for iv in intervals if iv.phase == "optimizer"])
+    if opt:
+        # A step whose optimizer finished before the first recorded event was lost to the ring buffer.
+        lost = sum(1 for iv in opt if iv.stop == 0)
+        kept = [iv for iv in opt if iv.stop > 0]
+        bounds = [0] + [iv.stop for iv in kept]
+        steps = [(bounds[k], bounds[k + 1], kept[k].t1 != big) for k in range(len(kept))]
+        ends = [iv.t1 for iv in kept]
+        if steps and lost:
+            steps[0] = (steps[0][0], steps[0][1], False)
+        tail = labels[bounds[-1]:]
+        if len(tail) and np.any((tail != P["other"]) & (tail != P["optimizer"])):
+            steps.append((bounds[-1], n, False))
+            ends.append(big)
+        return steps, list(range(lost, lost + len(steps))), ends
+    fwd = _outermost([iv for iv in intervals if iv.phase == "forward"])
+    if fwd:
+        starts = sorted({(iv.first, iv.t0) for iv in fwd if 0 < iv.first < n})
+        bounds = [0] + [a for a, _ in starts] + [n]
+        steps = [(bounds[k], bounds[k + 1], True) for k in range(len(bounds) - 1)]
+        return steps, list(range(len(steps))), [t0 - 1 for _, t0 in starts] + [big]
+    return [(0, n, True)], [0], [big]

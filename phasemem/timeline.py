@@ -1,0 +1,140 @@
+"""Memory over the trace: active bytes after every event, reserved bytes, and allocation lifetimes.
+
+Active memory follows memory_viz: an ``alloc`` adds its size, a ``free_completed`` (or legacy
+``free``) removes it; ``free_requested`` alone does not, because the block is not reusable until the
+free completes. Allocations that were alive before recording began are recovered twice over, as
+memory_viz does: frees whose alloc is not in the trace, and blocks alive in the snapshot's
+segments whose address is not live at the end of the trace.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .trace import A, Trace
+
+
+@dataclass
+class Lifetimes:
+    """Every allocation's life: pre-existing ones first, then the trace's allocs in event order.
+
+    ``alloc_event`` is -1 for an allocation alive before the trace began; ``free_event`` is
+    ``len(trace)`` for one still alive at the end.
+    """
+
+    alloc_event: np.ndarray
+    free_event: np.ndarray
+    addr: np.ndarray
+    size: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.size)
+
+    @property
+    def preexisting(self) -> np.ndarray:
+        return self.alloc_event < 0
+
+    def free_of(self, alloc_events: np.ndarray) -> np.ndarray:
+        """The free event of each given alloc event (``len(trace)`` while still alive)."""
+        k = int(self.preexisting.sum())
+        pos = k + np.searchsorted(self.alloc_event[k:], alloc_events)
+        return self.free_event[pos]
+
+
+@dataclass
+class Timeline:
+    """Example:
+        >>> tl = Timeline.from_trace(trace)
+        >>> tl.active_after.max()   # peak allocated bytes
+    """
+
+    active_after: np.ndarray  # int64, bytes allocated after each event
+    delta: np.ndarray  # int64, change each event makes
+    baseline: int  # bytes alive before the first event
+    reserved_after: np.ndarray  # int64, bytes reserved from the driver after each event
+    lifetimes: Lifetimes
+
+    @property
+    def active_before(self) -> np.ndarray:
+        return self.active_after - self.delta
+
+    @property
+    def level(self) -> np.ndarray:
+        """The highest active bytes while each event ran: after an alloc, before a free."""
+        return np.maximum(self.active_after, self.active_before)
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> "Timeline":
+        n = len(trace)
+        act = trace.action
+        is_alloc = act == A["alloc"]
+        is_free = (act == A["free_completed"]) | (act == A["free"])
+        ev = np.flatnonzero(is_alloc | is_free)
+        # Pair each alloc with the next free at the same address: sort by (address, event index),
+        # then an alloc followed by a free of the same address is one allocation's life.
+        order = ev[np.lexsort((ev, trace.addr[ev]))]
+        o_addr = trace.addr[order]
+        o_alloc = is_alloc[order]
+        same_next = np.zeros(len(order), dtype=bool)
+        same_next[:-1] = o_addr[1:] == o_addr[:-1]
+        nxt = np.roll(order, -1)
+        nxt_is_alloc = np.roll(o_alloc, -1)
+
+        # alloc → its free (or, if the same address is allocated again first, that re-alloc: the
+        # free was lost, and ending the life there keeps the totals honest).
+        a_mask = o_alloc
+        a_has_next = a_mask & same_next
+        alloc_ev = order[a_mask]
+        free_ev = np.where(a_has_next[a_mask], nxt[a_mask], n)
+        refree = a_has_next[a_mask] & nxt_is_alloc[a_mask]  # lost free: no event to subtract at
+        by_time = np.argsort(alloc_ev, kind="stable")
+        alloc_ev, free_ev, refree = alloc_ev[by_time], free_ev[by_time], refree[by_time]
+
+        # A free not preceded by an alloc of its address: allocated before the trace began.
+        prev_is_alloc = np.zeros(len(order), dtype=bool)
+        prev_is_alloc[1:] = o_alloc[:-1] & same_next[:-1]
+        orphan = ~o_alloc & ~prev_is_alloc
+        orphan_ev = order[orphan]
+
+        delta = np.zeros(n, dtype=np.int64)
+        delta[alloc_ev] = trace.size[alloc_ev]
+        matched_free = free_ev[(free_ev < n) & ~refree]
+        delta[matched_free] = -trace.size[matched_free]
+        delta[orphan_ev] = -trace.size[orphan_ev]
+        # A lost free is charged at the re-alloc so memory does not creep upward forever.
+        lost_at = free_ev[refree]
+        np.subtract.at(delta, lost_at, trace.size[alloc_ev[refree]])
+
+        live_end = set(trace.addr[alloc_ev[free_ev == n]].tolist())
+        blocks = trace.live_blocks
+        keep = np.fromiter((a not in live_end for a in blocks[:, 0].tolist()), dtype=bool, count=len(blocks))
+        pre_blocks = blocks[keep]
+
+        baseline = int(trace.size[orphan_ev].sum() + pre_blocks[:, 1].sum())
+        active_after = baseline + np.cumsum(delta)
+
+        lifetimes = Lifetimes(
+            alloc_event=np.concatenate([np.full(len(orphan_ev) + len(pre_blocks), -1, np.int64), alloc_ev]),
+            free_event=np.concatenate([orphan_ev, np.full(len(pre_blocks), n, np.int64), free_ev]),
+            addr=np.concatenate([trace.addr[orphan_ev], pre_blocks[:, 0], trace.addr[alloc_ev]]),
+            size=np.concatenate([trace.size[orphan_ev], pre_blocks[:, 1], trace.size[alloc_ev]]),
+        )
+        return cls(
+            active_after=active_after,
+            delta=delta,
+            baseline=baseline,
+            reserved_after=_reserved(trace),
+            lifetimes=lifetimes,
+        )
+
+
+def _reserved(trace: Trace) -> np.ndarray:
+    act = trace.action
+    sign = np.zeros(len(trace), dtype=np.int64)
+    sign[(act == A["segment_alloc"]) | (act == A["segment_map"])] = 1
+    sign[(act == A["segment_free"]) | (act == A["segment_unmap"])] = -1
+    change = np.cumsum(sign * trace.size)
+    # The snapshot's segments are the state at the end; walk back to the start.
+    start = trace.reserved_at_snapshot - (int(change[-1]) if len(change) else 0)
+    return np.maximum(start, 0) + change

@@ -1,0 +1,169 @@
+"""The columnar trace: one device's allocator events as numpy arrays, plus stacks and markers.
+
+Built in a single pass over the snapshot's ``device_traces[device]`` list; everything after this
+works on arrays. Indices into the arrays are indices into the original trace list, so an event
+number phasemem reports is the one memory_viz shows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from operator import itemgetter
+
+import numpy as np
+
+from .errors import RECORD_HINT, PhasememError
+
+# Codes for the ``action`` column. ``free`` is what older snapshots wrote for a completed free.
+ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+    "free",
+    "unknown",
+)
+A = {name: code for code, name in enumerate(ACTIONS)}
+
+_frame_key = itemgetter("filename", "line", "name")
+
+
+@dataclass
+class Markers:
+    """``record_function`` START/END annotations, in time order."""
+
+    name: list[str]
+    start: np.ndarray  # bool: True for START, False for END
+    time_us: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+
+@dataclass
+class Trace:
+    """One device's allocator trace as columns.
+
+    Example:
+        >>> t = Trace.from_snapshot(snapshot)
+        >>> t.size[t.action == A["alloc"]].sum()
+    """
+
+    device: int
+    action: np.ndarray  # int8 codes into ACTIONS
+    addr: np.ndarray  # int64
+    size: np.ndarray  # int64
+    stream: np.ndarray  # int64
+    time_us: np.ndarray  # int64
+    stack: np.ndarray  # int32 index into ``stacks``; -1 where the event has no frames
+    stacks: list[tuple[int, ...]]  # frame ids, innermost first
+    frames: list[tuple[str, int, str]]  # (filename, line, name)
+    markers: Markers
+    live_blocks: np.ndarray  # (k, 2) int64: (addr, size) of blocks allocated when the snapshot was taken
+    reserved_at_snapshot: int
+    n_devices: int = 1
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+    @property
+    def has_frames(self) -> bool:
+        return bool(len(self.stacks))
+
+    @classmethod
+    def from_snapshot(cls, snapshot: dict, device: int | None = None) -> "Trace":
+        traces = snapshot.get("device_traces") or []
+        if device is None:
+            # The busiest device is the one worth reading; users with one GPU never notice.
+            device = int(np.argmax([len(t) if isinstance(t, list) else 0 for t in traces]))
+        if not 0 <= device < len(traces):
+            raise PhasememError(
+                f"device {device} is not in this snapshot (it has devices 0..{len(traces) - 1}); pick one with --device"
+            )
+        events = traces[device]
+        if not events:
+            raise PhasememError(f"device {device} has an empty trace; {RECORD_HINT}")
+        try:
+            return cls._columnarise(snapshot, events, device, len(traces))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PhasememError(
+                f"device {device}'s trace entries are malformed ({type(e).__name__}: {e}); is this a torch memory snapshot?"
+            ) from None
+
+    @classmethod
+    def _columnarise(cls, snapshot: dict, events: list, device: int, n_devices: int) -> "Trace":
+        n = len(events)
+        code = A
+        unknown = A["unknown"]
+        action = np.fromiter((code.get(e["action"], unknown) for e in events), dtype=np.int8, count=n)
+        addr = np.fromiter((e.get("addr", 0) for e in events), dtype=np.int64, count=n)
+        size = np.fromiter((e.get("size", 0) for e in events), dtype=np.int64, count=n)
+        stream = np.fromiter((e.get("stream", 0) or 0 for e in events), dtype=np.int64, count=n)
+        time_us = np.fromiter((e.get("time_us", 0) for e in events), dtype=np.int64, count=n)
+
+        # Intern stacks: identical call paths share one id, so later code compares ints, not frames.
+        stack_ids: dict[tuple, int] = {}
+        keys = [tuple(map(_frame_key, e["frames"])) if e.get("frames") else None for e in events]
+        stack = np.fromiter(
+            (-1 if k is None else stack_ids.setdefault(k, len(stack_ids)) for k in keys), dtype=np.int32, count=n
+        )
+        del keys
+        frame_ids: dict[tuple, int] = {}
+        stacks = [tuple(frame_ids.setdefault(f, len(frame_ids)) for f in k) for k in stack_ids]
+        frames = list(frame_ids)
+
+        live = [
+            (b.get("address", 0), b.get("requested_size", b.get("size", 0)))
+            for seg in snapshot.get("segments") or []
+            if seg.get("device", device) in (device, -1)
+            for b in _blocks_with_addresses(seg)
+            if b.get("state") in ("active_allocated", "active_pending_free")
+        ]
+        reserved = sum(
+            int(seg.get("total_size", 0)) for seg in snapshot.get("segments") or []
+            if seg.get("device", device) == device
+        )
+        return cls(
+            device=device,
+            action=action,
+            addr=addr,
+            size=size,
+            stream=stream,
+            time_us=time_us,
+            stack=stack,
+            stacks=stacks,
+            frames=frames,
+            markers=_markers(snapshot, device),
+            live_blocks=np.array(live, dtype=np.int64).reshape(-1, 2),
+            reserved_at_snapshot=reserved,
+            n_devices=n_devices,
+            meta=dict(snapshot.get("phasemem") or {}),
+        )
+
+
+def _blocks_with_addresses(seg: dict):
+    # Blocks carry their address in recent torch; older snapshots only lay them out in order.
+    addr = seg.get("address", 0)
+    for b in seg.get("blocks") or []:
+        if "address" not in b:
+            b = {**b, "address": addr}
+        addr = b["address"] + b.get("size", 0)
+        yield b
+
+
+def _markers(snapshot: dict, device: int) -> Markers:
+    anns = [a for a in snapshot.get("external_annotations") or [] if isinstance(a, dict) and "time_us" in a]
+    # Annotations carry the device that was current when they fired; the autograd thread may
+    # report another, so fall back to every annotation when none names this device.
+    mine = [a for a in anns if a.get("device", device) in (device, -1, None)]
+    anns = sorted(mine or anns, key=lambda a: a["time_us"])
+    return Markers(
+        name=[str(a.get("name", "")) for a in anns],
+        start=np.array([a.get("stage") == "START" for a in anns], dtype=bool),
+        time_us=np.array([a["time_us"] for a in anns], dtype=np.int64),
+    )

@@ -1,0 +1,16 @@
+"""Human-readable byte sizes, shared by the report table and the picture."""
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def format_bytes(n: float) -> str:
+    """``format_bytes(3 * 2**30) == '3.00 GiB'``; negative sizes keep their sign."""
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in _UNITS:
+        if n < 1024 or unit == _UNITS[-1]:
+            if unit == "B":
+                return f"{sign}{int(n)} B"
+            return f"{sign}{n:.2f} {unit}" if n < 100 else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
