@@ -1,0 +1,166 @@
+"""The core numbers on real H200 traces, checked against a naive replay of the raw events."""
+import numpy as np
+import pytest
+
+import phasemem
+from phasemem.segment import PHASES
+from phasemem.timeline import Timeline
+from phasemem.trace import Trace
+
+from reference import add_loss, intervals, label_events, replay, steps_from_optimizer
+
+
+def test_active_curve_equals_naive_replay(shared_snapshot):
+    _, snap = shared_snapshot
+    events = snap["device_traces"][0]
+    pre, curve, _ = replay(events, snap["segments"])
+    tl = Timeline.from_trace(Trace.from_snapshot(snap))
+    assert tl.baseline == pre
+    assert tl.active_after.tolist() == curve
+
+
+def test_phase_labels_and_steps_exactly_as_markers_say(shared_snapshot):
+    _, snap = shared_snapshot
+    events = snap["device_traces"][0]
+    ivs = intervals(snap["external_annotations"], "gt::")
+    expected = add_loss(events, label_events(events, ivs), ivs)
+    report = phasemem.analyze(snap, marker_prefix="gt::")
+    assert list(report.labels) == expected
+    assert len(report.steps) == len(ivs["optimizer"])
+    assert report.step_of.tolist() == steps_from_optimizer(events, ivs)
+    for st in report.steps:
+        assert st.complete
+        order = [p for p in st.phases if p != "other"]
+        assert order.index("forward") < order.index("backward") < order.index("optimizer")
+
+
+def test_every_peak_equals_independent_recomputation(shared_snapshot):
+    _, snap = shared_snapshot
+    events = snap["device_traces"][0]
+    ivs = intervals(snap["external_annotations"], "gt::")
+    labels = add_loss(events, label_events(events, ivs), ivs)
+    step_of = steps_from_optimizer(events, ivs)
+    _, after, deltas = replay(events, snap["segments"])
+    before = [a - d for a, d in zip(after, deltas)]
+    report = phasemem.analyze(snap, marker_prefix="gt::")
+    checked = 0
+    for st in report.steps:
+        for name, ph in st.phases.items():
+            idx = [i for i in range(len(events)) if labels[i] == name and step_of[i] == st.index]
+            if not idx:
+                assert ph.n_events == 0
+                continue
+            level = [max(before[i], after[i]) for i in idx]
+            assert ph.peak_bytes == max(level)
+            assert ph.peak_event == idx[level.index(max(level))]
+            assert (ph.start_event, ph.end_event, ph.n_events) == (idx[0], idx[-1], len(idx))
+            assert ph.start_bytes == before[idx[0]]
+            assert ph.end_bytes == after[idx[-1]]
+            checked += 1
+    assert checked >= 3 * 3  # forward, zero_grad (from step 1), backward; fused AdamW's steps 1-2 allocate nothing
+    # The aggregate is the highest over every occurrence.
+    for name, agg in report.phases.items():
+        assert agg.peak_bytes == max(s.phases[name].peak_bytes for s in report.steps if name in s.phases)
+    assert report.peak_bytes == max(max(b, a) for b, a in zip(before, after))
+
+
+def test_zero_grad_before_any_gradient_is_reported_empty(shared_snapshot):
+    _, snap = shared_snapshot
+    report = phasemem.analyze(snap, marker_prefix="gt::")
+    zg = report.steps[0].phases["zero_grad"]
+    assert zg.n_events == 0 and zg.start_event is None
+    # It ran between the forward's end and the backward's start: its level is the level there.
+    assert zg.peak_bytes == report.steps[0].phases["forward"].end_bytes
+
+
+def test_pytorch_annotations_give_optimizer_and_zero_grad_without_markers(shared_snapshot):
+    _, snap = shared_snapshot
+    events = snap["device_traces"][0]
+    report = phasemem.analyze(snap)  # default prefix: no phasemem markers in these files
+    ivs = intervals(snap["external_annotations"], "Optimizer.")
+    opt_ivs = {"optimizer": [iv for k, v in ivs.items() if k.startswith("step#") for iv in v],
+               "zero_grad": [iv for k, v in ivs.items() if k.startswith("zero_grad#") for iv in v]}
+    expected = label_events(events, opt_ivs)
+    assert list(report.labels) == expected
+    assert report.sources == {"optimizer": "annotations", "zero_grad": "annotations"}
+    assert len(report.steps) == len(opt_ivs["optimizer"])
+
+
+def test_frames_removed_changes_no_number(shared_snapshot):
+    _, snap = shared_snapshot
+    with_frames = phasemem.analyze(snap, marker_prefix="gt::")
+    for e in snap["device_traces"][0]:
+        e["frames"] = []
+    without = phasemem.analyze(snap, marker_prefix="gt::")
+    assert without.label_codes.tolist() == with_frames.label_codes.tolist()
+    for a, b in zip(with_frames.steps, without.steps):
+        assert {k: v.peak_bytes for k, v in a.phases.items()} == {k: v.peak_bytes for k, v in b.phases.items()}
+    assert all(al.stack is None for p in without.phases.values() for al in p.top_allocations)
+    assert any(al.stack for p in with_frames.phases.values() for al in p.top_allocations)
+
+
+def test_wrapped_ring_buffer_recovers_the_same_end_state(shared_snapshot):
+    _, snap = shared_snapshot
+    full = phasemem.analyze(snap, marker_prefix="gt::")
+    events = snap["device_traces"][0]
+    cut = int(len(events) * 0.45)  # inside step 1's forward or backward: a ring buffer that wrapped
+    snap["device_traces"][0] = events[cut:]
+    wrapped = phasemem.analyze(snap, marker_prefix="gt::")
+    assert wrapped.timeline.active_after[-1] == full.timeline.active_after[-1]
+    # Memory at every surviving event is what the full trace says it was.
+    assert wrapped.timeline.active_after.tolist() == full.timeline.active_after[cut:].tolist()
+    assert wrapped.steps[0].number == full.steps[int(full.step_of[cut])].number
+    assert not wrapped.steps[0].complete
+    assert [s.number for s in wrapped.steps][-1] == full.steps[-1].number
+
+
+def test_top_allocations_are_the_largest_made_in_the_phase(shared_snapshot):
+    _, snap = shared_snapshot
+    events = snap["device_traces"][0]
+    report = phasemem.analyze(snap, marker_prefix="gt::")
+    labels = report.labels
+    for st in report.steps:
+        for name, ph in st.phases.items():
+            sizes = sorted((events[i]["size"] for i in range(st.start_event, st.end_event + 1)
+                            if events[i]["action"] == "alloc" and labels[i] == name), reverse=True)
+            assert [a.size for a in ph.top_allocations] == sizes[:5]
+            for a in ph.top_allocations:
+                assert events[a.event]["action"] == "alloc"
+                if a.free_event is not None:
+                    assert events[a.free_event]["addr"] == events[a.event]["addr"]
+                    assert events[a.free_event]["action"] in ("free_completed", "free")
+
+
+def test_reserved_curve_ends_at_the_snapshot_segments(shared_snapshot):
+    _, snap = shared_snapshot
+    tl = Timeline.from_trace(Trace.from_snapshot(snap))
+    assert tl.reserved_after[-1] == sum(s["total_size"] for s in snap["segments"])
+    seg_events = [e for e in snap["device_traces"][0] if e["action"].startswith("segment_")]
+    assert tl.reserved_after.max() - tl.reserved_after.min() <= sum(e["size"] for e in seg_events)
+
+
+def test_json_round_trip(shared_snapshot, tmp_path):
+    import json
+
+    _, snap = shared_snapshot
+    report = phasemem.analyze(snap, marker_prefix="gt::")
+    out = tmp_path / "r.json"
+    report.to_json(out)
+    d = json.loads(out.read_text())
+    assert len(d["steps"]) == len(report.steps)
+    assert d["phases"]["backward"]["peak_bytes"] == report.phases["backward"].peak_bytes
+    covered = sum(b - a + 1 for a, b, _, _ in d["labels"])
+    assert covered == len(snap["device_traces"][0])
+    assert {ph for _, _, ph, _ in d["labels"]} <= set(PHASES)
+
+
+def test_report_text_is_readable(shared_snapshot):
+    _, snap = shared_snapshot
+    from phasemem.units import format_bytes
+
+    report = phasemem.analyze(snap, marker_prefix="gt::")
+    text = str(report)
+    assert f"peak allocated {format_bytes(report.peak_bytes)}" in text
+    assert f"{len(snap['device_traces'][0]):,} events" in text
+    for st in report.steps:
+        assert f"{format_bytes(st.phases['backward'].peak_bytes):>11}" in text
