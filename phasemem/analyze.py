@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from .load import load_snapshot
+from .load import load_snapshot, no_gc
 from .measure import measure
 from .report import Phase, Report
 from .segment import PHASES, segment
@@ -25,9 +25,10 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
         >>> report = phasemem.analyze("snapshot.pickle")
         >>> report.phases["optimizer"].peak_bytes
     """
-    snap = load_snapshot(snapshot, trusted=trusted)
-    trace = Trace.from_snapshot(snap, device)
-    return analyze_trace(trace, marker_prefix=marker_prefix)
+    with no_gc():
+        snap = load_snapshot(snapshot, trusted=trusted)
+        trace = Trace.from_snapshot(snap, device)
+        return analyze_trace(trace, marker_prefix=marker_prefix)
 
 
 def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:

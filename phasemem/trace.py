@@ -12,6 +12,7 @@ from operator import itemgetter
 import numpy as np
 
 from .errors import RECORD_HINT, PhasememError
+from .load import no_gc
 
 # Codes for the ``action`` column. ``free`` is what older snapshots wrote for a completed free.
 ACTIONS = (
@@ -29,7 +30,17 @@ ACTIONS = (
 )
 A = {name: code for code, name in enumerate(ACTIONS)}
 
+
+class _Codes(dict):
+    def __missing__(self, key):
+        return A["unknown"]
+
+
+_CODES = _Codes(A)
+
 _frame_key = itemgetter("filename", "line", "name")
+
+
 
 
 @dataclass
@@ -89,7 +100,8 @@ class Trace:
         if not events:
             raise PhasememError(f"device {device} has an empty trace; {RECORD_HINT}")
         try:
-            return cls._columnarise(snapshot, events, device, len(traces))
+            with no_gc():
+                return cls._columnarise(snapshot, events, device, len(traces))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PhasememError(
                 f"device {device}'s trace entries are malformed ({type(e).__name__}: {e}); is this a torch memory snapshot?"
@@ -98,25 +110,13 @@ class Trace:
     @classmethod
     def _columnarise(cls, snapshot: dict, events: list, device: int, n_devices: int) -> "Trace":
         n = len(events)
-        code = A
-        unknown = A["unknown"]
-        action = np.fromiter((code.get(e["action"], unknown) for e in events), dtype=np.int8, count=n)
-        addr = np.fromiter((e.get("addr", 0) for e in events), dtype=np.int64, count=n)
-        size = np.fromiter((e.get("size", 0) for e in events), dtype=np.int64, count=n)
-        stream = np.fromiter((e.get("stream", 0) or 0 for e in events), dtype=np.int64, count=n)
-        time_us = np.fromiter((e.get("time_us", 0) for e in events), dtype=np.int64, count=n)
-
-        # Intern stacks: identical call paths share one id, so later code compares ints, not frames.
-        stack_ids: dict[tuple, int] = {}
-        keys = [tuple(map(_frame_key, e["frames"])) if e.get("frames") else None for e in events]
-        stack = np.fromiter(
-            (-1 if k is None else stack_ids.setdefault(k, len(stack_ids)) for k in keys), dtype=np.int32, count=n
-        )
-        del keys
-        frame_ids: dict[tuple, int] = {}
-        stacks = [tuple(frame_ids.setdefault(f, len(frame_ids)) for f in k) for k in stack_ids]
-        frames = list(frame_ids)
-
+        # No default for the action: an entry without one is not an allocator event.
+        action = np.fromiter(map(_CODES.__getitem__, map(itemgetter("action"), events)), dtype=np.int8, count=n)
+        addr = np.fromiter(_column(events, "addr", 0), dtype=np.int64, count=n)
+        size = np.fromiter(_column(events, "size", 0), dtype=np.int64, count=n)
+        stream = np.fromiter(_column(events, "stream", 0), dtype=np.int64, count=n)
+        time_us = np.fromiter(_column(events, "time_us", 0), dtype=np.int64, count=n)
+        stack, stacks, frames = _intern_stacks(_column(events, "frames", None), n)
         live = [
             (b.get("address", 0), b.get("requested_size", b.get("size", 0)))
             for seg in snapshot.get("segments") or []
@@ -144,6 +144,42 @@ class Trace:
             n_devices=n_devices,
             meta=dict(snapshot.get("phasemem") or {}),
         )
+
+
+def _column(events: list, key: str, default):
+    """One field of every event; itemgetter keeps the loop in C, .get covers older formats."""
+    try:
+        return list(map(itemgetter(key), events))
+    except KeyError:
+        return [e.get(key, default) for e in events]
+
+
+def _intern_stacks(frame_lists: list, n: int):
+    """Stack id per event (-1 without frames), the distinct stacks as frame ids, and the frames.
+
+    torch shares frame dicts (and often whole frame lists) between events, so stacks are keyed
+    first by object identity, which is cheap, and only then by content.
+    """
+    by_ids: dict[tuple, int] = {}
+    by_content: dict[tuple, int] = {}
+
+    def stack_of(fr) -> int:
+        if not fr:
+            return -1
+        ids = tuple(map(id, fr))
+        sid = by_ids.get(ids)
+        if sid is None:
+            sid = by_ids[ids] = by_content.setdefault(tuple(map(_frame_key, fr)), len(by_content))
+        return sid
+
+    # Only distinct list objects need the Python-level lookup; np.unique maps the rest back.
+    list_ids, first, inverse = np.unique(np.fromiter(map(id, frame_lists), dtype=np.int64, count=n),
+                                         return_index=True, return_inverse=True)
+    per_list = np.fromiter((stack_of(frame_lists[i]) for i in first.tolist()), dtype=np.int32, count=len(first))
+    stack = per_list[inverse.reshape(-1)]
+    frame_ids: dict[tuple, int] = {}
+    stacks = [tuple(frame_ids.setdefault(f, len(frame_ids)) for f in k) for k in by_content]
+    return stack, stacks, list(frame_ids)
 
 
 def _blocks_with_addresses(seg: dict):
