@@ -7,6 +7,7 @@ import numpy as np
 
 from .load import load_snapshot, no_gc
 from .measure import measure
+from .patterns import detect as detect_patterns
 from .report import Phase, Report
 from .segment import PHASES, segment
 from .timeline import Timeline
@@ -35,6 +36,7 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
     tl = Timeline.from_trace(trace)
     seg = segment(trace, marker_prefix)
     steps = measure(trace, tl, seg)
+    patterns = detect_patterns(trace, tl, seg)
     level = tl.level
     peak_event = int(np.argmax(level))
     notes = []
@@ -55,6 +57,7 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
         steps=steps,
         phases=_aggregate(steps),
         sources={p: s for p, s in seg.sources.items()},
+        patterns=patterns,
         notes=notes,
         label_codes=seg.labels,
         step_of=seg.step_of,

@@ -49,6 +49,26 @@ class Phase:
 
 
 @dataclass
+class Pattern:
+    """A recognised shape: what it is, where (event range and step/phase), how big, and what to do.
+
+    Example:
+        >>> for p in report.patterns_of("logits"):
+        ...     print(p.step, format_bytes(p.bytes), p.explanation)
+    """
+
+    kind: str
+    step: int  # position in Report.steps
+    phase: str
+    start_event: int
+    end_event: int
+    peak_event: int
+    bytes: int
+    explanation: str
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
 class Step:
     """One training step: from the end of the previous optimizer step to the end of this one."""
 
@@ -84,6 +104,7 @@ class Report:
     steps: list[Step]
     phases: dict[str, Phase]
     sources: dict[str, str]
+    patterns: list[Pattern] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # The arrays the picture is drawn from; not part of to_dict().
     label_codes: np.ndarray = field(default=None, repr=False)
@@ -101,20 +122,15 @@ class Report:
 
     def label_runs(self) -> list[tuple[int, int, str, int]]:
         """``labels`` run-length encoded: (first event, last event, phase, step position or -1)."""
-        from .segment import PHASES
+        from .segment import PHASES, runs
 
-        codes = self.label_codes.astype(np.int64) * (1 << 32) + (self.step_of.astype(np.int64) + 1)
-        if not len(codes):
-            return []
-        cut = np.flatnonzero(np.diff(codes)) + 1
-        starts = np.concatenate([[0], cut])
-        ends = np.concatenate([cut - 1, [len(codes) - 1]])
-        return [(int(a), int(b), PHASES[self.label_codes[a]], int(self.step_of[a])) for a, b in zip(starts, ends)]
+        first, last, code, step = runs(self.label_codes, self.step_of)
+        return [(a, b, PHASES[c], s) for a, b, c, s in zip(first.tolist(), last.tolist(), code.tolist(), step.tolist())]
 
     def to_dict(self) -> dict:
         """Everything in the report as JSON-ready Python values."""
         def plain(obj):
-            if isinstance(obj, (Phase, Step, Allocation)):
+            if isinstance(obj, (Phase, Step, Allocation, Pattern)):
                 return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
             if isinstance(obj, dict):
                 return {k: plain(v) for k, v in obj.items()}
@@ -128,6 +144,10 @@ class Report:
         out = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
         out["labels"] = [list(r) for r in self.label_runs()]
         return out
+
+    def patterns_of(self, kind: str) -> list[Pattern]:
+        """The patterns of one kind, in trace order."""
+        return [p for p in self.patterns if p.kind == kind]
 
     def to_json(self, path) -> None:
         """Write ``to_dict()`` as JSON, atomically."""
@@ -180,6 +200,15 @@ def format_report(r: Report) -> str:
     lines += ["", "all steps (peak = highest over every occurrence):"]
     for ph in r.phases.values():
         lines.append(f"      {ph.name:<10} peak {format_bytes(ph.peak_bytes):>11} at event {ph.peak_event}")
+    if r.patterns:
+        lines += ["", "shapes found:"]
+        seen = set()
+        for p in r.patterns:
+            where = f"step {r.steps[p.step].number} {p.phase}, events {p.start_event}-{p.end_event}"
+            lines.append(f"  {p.kind:<22} {format_bytes(p.bytes):>11}  ({where})")
+            if p.kind not in seen:  # explain each kind once, at its first occurrence
+                seen.add(p.kind)
+                lines.append("      " + p.explanation)
     return "\n".join(lines)
 
 

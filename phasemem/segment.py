@@ -146,6 +146,18 @@ def segment(trace: Trace, prefix: str = "phasemem::") -> Segmentation:
     return Segmentation(labels, step_of, steps, numbers, np.array(ends, dtype=np.int64), intervals, sources)
 
     
+def runs(labels: np.ndarray, step_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Contiguous runs of the same (phase, step): first event, last event, phase code, step position."""
+    if not len(labels):
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    key = labels.astype(np.int64) * (1 << 32) + (step_of.astype(np.int64) + 1)
+    cut = np.flatnonzero(np.diff(key)) + 1
+    first = np.concatenate([[0], cut])
+    last = np.concatenate([cut - 1, [len(key) - 1]])
+    return first, last, labels[first].astype(np.int64), step_of[first].astype(np.int64)
+
+
 def step_at_time(seg: Segmentation, t: int) -> int:
     """The step a moment belongs to (-1 after the last step): what places a phase that made no event."""
     k = int(np.searchsorted(seg.step_t1, t, "left"))

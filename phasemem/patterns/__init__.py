@@ -1,0 +1,23 @@
+"""Recognise the shapes in a trace. Each detector is a pure function of the trace, its timeline and
+its segmentation; stack frames are never required."""
+from __future__ import annotations
+
+from ..report import Pattern
+from ..segment import Segmentation
+from ..timeline import Timeline
+from ..trace import Trace
+from . import gradients, leak, logits, optimizer, recompute
+from .context import Context
+
+KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "gradients",
+         "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries", "leak")
+
+_PER_STEP = (logits.detect, recompute.detect, gradients.detect, optimizer.detect)
+
+
+def detect(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Pattern]:
+    """Every pattern in the trace, in event order."""
+    ctx = Context.build(trace, tl, seg)
+    found = [p for step in range(len(seg.steps)) for det in _PER_STEP for p in det(ctx, step)]
+    found += leak.detect(ctx)
+    return sorted(found, key=lambda p: (p.start_event, KINDS.index(p.kind)))

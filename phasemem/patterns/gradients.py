@@ -1,0 +1,72 @@
+"""Gradients: allocated layer by layer during backward (the stripes), kept past backward for the
+optimizer, released by zero_grad(set_to_none=True). Also gradient accumulation, which is several
+forward/backward pairs feeding one optimizer step."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..report import Pattern
+from ..segment import P
+from ..units import format_bytes
+from .context import Context
+
+
+def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
+    """Allocations made in a backward run of the step that outlive that run."""
+    parts = []
+    for b0, b1 in ctx.runs_of(step, "backward"):
+        idx = ctx.allocs_between(b0, b1)
+        idx = idx[(ctx.phase_at_alloc[idx] == P["backward"]) & (ctx.free[idx] > b1)]
+        parts.append(idx)
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def detect(ctx: Context, step: int) -> list[Pattern]:
+    out = []
+    grads = gradient_allocs(ctx, step)
+    if len(grads):
+        first, last = int(ctx.alloc[grads[0]]), int(ctx.alloc[grads[-1]])
+        total = int(ctx.size[grads].sum())
+        tail = int(ctx.size[grads[-1]])
+        out.append(Pattern(
+            kind="gradients", step=step, phase="backward", start_event=first, end_event=last,
+            peak_event=ctx.peak_in(first, last), bytes=total,
+            explanation=(
+                f"Gradients: {len(grads)} buffers, {format_bytes(total)} in all, allocated as backward reaches "
+                f"each layer (the stripes); the last ({format_bytes(tail)}) comes at the very end — in a language "
+                f"model that is the embedding's, the first layer of forward. They stay until zero_grad or the "
+                f"next step; their total is about the size of the trainable parameters."
+            ),
+            details={"count": int(len(grads)), "last_bytes": tail},
+        ))
+    for z0, z1 in ctx.runs_of(step, "zero_grad"):
+        freed = ctx.free[(ctx.free >= z0) & (ctx.free <= z1)]
+        if not len(freed):
+            continue
+        m = (ctx.free >= z0) & (ctx.free <= z1)
+        nbytes = int(ctx.size[m].sum())
+        out.append(Pattern(
+            kind="gradients", step=step, phase="zero_grad", start_event=z0, end_event=z1,
+            peak_event=z0, bytes=nbytes,
+            explanation=(
+                f"zero_grad(set_to_none=True) releases the gradients: {format_bytes(nbytes)} freed at once. "
+                f"Calling it right after optimizer.step (rather than just before backward) keeps them from "
+                f"sitting alongside the next forward's activations."
+            ),
+            details={"release": True, "count": int(m.sum())},
+        ))
+    pairs = [(f, b) for f, b in zip(ctx.runs_of(step, "forward"), ctx.runs_of(step, "backward"))]
+    if len(ctx.runs_of(step, "backward")) >= 2 and len(pairs) >= 2:
+        s0, s1, _ = ctx.seg.steps[step]
+        n_micro = len(ctx.runs_of(step, "backward"))
+        out.append(Pattern(
+            kind="gradient_accumulation", step=step, phase="backward", start_event=s0, end_event=s1 - 1,
+            peak_event=ctx.peak_in(s0, s1 - 1), bytes=int(ctx.size[grads].sum()) if len(grads) else 0,
+            explanation=(
+                f"Gradient accumulation: {n_micro} forward/backward passes feed one optimizer step. Each "
+                f"micro-batch's activations are freed by its backward, while the gradients stay allocated across "
+                f"all of them; peak memory is set by one micro-batch, not by the whole batch."
+            ),
+            details={"microbatches": n_micro},
+        ))
+    return out

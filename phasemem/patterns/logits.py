@@ -1,0 +1,144 @@
+"""The LM head's logits block, the softmax spike on top of it, and its release where backward starts.
+
+Shape, not stack frames: a language model's forward ends with one allocation far larger than any
+activation before it (batch × seq × vocab), usually followed by copies of the same size (an fp32
+upcast, log-softmax). A network without an LM head (CNN, MLP) has its largest allocations early
+or evenly spread, so it never satisfies both tests below.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..report import Pattern
+from ..units import format_bytes
+from .context import Context
+
+#: An allocation is vocabulary-sized when at least this share of the largest one in the forward
+#: (bf16 logits next to their fp32 copy are half of it).
+VOCAB_SHARE = 0.45
+#: The logits must be at least this many times larger than every allocation before them ...
+ABOVE_ACTIVATIONS = 1.5
+#: ... and come after at least this share of the forward's allocations.
+LATE = 0.5
+
+
+def microbatches(ctx: Context, step: int) -> list[tuple[int, int, tuple[int, int] | None]]:
+    """(first, last) event of each forward+loss region in a step, with the backward run that follows."""
+    fwd = ctx.runs_of(step, "forward")
+    bwd = ctx.runs_of(step, "backward")
+    out = []
+    for k, (f0, f1) in enumerate(fwd):
+        nxt_fwd = fwd[k + 1][0] if k + 1 < len(fwd) else None
+        b = next((r for r in bwd if r[0] > f1 and (nxt_fwd is None or r[0] < nxt_fwd)), None)
+        if b is not None:
+            out.append((f0, b[0] - 1, b))
+        elif nxt_fwd is None or nxt_fwd > f1 + 1:
+            # Forward with no backward before the next forward: an inner forward (a nested call)
+            # or inference; the region still ends at the next forward.
+            out.append((f0, (nxt_fwd - 1) if nxt_fwd is not None else f1, None))
+    return out
+
+
+def detect(ctx: Context, step: int) -> list[Pattern]:
+    out: list[Pattern] = []
+    for first, last, bwd in microbatches(ctx, step):
+        idx = ctx.allocs_between(first, last)
+        idx = idx[np.isin(ctx.phase_at_alloc[idx], [1, 2])]  # forward, loss
+        if len(idx) < 4:
+            continue
+        sizes = ctx.size[idx]
+        big = sizes.max()
+        is_vocab = sizes >= VOCAB_SHARE * big
+        k = int(np.argmax(is_vocab))
+        if k < LATE * len(idx) or (k and sizes[:k].max() * ABOVE_ACTIVATIONS > sizes[k]):
+            continue
+        vocab = idx[is_vocab]
+        logits = vocab[0]
+        out.append(_logits(ctx, step, logits, vocab, big))
+        spike = _spike(ctx, step, vocab, bwd)
+        if spike:
+            out.append(spike)
+        if bwd is not None:
+            rel = _release(ctx, step, vocab, bwd, big)
+            if rel:
+                out.append(rel)
+    return out
+
+
+def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int) -> Pattern:
+    a, f, size = int(ctx.alloc[logits]), int(ctx.free[logits]), int(ctx.size[logits])
+    s0, s1, _ = ctx.seg.steps[step]
+    p = ctx.peak_in(s0, s1 - 1)
+    # Every vocabulary-sized tensor alive at the step's peak: logits, their copies, their gradients.
+    step_allocs = ctx.allocs_between(s0, s1 - 1)
+    vs = step_allocs[ctx.size[step_allocs] >= VOCAB_SHARE * big]
+    live = vs[(ctx.alloc[vs] <= p) & (ctx.free[vs] > p)]
+    vocab_bytes = int(ctx.size[live].sum())
+    share = vocab_bytes / max(int(ctx.level[p]), 1)
+    end = min(f, ctx.n - 1)
+    return Pattern(
+        kind="logits", step=step, phase="forward", start_event=a, end_event=end,
+        peak_event=ctx.peak_in(a, end), bytes=size,
+        explanation=(
+            f"The LM head's output: one {format_bytes(size)} block of batch × sequence × vocabulary scores, "
+            f"the largest tensor of the forward pass. Vocabulary-sized tensors (logits, their softmax and "
+            f"gradients) hold {share:.0%} of this step's peak. To shrink it: compute the loss in chunks of the "
+            f"sequence (a fused or chunked cross-entropy), keep logits in bf16, or use a smaller micro-batch."
+        ),
+        details={"vocab_share_of_peak": round(share, 4), "vocab_bytes_at_peak": vocab_bytes,
+                 "copies": int(len(vocab))},
+    )
+
+
+def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
+    bwd_first = bwd[0] if bwd is not None else ctx.n
+    transient = vocab[ctx.free[vocab] < bwd_first]
+    if not len(transient):
+        return None
+    start0 = int(ctx.alloc[vocab[0]])
+    end = int(ctx.free[transient].max())
+    p = ctx.peak_in(start0, end)
+    start = int(ctx.alloc[vocab[ctx.alloc[vocab] <= p]].max())
+    height = int(ctx.level[p] - ctx.timeline.active_after[end])
+    if height <= 0:
+        return None
+    return Pattern(
+        kind="softmax_spike", step=step, phase="forward", start_event=start, end_event=end, peak_event=p,
+        bytes=height,
+        explanation=(
+            f"The spike at the top of forward: while the logits are alive, the loss makes another "
+            f"vocabulary-sized tensor (an fp32 upcast or the log-softmax), so for a moment both exist, "
+            f"{format_bytes(height)} above where memory settles. It sets this phase's peak. A fused or "
+            f"chunked cross-entropy, or dropping the logits before the loss, removes it."
+        ),
+        details={"tensors": int(len(transient)) + 1},
+    )
+
+
+def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int) -> Pattern | None:
+    b0, b1 = bwd
+    alive = vocab[ctx.free[vocab] >= b0]
+    if not len(alive):
+        return None
+    end = int(ctx.free[alive].max())
+    in_bwd = ctx.allocs_between(b0, min(end, b1))
+    grads = in_bwd[ctx.size[in_bwd] >= VOCAB_SHARE * big]
+    if len(grads):
+        end = max(end, int(ctx.free[grads].max()))
+    if end > b1:
+        return None  # the logits outlive backward: the user holds them; no cliff here
+    p = ctx.peak_in(b0, end)
+    before = int(ctx.timeline.active_before[b0])
+    after = int(ctx.timeline.active_after[end])
+    spike, cliff = int(ctx.level[p]) - before, int(ctx.level[p]) - after
+    return Pattern(
+        kind="logits_release", step=step, phase="backward", start_event=b0, end_event=end, peak_event=p,
+        bytes=cliff,
+        explanation=(
+            f"Where backward starts at the loss: the gradient of the logits is allocated "
+            f"(a {format_bytes(max(spike, 0))} spike), then the logits, their softmax and that gradient are freed "
+            f"together, a {format_bytes(cliff)} cliff. Everything vocabulary-sized is gone after this, so "
+            f"the rest of backward runs far lower."
+        ),
+        details={"spike_bytes": spike, "cliff_bytes": cliff},
+    )
