@@ -7,7 +7,9 @@ import numpy as np
 
 from .load import load_snapshot, no_gc
 from .measure import measure
+from .categories import CATEGORIES, CategoryCurves
 from .patterns import detect as detect_patterns
+from .patterns.context import Context
 from .report import Phase, Report
 from .segment import PHASES, segment
 from .timeline import Timeline
@@ -36,7 +38,10 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
     tl = Timeline.from_trace(trace)
     seg = segment(trace, marker_prefix)
     steps = measure(trace, tl, seg)
-    patterns = detect_patterns(trace, tl, seg)
+    ctx = Context.build(trace, tl, seg)
+    patterns = detect_patterns(ctx)
+    curves = CategoryCurves(ctx)
+    _attach_categories(steps, curves, tl)
     level = tl.level
     peak_event = int(np.argmax(level))
     notes = []
@@ -47,7 +52,7 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
         notes.append("some steps are partial (the trace starts or ends inside them)")
     meta = trace.meta
     name = meta.get("device") or f"cuda:{trace.device}"
-    return Report(
+    report = Report(
         device=str(name),
         n_events=len(trace),
         peak_bytes=int(level[peak_event]),
@@ -58,13 +63,35 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
         phases=_aggregate(steps),
         sources={p: s for p, s in seg.sources.items()},
         patterns=patterns,
+        by_category=_by_category(curves, tl, peak_event),
         notes=notes,
         label_codes=seg.labels,
         step_of=seg.step_of,
         trace=trace,
         timeline=tl,
         segmentation=seg,
+        category_curves=curves,
     )
+    for name, ph in report.phases.items():
+        ph.by_category = _by_category(curves, tl, ph.peak_event)
+    return report
+
+
+def _by_category(curves: CategoryCurves, tl: Timeline, event: int | None) -> dict[str, int]:
+    if event is None:
+        return {}
+    return dict(zip(CATEGORIES, curves.at_level([event], tl.delta)[0].tolist()))
+
+
+def _attach_categories(steps, curves: CategoryCurves, tl: Timeline) -> None:
+    """Fill every Step's and Phase's by_category in one vectorised evaluation."""
+    holders = [s for s in steps if s.peak_event is not None]
+    holders += [p for s in steps for p in s.phases.values() if p.peak_event is not None]
+    if not holders:
+        return
+    m = curves.at_level([h.peak_event for h in holders], tl.delta)
+    for h, row in zip(holders, m.tolist()):
+        h.by_category = dict(zip(CATEGORIES, row))
 
 
 def _aggregate(steps) -> dict[str, Phase]:

@@ -46,6 +46,7 @@ class Phase:
     n_events: int
     source: str  # "markers", "annotations" or "none" (for "other")
     top_allocations: list[Allocation] = field(default_factory=list)
+    by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Step:
     start_bytes: int
     end_bytes: int
     phases: dict[str, Phase]
+    by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
 
 
 @dataclass
@@ -105,6 +107,7 @@ class Report:
     phases: dict[str, Phase]
     sources: dict[str, str]
     patterns: list[Pattern] = field(default_factory=list)
+    by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at the overall peak
     notes: list[str] = field(default_factory=list)
     # The arrays the picture is drawn from; not part of to_dict().
     label_codes: np.ndarray = field(default=None, repr=False)
@@ -112,6 +115,7 @@ class Report:
     trace: Any = field(default=None, repr=False)
     timeline: Any = field(default=None, repr=False)
     segmentation: Any = field(default=None, repr=False)
+    category_curves: Any = field(default=None, repr=False)
 
     @property
     def labels(self) -> np.ndarray:
@@ -140,10 +144,36 @@ class Report:
                 return int(obj)
             return obj
 
-        skip = {"label_codes", "step_of", "trace", "timeline", "segmentation"}
+        skip = {"label_codes", "step_of", "trace", "timeline", "segmentation", "category_curves"}
         out = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
         out["labels"] = [list(r) for r in self.label_runs()]
+        if self.category_curves is not None:
+            out["category_curve"] = self.category_curve()
         return out
+
+    def categories(self, event: int | None = None) -> dict[str, int]:
+        """Bytes alive per category (parameter, gradient, optimizer_state, activation, temporary,
+        input, other) at the level an event reaches; default: the overall peak.
+
+        Example:
+            >>> report.categories()["optimizer_state"]
+        """
+        from .categories import CATEGORIES
+
+        e = self.peak_event if event is None else int(event)
+        if not 0 <= e < self.n_events:
+            raise IndexError(f"event {e} is outside the trace (0..{self.n_events - 1})")
+        row = self.category_curves.at_level([e], self.timeline.delta)[0]
+        return dict(zip(CATEGORIES, row.tolist()))
+
+    def category_curve(self, points: int = 1000) -> dict[str, list[int]]:
+        """Bytes per category at up to ``points`` evenly spaced events (and the overall peak)."""
+        from .categories import CATEGORIES
+
+        ev = np.unique(np.concatenate([np.linspace(0, self.n_events - 1, min(points, self.n_events)).astype(np.int64),
+                                       [self.peak_event]]))
+        m = self.category_curves.at_level(ev, self.timeline.delta)
+        return {"event": ev.tolist(), **{c: m[:, k].tolist() for k, c in enumerate(CATEGORIES)}}
 
     def patterns_of(self, kind: str) -> list[Pattern]:
         """The patterns of one kind, in trace order."""
@@ -182,6 +212,11 @@ def format_report(r: Report) -> str:
         f" (step {_step_at(r, r.peak_event)}, {_phase_at(r, r.peak_event)}); "
         f"allocated before recording {format_bytes(r.preexisting_bytes)}; peak reserved {format_bytes(r.reserved_peak_bytes)}",
     ]
+    if r.by_category:
+        names = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
+                 "activation": "activations", "temporary": "temporaries", "input": "inputs", "other": "other"}
+        parts = [f"{names[k]} {format_bytes(v)}" for k, v in r.by_category.items() if v]
+        lines.insert(2, "  made of " + ", ".join(parts))
     src = sorted(set(r.sources.values()))
     if src:
         lines.append("phases from " + ", ".join(f"{s} ({', '.join(p for p, v in r.sources.items() if v == s)})" for s in src))

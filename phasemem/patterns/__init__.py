@@ -3,9 +3,6 @@ its segmentation; stack frames are never required."""
 from __future__ import annotations
 
 from ..report import Pattern
-from ..segment import Segmentation
-from ..timeline import Timeline
-from ..trace import Trace
 from . import gradients, leak, logits, optimizer, recompute
 from .context import Context
 
@@ -15,9 +12,9 @@ KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "g
 _PER_STEP = (logits.detect, recompute.detect, gradients.detect, optimizer.detect)
 
 
-def detect(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Pattern]:
+def detect(ctx: Context) -> list[Pattern]:
     """Every pattern in the trace, in event order."""
-    ctx = Context.build(trace, tl, seg)
+    seg = ctx.seg
     found = [p for step in range(len(seg.steps)) for det in _PER_STEP for p in det(ctx, step)]
     found += leak.detect(ctx)
     return sorted(found, key=lambda p: (p.start_event, KINDS.index(p.kind)))

@@ -1,0 +1,123 @@
+"""What each allocated byte is: parameter, gradient, optimizer state, activation, temporary, input.
+
+Known from lifetimes and phases alone, so it works on the autograd thread's frameless events:
+- alive before recording and to the end: parameter (the model's weights, made before the trace);
+- made in backward and kept past it: gradient;
+- made in an optimizer step and kept past the step: optimizer state;
+- made in forward (or the loss) and freed in backward, or kept into it: activation;
+- born and freed within one phase run: temporary;
+- made outside every phase and used by the forward that follows: input (the batch).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .patterns.context import Context
+from .segment import P
+
+CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input", "other")
+C = {name: code for code, name in enumerate(CATEGORIES)}
+
+
+def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    """Category codes for the pre-existing allocations and for the trace's own, in Lifetimes order."""
+    life = ctx.timeline.lifetimes
+    n = ctx.n
+    pre = life.preexisting
+    pre_free = life.free_event[pre]
+    freed = pre_free < n
+    pre_cat = _preexisting_alive(ctx, life.size[pre], ~freed)
+    # A pre-existing block freed during the trace was not a parameter: read it by where it dies.
+    fphase = np.where(freed, ctx.seg.labels[np.minimum(pre_free, n - 1)], -1)
+    pre_cat[freed] = C["other"]
+    pre_cat[freed & (fphase == P["zero_grad"])] = C["gradient"]
+    pre_cat[freed & (fphase == P["backward"])] = C["activation"]
+
+    a, f = ctx.alloc, ctx.free
+    pa, pf = ctx.phase_at_alloc, ctx.phase_at_free
+    cat = np.full(len(a), C["other"], np.int8)
+    # Run index of each event: alloc and free in the same run = a temporary of that run.
+    run_of = np.searchsorted(ctx.run_first, np.arange(n), "right") - 1
+    same_run = (f < n) & (run_of[a] == run_of[np.minimum(f, n - 1)])
+    step_end = np.array([s[1] for s in ctx.seg.steps] + [n], dtype=np.int64)
+    s_at = ctx.step_at_alloc
+    end_of_step = np.where(s_at >= 0, step_end[np.maximum(s_at, 0)], n)
+    run_end = ctx.run_last[np.maximum(run_of[a], 0)]
+
+    cat[same_run] = C["temporary"]
+    fwd = (pa == P["forward"]) | (pa == P["loss"])
+    cat[fwd & ~same_run & ((pf == P["backward"]) | (pf == P["loss"]) | (f >= n) | (pf == P["forward"]))] = C["activation"]
+    cat[(pa == P["backward"]) & (f > run_end)] = C["gradient"]
+    cat[(pa == P["optimizer"]) & (f >= end_of_step)] = C["optimizer_state"]
+    # The batch: made outside every phase, alive when a forward begins.
+    other = (pa == P["other"]) & ~same_run
+    fwd_starts = ctx.run_first[ctx.run_phase == P["forward"]]
+    if len(fwd_starts):
+        nxt = np.searchsorted(fwd_starts, a)
+        has_next = nxt < len(fwd_starts)
+        used = has_next & (f > fwd_starts[np.minimum(nxt, len(fwd_starts) - 1)])
+        cat[other & used] = C["input"]
+    # Made before the first step's forward and kept to the end: weights created after recording began.
+    first_fwd = fwd_starts[0] if len(fwd_starts) else n
+    cat[other & (f >= n) & (a < first_fwd) & (s_at <= 0)] = C["parameter"]
+    return pre_cat, cat
+
+
+def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:
+    """Every parameter gets a gradient of exactly its size, so the pre-existing blocks that pair
+    off with the gradients' sizes are the parameters. Of the rest, blocks of a gradient's size are
+    optimizer state made before recording (Adam's pair per parameter); others (cuBLAS workspaces,
+    the input batch, buffers) are 'other'. Without gradients (inference) all are parameters."""
+    from .patterns.gradients import gradient_allocs
+
+    cat = np.full(len(sizes), C["parameter"], np.int8)
+    grads = next((g for g in (gradient_allocs(ctx, s) for s in range(len(ctx.seg.steps))) if len(g)), None)
+    if grads is None:
+        return cat
+    gsizes = ctx.size[grads]
+    idx = np.flatnonzero(alive)
+    order = idx[np.argsort(sizes[idx], kind="stable")]
+    srt = sizes[order]
+    # rank of each block among the blocks of its size
+    starts = np.searchsorted(srt, srt, "left")
+    rank = np.arange(len(srt)) - starts
+    uniq, counts = np.unique(gsizes, return_counts=True)
+    pos = np.searchsorted(uniq, srt)
+    known = (pos < len(uniq)) & (uniq[np.minimum(pos, len(uniq) - 1)] == srt)
+    n_grads = np.where(known, counts[np.minimum(pos, len(uniq) - 1)], 0)
+    cat[order] = np.where(rank < n_grads, C["parameter"], np.where(known, C["optimizer_state"], C["other"]))
+    return cat
+
+
+class CategoryCurves:
+    """Bytes live per category, evaluated at any events, without an n × categories matrix."""
+
+    def __init__(self, ctx: Context):
+        life = ctx.timeline.lifetimes
+        pre_cat, cat = classify(ctx)
+        self.codes = np.concatenate([pre_cat, cat])
+        self.alloc = life.alloc_event
+        self.free = life.free_event
+        self.size = life.size
+        self.n = ctx.n
+
+    def at(self, points) -> np.ndarray:
+        """(len(points), len(CATEGORIES)) bytes alive at each point; point k is the moment just
+        before event k, so point e + 1 is just after event e."""
+        pts = np.asarray(points, dtype=np.int64)
+        out = np.zeros((len(pts), len(CATEGORIES)), np.int64)
+        for c in range(len(CATEGORIES)):
+            m = self.codes == c
+            if not m.any():
+                continue
+            d = np.zeros(self.n + 2, np.int64)
+            np.add.at(d, self.alloc[m] + 1, self.size[m])  # pre-existing (alloc -1) land at point 0
+            np.add.at(d, self.free[m] + 1, -self.size[m])
+            out[:, c] = np.cumsum(d)[pts]
+        return out
+
+    def at_level(self, events, delta: np.ndarray) -> np.ndarray:
+        """Bytes per category at the level each event reaches (after an alloc, before a free),
+        so that each row sums to ``Timeline.level`` there."""
+        ev = np.asarray(events, dtype=np.int64)
+        return self.at(np.where(delta[ev] < 0, ev, ev + 1))

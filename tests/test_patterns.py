@@ -1,0 +1,118 @@
+"""Shapes and categories on real H200 traces, with every stack frame removed.
+
+Ground truth comes from how the snapshots were recorded (../shared/gpu-snapshots/README.md and
+each file's meta), never from the detectors.
+"""
+import numpy as np
+import pytest
+
+import phasemem
+
+from conftest import load_snapshot, shared_paths
+
+# From the recording README: model dimensions and training set-up of each shared snapshot.
+KNOWN = {
+    "gpt_adamw_foreach": dict(logits=4 * 1024 * 50304 * 4, layers=6, ckpt=False, fused=False),
+    "gpt_ckpt_fused_seedlike": dict(logits=4 * 1024 * 151936 * 2, layers=8, ckpt=True, fused=True),
+    "mlp_fp16_scaler": dict(logits=None, layers=8, ckpt=False, fused=False),
+}
+
+
+def _analyse(path):
+    import lzma, pickle
+
+    meta = pickle.loads(lzma.decompress(path.read_bytes()))["meta"]
+    snap = load_snapshot(path)
+    for e in snap["device_traces"][0]:
+        e["frames"] = []
+    return phasemem.analyze(snap, marker_prefix="gt::"), meta, KNOWN[path.name.split(".")[0]]
+
+
+@pytest.fixture(params=shared_paths() or [None], ids=lambda p: p.name.split(".")[0] if p else "missing")
+def analysed(request):
+    if request.param is None:
+        pytest.skip("no real GPU snapshots")
+    return _analyse(request.param)
+
+
+def _close(a, b, tol=0.02):
+    return abs(a - b) <= tol * b
+
+
+def test_logits_only_with_an_lm_head(analysed):
+    report, _, known = analysed
+    logits = report.patterns_of("logits")
+    if known["logits"] is None:
+        assert logits == [] and report.patterns_of("softmax_spike") == []
+        return
+    assert [p.step for p in logits] == list(range(len(report.steps)))
+    assert all(p.bytes == known["logits"] for p in logits)
+    for p in logits:
+        assert 0 < p.details["vocab_share_of_peak"] <= 1
+        assert report.label_codes[p.start_event] == 1  # made in forward
+    # The spike sits on the logits and sets the forward's peak; the release opens backward.
+    for spike, st in zip(report.patterns_of("softmax_spike"), report.steps):
+        assert spike.peak_event == st.phases["forward"].peak_event
+    for rel, st in zip(report.patterns_of("logits_release"), report.steps):
+        assert rel.start_event == st.phases["backward"].start_event
+        assert rel.bytes >= known["logits"]
+
+
+def test_checkpoint_recompute_counts_layers(analysed):
+    report, _, known = analysed
+    found = report.patterns_of("checkpoint_recompute")
+    if not known["ckpt"]:
+        assert found == []
+        return
+    assert [p.details["count"] for p in found] == [known["layers"]] * len(report.steps)
+
+
+def test_gradients_are_the_parameters(analysed):
+    report, meta, _ = analysed
+    grads = [p for p in report.patterns_of("gradients") if p.phase == "backward"]
+    assert len(grads) == len(report.steps)
+    assert all(_close(p.bytes, meta["param_bytes"]) for p in grads)
+    released = [p for p in report.patterns_of("gradients") if p.phase == "zero_grad"]
+    assert [p.step for p in released] == list(range(1, len(report.steps)))  # step 0 has nothing to free
+
+
+def test_adam_state_once_and_temporaries_unless_fused(analysed):
+    report, meta, known = analysed
+    state = report.patterns_of("optimizer_state_init")
+    assert [p.step for p in state] == [0]
+    assert _close(state[0].bytes, 2 * meta["param_bytes"])
+    temps = report.patterns_of("optimizer_temporaries")
+    if known["fused"]:
+        assert [p.step for p in temps] == []
+    else:
+        assert [p.step for p in temps] == list(range(len(report.steps)))
+        for p in temps:
+            assert 0 < p.details["flagpole_bytes"] <= p.bytes
+            assert report.label_codes[p.peak_event] == 5  # optimizer
+    assert report.patterns_of("leak") == []
+
+
+def test_categories_sum_to_the_curve_and_match_the_model(analysed):
+    report, meta, _ = analysed
+    tl = report.timeline
+    every = report.category_curves.at_level(np.arange(report.n_events), tl.delta)
+    assert (every.sum(axis=1) == tl.level).all()
+    cats = report.categories()
+    assert _close(cats["parameter"], meta["param_bytes"])
+    assert _close(report.phases["optimizer"].by_category["optimizer_state"], 2 * meta["param_bytes"])
+    # During the optimizer step the gradients are all alive.
+    assert _close(report.phases["optimizer"].by_category["gradient"], meta["param_bytes"])
+    assert sum(cats.values()) == report.peak_bytes
+
+
+def test_report_names_each_shape_once_with_an_explanation(analysed):
+    report, _, _ = analysed
+    text = str(report)
+    for kind in {p.kind for p in report.patterns}:
+        assert kind in text
+    for p in report.patterns:
+        assert 2 <= p.explanation.count(". ") + 1 <= 5
+        assert p.start_event <= p.peak_event <= max(p.end_event, p.peak_event)
+    d = report.to_dict()
+    assert len(d["patterns"]) == len(report.patterns)
+    assert set(d["category_curve"]) >= {"event", "parameter", "gradient", "optimizer_state", "activation"}
