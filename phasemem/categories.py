@@ -46,8 +46,13 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
 
     cat[same_run] = C["temporary"]
     fwd = (pa == P["forward"]) | (pa == P["loss"])
-    cat[fwd & ~same_run & ((pf == P["backward"]) | (pf == P["loss"]) | (f >= n) | (pf == P["forward"]))] = C["activation"]
-    cat[(pa == P["backward"]) & (f > run_end)] = C["gradient"]
+    # Whatever forward makes and does not free itself is an activation (or, in inference, the output).
+    cat[fwd & ~same_run] = C["activation"]
+    cat[(pa == P["backward"]) & (f > run_end)] = C["other"]
+    from .patterns.gradients import gradient_allocs
+
+    for s in range(len(ctx.seg.steps)):
+        cat[gradient_allocs(ctx, s)] = C["gradient"]
     cat[(pa == P["optimizer"]) & (f >= end_of_step)] = C["optimizer_state"]
     # The batch: made outside every phase, alive when a forward begins.
     other = (pa == P["other"]) & ~same_run
@@ -71,8 +76,10 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
     from .patterns.gradients import gradient_allocs
 
     cat = np.full(len(sizes), C["parameter"], np.int8)
-    grads = next((g for g in (gradient_allocs(ctx, s) for s in range(len(ctx.seg.steps))) if len(g)), None)
-    if grads is None:
+    # The step with the most gradient bytes: a trace that wrapped can start inside a backward.
+    per_step = [gradient_allocs(ctx, s) for s in range(len(ctx.seg.steps))]
+    grads = max(per_step, key=lambda g: int(ctx.size[g].sum()), default=None)
+    if grads is None or not len(grads):
         return cat
     gsizes = ctx.size[grads]
     idx = np.flatnonzero(alive)

@@ -184,7 +184,9 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int) -> tuple[list,
         return steps, list(range(lost, lost + len(steps))), ends
     fwd = _outermost([iv for iv in intervals if iv.phase == "forward"])
     if fwd:
-        starts = sorted({(iv.first, iv.t0) for iv in fwd if 0 < iv.first < n})
+        # Each forward starts a step; events before the first forward belong to the first step.
+        starts = sorted({(iv.first, iv.t0) for iv in fwd if iv.first < n})[1:]
+        starts = [(a, t0) for a, t0 in starts if a > 0]
         bounds = [0] + [a for a, _ in starts] + [n]
         steps = [(bounds[k], bounds[k + 1], True) for k in range(len(bounds) - 1)]
         return steps, list(range(len(steps))), [t0 - 1 for _, t0 in starts] + [big]

@@ -12,13 +12,23 @@ from .context import Context
 
 
 def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
-    """Allocations made in a backward run of the step that outlive that run."""
+    """Allocations made in a backward run of the step that outlive that run.
+
+    When the parameters existed before recording, a gradient also has exactly the size of one of
+    them; that drops the autograd thread's own cuBLAS workspace, made lazily in the first backward
+    and kept for good.
+    """
     parts = []
     for b0, b1 in ctx.runs_of(step, "backward"):
         idx = ctx.allocs_between(b0, b1)
         idx = idx[(ctx.phase_at_alloc[idx] == P["backward"]) & (ctx.free[idx] > b1)]
         parts.append(idx)
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    life = ctx.timeline.lifetimes
+    params = life.size[life.preexisting & (life.free_event >= ctx.n)]
+    if len(params) and len(idx):
+        idx = idx[np.isin(ctx.size[idx], params)]
+    return idx
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:

@@ -16,9 +16,9 @@ from .context import Context
 #: An allocation is vocabulary-sized when at least this share of the largest one in the forward
 #: (bf16 logits next to their fp32 copy are half of it).
 VOCAB_SHARE = 0.45
-#: The logits must be at least this many times larger than every allocation before them ...
+#: The logits must be at least this many times larger than every allocation in the network's
+#: body (the first LATE share of the forward's allocations) and come after that body.
 ABOVE_ACTIVATIONS = 1.5
-#: ... and come after at least this share of the forward's allocations.
 LATE = 0.5
 
 
@@ -50,7 +50,10 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         big = sizes.max()
         is_vocab = sizes >= VOCAB_SHARE * big
         k = int(np.argmax(is_vocab))
-        if k < LATE * len(idx) or (k and sizes[:k].max() * ABOVE_ACTIVATIONS > sizes[k]):
+        # Compare with the body of the network (the first part of forward), not with what comes
+        # right before the logits: that is often the LM head's own weight cast to bf16 (vocab × d).
+        body = sizes[: max(int(LATE * len(idx)), 1)]
+        if k < LATE * len(idx) or body.max() * ABOVE_ACTIVATIONS > sizes[k]:
             continue
         vocab = idx[is_vocab]
         logits = vocab[0]
@@ -98,6 +101,8 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
     start0 = int(ctx.alloc[vocab[0]])
     end = int(ctx.free[transient].max())
     p = ctx.peak_in(start0, end)
+    if int(((ctx.alloc[vocab] <= p) & (ctx.free[vocab] > p)).sum()) < 2:
+        return None  # one vocabulary tensor alone is the logits block, not a spike on it
     start = int(ctx.alloc[vocab[ctx.alloc[vocab] <= p]].max())
     height = int(ctx.level[p] - ctx.timeline.active_after[end])
     if height <= 0:
@@ -117,16 +122,16 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
 
 def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int) -> Pattern | None:
     b0, b1 = bwd
-    alive = vocab[ctx.free[vocab] >= b0]
+    # Vocabulary-sized tensors that backward frees: the saved softmax, the logits unless the
+    # caller still holds them, and the logits' gradient made at backward's start.
+    alive = vocab[(ctx.free[vocab] >= b0) & (ctx.free[vocab] <= b1)]
     if not len(alive):
         return None
     end = int(ctx.free[alive].max())
-    in_bwd = ctx.allocs_between(b0, min(end, b1))
-    grads = in_bwd[ctx.size[in_bwd] >= VOCAB_SHARE * big]
+    in_bwd = ctx.allocs_between(b0, end)
+    grads = in_bwd[(ctx.size[in_bwd] >= VOCAB_SHARE * big) & (ctx.free[in_bwd] <= b1)]
     if len(grads):
         end = max(end, int(ctx.free[grads].max()))
-    if end > b1:
-        return None  # the logits outlive backward: the user holds them; no cliff here
     p = ctx.peak_in(b0, end)
     before = int(ctx.timeline.active_before[b0])
     after = int(ctx.timeline.active_after[end])

@@ -1,0 +1,126 @@
+"""CPU capture: ``torch.profiler`` memory events turned into a snapshot dict of the CUDA format.
+
+Without CUDA there is no caching allocator to record, but ``profile(profile_memory=True)`` sees every
+CPU allocation and free (``ptr``, signed ``alloc_size``) and every ``record_function`` range. Both come
+out of ``experimental_event_tree()`` stamped by the same clock (unix-epoch nanoseconds), which is
+converted once, ``ns // 1000``, to the ``time_us`` the CUDA snapshot uses.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from .hooks import PREFIX
+
+# PyTorch's own optimizer ranges ("Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad"),
+# kept as the CUDA snapshot keeps them, so the annotation fallback sees the same names on CPU.
+ANNOTATION_PREFIXES = (PREFIX, "Optimizer.")
+
+CPU_DEVICE = -1  # the fake segments' and annotations' "device": no CUDA ordinal applies
+
+
+def profiler_enabled() -> bool:
+    probe = getattr(torch.autograd.profiler, "_is_profiler_enabled", None)
+    if isinstance(probe, bool):
+        return probe
+    fn = getattr(torch._C._autograd, "_profiler_enabled", None)
+    return bool(fn()) if fn is not None else False
+
+
+def start_profiler() -> profile:
+    prof = profile(
+        activities=[ProfilerActivity.CPU],
+        profile_memory=True,
+        record_shapes=False,
+        with_stack=False,
+    )
+    prof.start()
+    return prof
+
+
+def stop_profiler(prof: profile) -> None:
+    prof.stop()
+
+
+def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> dict:
+    """The finished profiler's allocations and marker ranges as a snapshot dict.
+
+    ``live`` are tensors that exist at the end (parameters, buffers, grads, optimizer state): each
+    distinct CPU storage becomes a one-block segment, which the trace loader counts as memory that
+    pre-existed the recording when the trace never allocated its address.
+    """
+    from torch._C._profiler import _EventType
+
+    alloc_type, op_type = _EventType.Allocation, _EventType.TorchOp
+    trace: list[tuple[int, int, dict]] = []
+    marks: list[tuple[int, int, int, dict]] = []
+
+    # The one per-event pass: a depth-first walk of the event tree (every thread's roots).
+    roots = prof.profiler.kineto_results.experimental_event_tree()
+    stack = [(node, 0) for node in reversed(roots)]
+    seq = 0
+    while stack:
+        node, depth = stack.pop()
+        kind, fields = node.typed
+        if kind == alloc_type:
+            size = fields.alloc_size
+            if size and fields.device.type == "cpu":
+                t = node.start_time_ns
+                trace.append((t, seq, {
+                    "action": "alloc" if size > 0 else "free_completed",
+                    "addr": int(fields.ptr),
+                    "size": abs(int(size)),
+                    "stream": 0,
+                    "time_us": t // 1000,
+                    "frames": [],
+                }))
+                seq += 1
+        elif kind == op_type and node.name.startswith(ANNOTATION_PREFIXES):
+            name = str(node.name)
+            t0, t1 = node.start_time_ns, node.end_time_ns
+            # Ties: at one instant an END sorts before a START; nested STARTs open outer first
+            # and nested ENDs close inner first, so a stack-based reader stays balanced.
+            marks.append((t0, 1, depth, {"name": name, "stage": "START", "device": CPU_DEVICE, "time_us": t0 // 1000}))
+            marks.append((t1, 0, -depth, {"name": name, "stage": "END", "device": CPU_DEVICE, "time_us": t1 // 1000}))
+        # Reversed, so nodes pop in pre-order: ``seq`` then orders same-nanosecond events as they happened.
+        stack.extend((child, depth + 1) for child in reversed(node.children))
+
+    trace.sort(key=lambda e: (e[0], e[1]))
+    marks.sort(key=lambda e: e[:3])
+
+    return {
+        "segments": _segments(live),
+        "device_traces": [[e for _, _, e in trace]],
+        "external_annotations": [m for *_, m in marks],
+    }
+
+
+def _segments(live: Iterable[torch.Tensor]) -> list[dict]:
+    seen: dict[int, int] = {}
+    for t in live:
+        if t is None or t.device.type != "cpu" or t.is_sparse:
+            continue
+        storage = t.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if ptr and nbytes:
+            seen[ptr] = max(nbytes, seen.get(ptr, 0))
+    return [
+        {
+            "device": CPU_DEVICE,
+            "address": ptr,
+            "total_size": nbytes,
+            "stream": 0,
+            "segment_type": "cpu",
+            "blocks": [{
+                "address": ptr,
+                "size": nbytes,
+                "requested_size": nbytes,
+                "state": "active_allocated",
+                "frames": [],
+            }],
+        }
+        for ptr, nbytes in sorted(seen.items())
+    ]

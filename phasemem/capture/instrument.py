@@ -1,0 +1,321 @@
+"""``instrument()``: record the allocator around a training loop, with phase markers, as a snapshot dict."""
+
+from __future__ import annotations
+
+import inspect
+import lzma
+import gzip
+import os
+import pickle
+import tempfile
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from . import cpu
+from .hooks import PREFIX, Markers, hook_forward, hook_optimizer, patch_backward, wrap_method
+
+
+def _error(msg: str) -> Exception:
+    # The analysis side owns the error type; capture must work (and fail clearly) even where that
+    # module is absent, so it is looked up only when an error is raised.
+    try:
+        from phasemem.errors import PhasememError
+    except ImportError:
+        return RuntimeError(msg)
+    return PhasememError(msg)
+
+
+def _resolve_device(device: Any) -> torch.device:
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise _error(f"instrument(device={device!r}): CUDA is not available")
+        if d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device())
+    elif d.type != "cpu":
+        raise _error(f"instrument(device={device!r}): only cuda and cpu are supported")
+    return d
+
+
+def _history_enabled() -> bool | None:
+    """Whether the CUDA allocator is recording now; None where this torch cannot tell."""
+    probe = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    return bool(probe()) if probe is not None else None
+
+
+def _record_memory_history(enabled: str | None, **kwargs: Any) -> None:
+    mem = torch.cuda.memory
+    # Since torch 2.x the public function is ``(enabled, *args, **kwargs)`` dispatching to
+    # ``_record_memory_history_impl``; the impl's signature says which keywords this torch knows
+    # (``clear_history`` and ``global_record_annotations`` are newer than torch 2.4).
+    target = getattr(mem, "_record_memory_history_impl", mem._record_memory_history)
+    params = inspect.signature(target).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    mem._record_memory_history(enabled, **kwargs)
+
+
+def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    if optimizer is None:
+        return []
+    items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    unique: dict[int, Any] = {}
+    for opt in items:
+        # Lightning's LightningOptimizer wraps the real one; markers belong on the real instance,
+        # which is what the precision plugins call.
+        opt = getattr(opt, "_optimizer", opt)
+        unique.setdefault(id(opt), opt)
+    return list(unique.values())
+
+
+def _live_tensors(model: torch.nn.Module | None, opts: Sequence[torch.optim.Optimizer]) -> Iterable[torch.Tensor]:
+    if model is not None:
+        for p in model.parameters():
+            yield p
+            if p.grad is not None:
+                yield p.grad
+        yield from model.buffers()
+    for opt in opts:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                yield p
+                if p.grad is not None:
+                    yield p.grad
+        for state in opt.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    yield v
+
+
+class Run:
+    """One recording; ``instrument()`` returns it and ``with`` hands back the same object.
+
+    After the block: ``run.snapshot`` is the snapshot dict (plain Python types, loadable without torch),
+    ``run.report()`` analyses it, ``run.save(path)`` writes it (``.xz``/``.gz`` compress).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None,
+        optimizer: Any = None,
+        *,
+        device: Any = None,
+        max_entries: int = 1_000_000,
+        stacks: str | None = "python",
+    ) -> None:
+        self._model = model
+        self._opts = _optimizers(optimizer)
+        self._device_arg = device
+        self.max_entries = int(max_entries)
+        self.stacks = stacks
+        self.device: str | None = None
+        self.source: str | None = None
+        self.snapshot: dict | None = None
+        self._markers = Markers(PREFIX)
+        self._undo: list[Callable[[], None]] = []
+        self._prof: Any = None
+        self._was_recording: bool | None = None
+        self._t0_us = 0
+        self._state = "new"
+
+    # -- context manager -------------------------------------------------------------------
+    def __enter__(self) -> "Run":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.stop(failed=exc_type is not None)
+        return False
+
+    def start(self) -> "Run":
+        if self._state != "new":
+            raise _error("this instrument() run was already started; make a new one per recording")
+        self._state = "running"
+        dev = _resolve_device(self._device_arg)
+        self.device = f"cuda:{dev.index}" if dev.type == "cuda" else "cpu"
+        self.source = "cuda" if dev.type == "cuda" else "cpu-profiler"
+        try:
+            self._t0_us = time.time_ns() // 1000
+            if dev.type == "cuda":
+                self._start_cuda()
+            else:
+                self._start_cpu()
+            self._install()
+        except BaseException:
+            self._teardown(take_snapshot=False)
+            raise
+        return self
+
+    def stop(self, failed: bool = False) -> None:
+        """End the recording; ``failed`` says the block raised, so cleanup errors must not mask it."""
+        if self._state != "running":
+            return
+        errors = self._teardown(take_snapshot=True)
+        if errors and not failed:
+            raise errors[0]
+
+    # -- recording -------------------------------------------------------------------------
+    def _start_cuda(self) -> None:
+        torch.cuda.init()
+        self._was_recording = _history_enabled()
+        _record_memory_history(
+            "all",
+            context="all" if self.stacks else None,
+            stacks=self.stacks or "python",
+            max_entries=self.max_entries,
+            # Clearing someone else's ongoing history would destroy their recording.
+            clear_history=not self._was_recording,
+            # Markers are also emitted off the main thread (Lightning, autograd reentrancy).
+            global_record_annotations=True,
+        )
+
+    def _start_cpu(self) -> None:
+        if cpu.profiler_enabled():
+            raise _error("instrument() on CPU needs torch.profiler, which is already running")
+        self._prof = cpu.start_profiler()
+
+    def _finish(self) -> dict:
+        if self.source == "cuda":
+            try:
+                torch.cuda.synchronize(self.device)
+                snap = torch.cuda.memory._snapshot()
+            finally:
+                if not self._was_recording:
+                    _record_memory_history(None)
+                # else: torch has no getter for the previous settings; recording stays on, with ours.
+        else:
+            prof, self._prof = self._prof, None
+            cpu.stop_profiler(prof)
+            snap = cpu.snapshot_from_profiler(prof, _live_tensors(self._model, self._opts))
+        snap = dict(snap)
+        snap["phasemem"] = {
+            "device": self.device,
+            "source": self.source,
+            "torch": str(torch.__version__),
+            "markers": PREFIX,
+            "window_us": [int(self._t0_us), int(time.time_ns() // 1000)],
+            "max_entries": self.max_entries,
+            "stacks": self.stacks,
+            "recording_was_on": self._was_recording,
+        }
+        return snap
+
+    # -- hooks -----------------------------------------------------------------------------
+    def _install(self) -> None:
+        m = self._markers
+        if self._model is not None:
+            self._undo.append(hook_forward(self._model, m))
+            if hasattr(self._model, "zero_grad"):
+                # model.zero_grad() is the other common way to clear grads.
+                self._undo.append(wrap_method(self._model, "zero_grad", "zero_grad", m))
+        for opt in self._opts:
+            self._undo.append(hook_optimizer(opt, m))
+        self._undo.append(patch_backward(m))
+
+    def _teardown(self, take_snapshot: bool) -> list[BaseException]:
+        """Close markers, take the snapshot, restore the recorder, undo every hook: each step runs
+        even when an earlier one failed; the errors come back in order."""
+        errors: list[BaseException] = []
+
+        def attempt(fn: Callable[[], Any]) -> Any:
+            try:
+                return fn()
+            except BaseException as e:  # KeyboardInterrupt mid-cleanup must not leave patches behind
+                errors.append(e)
+                return None
+
+        # ENDs first, so the snapshot holds them.
+        attempt(self._markers.close_all)
+        if take_snapshot:
+            self.snapshot = attempt(self._finish)
+        else:
+            attempt(self._abort_recording)
+        while self._undo:
+            attempt(self._undo.pop())
+        # Dropping the references lets the caller free the model right after the block.
+        self._model, self._opts = None, []
+        self._state = "done"
+        return errors
+
+    def _abort_recording(self) -> None:
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            cpu.stop_profiler(prof)
+        elif self.source == "cuda" and self._was_recording is not None and not self._was_recording:
+            _record_memory_history(None)
+
+    # -- results ---------------------------------------------------------------------------
+    def _need_snapshot(self) -> dict:
+        if self.snapshot is None:
+            raise _error("no snapshot: the instrument() block has not finished (or capture failed)")
+        return self.snapshot
+
+    def report(self, **kwargs: Any) -> Any:
+        """``phasemem.analyze.analyze(run.snapshot, **kwargs)``."""
+        snap = self._need_snapshot()
+        from phasemem.analyze import analyze
+
+        return analyze(snap, **kwargs)
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Write the snapshot as a pickle (xz/gzip by suffix), atomically: readers never see half a file."""
+        snap = self._need_snapshot()
+        path = os.fspath(path)
+        data = pickle.dumps(snap, protocol=4)
+        if path.endswith(".xz"):
+            data = lzma.compress(data)
+        elif path.endswith(".gz"):
+            data = gzip.compress(data)
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".phasemem-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return path
+
+
+def instrument(
+    model: torch.nn.Module | None,
+    optimizer: Any = None,
+    *,
+    device: Any = None,
+    max_entries: int = 1_000_000,
+    stacks: str | None = "python",
+) -> Run:
+    """Record GPU (or, without CUDA, CPU) memory around a training loop, marking its phases.
+
+    Build the model and optimizer first: their memory then counts as pre-existing, as in a real job.
+    Inside the block every model forward, ``optimizer.zero_grad``, ``backward`` and ``optimizer.step``
+    is wrapped in ``record_function("phasemem::<phase>")``; on exit (also on an exception) the
+    snapshot is taken, recording is restored to what it was, and every hook and patch is removed.
+
+    >>> model, opt = Net().cuda(), torch.optim.AdamW(model.parameters())
+    >>> with instrument(model, opt) as run:
+    ...     for x, y in batches[:3]:
+    ...         loss = F.cross_entropy(model(x), y)
+    ...         opt.zero_grad(set_to_none=True)
+    ...         loss.backward()
+    ...         opt.step()
+    >>> print(run.report())
+    >>> run.save("step.pkl.xz")
+
+    ``optimizer`` may be one optimizer, a list, or None (inference). ``device``: None picks the current
+    CUDA device, else the CPU profiler; ``"cpu"`` forces the profiler. ``max_entries`` bounds the CUDA
+    ring buffer (older events are overwritten). ``stacks``: ``"python"``, ``"all"`` (C++ frames too) or
+    None (no frames: smaller, faster).
+    """
+    return Run(model, optimizer, device=device, max_entries=max_entries, stacks=stacks)
