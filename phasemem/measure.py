@@ -82,11 +82,11 @@ def measure(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Step]:
     # reported with the memory level at that moment and no event indices.
     for iv in seg.intervals:
         s = step_at_time(seg, iv.t1)
-        if iv.first < iv.stop or iv.first >= n or iv.phase == "loss" or s < 0 or iv.t1 < trace.time_us[0]:
+        if iv.first < iv.stop or iv.phase == "loss" or s < 0 or iv.t1 < trace.time_us[0]:
             continue
         g = s * nph + PHASES.index(iv.phase)
         if g not in found:
-            lvl = int(before[iv.first])
+            lvl = int(before[iv.first]) if iv.first < n else int(after[-1])  # ran after the last event
             found[g] = Phase(
                 name=iv.phase, step=g // nph, peak_bytes=lvl, start_bytes=lvl, end_bytes=lvl,
                 start_event=None, end_event=None, peak_event=None, n_events=0,

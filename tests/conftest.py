@@ -19,6 +19,15 @@ def shared_paths():
     return sorted(SHARED.glob("*.pkl.xz"))
 
 
+def fixture_paths():
+    return sorted(FIXTURES.glob("*.pkl.xz"))
+
+
+def prefix_of(path: Path) -> str:
+    """The shared snapshots mark phases with gt::, ours with phasemem:: (instrument())."""
+    return "gt::" if path.parent == SHARED else "phasemem::"
+
+
 _cache: dict = {}
 
 
@@ -34,3 +43,9 @@ def shared_snapshot(request):
     if request.param is None:
         pytest.skip(f"no real GPU snapshots at {SHARED}")
     return request.param, load_snapshot(request.param)
+
+
+@pytest.fixture(params=shared_paths() + fixture_paths(), ids=lambda p: f"{p.parent.name}/{p.name.split('.')[0]}")
+def real_snapshot(request):
+    """Every real H200 snapshot: the shared ones and our recorded fixtures, with their marker prefix."""
+    return request.param, load_snapshot(request.param), prefix_of(request.param)

@@ -52,8 +52,11 @@ def intervals(annotations, prefix):
     return out
 
 
-def label_events(events, ivs, phases=("forward", "zero_grad", "backward", "optimizer")):
-    """Innermost marked phase of each event by time ('other' outside all)."""
+def label_events(events, ivs, phases=("forward", "zero_grad", "backward", "optimizer"), starts=None):
+    """Innermost marked phase of each event by time ('other' outside all).
+
+    ``starts``, if given, receives the START time of the innermost interval (None outside all).
+    """
     labels = []
     for e in events:
         t = e["time_us"]
@@ -63,11 +66,17 @@ def label_events(events, ivs, phases=("forward", "zero_grad", "backward", "optim
                 if t0 <= t <= t1 and (best_t0 is None or t0 > best_t0):
                     best, best_t0 = ph, t0
         labels.append(best)
+        if starts is not None:
+            starts.append(best_t0)
     return labels
 
 
 def add_loss(events, labels, ivs):
-    """Events after a forward ends and before the next backward begins, outside other phases, are the loss."""
+    """Events after a forward ends and before the next backward begins are the loss, unless a phase
+    that began inside that gap holds them (zero_grad). The gap nests inside a phase that began
+    before it (Lightning's optimizer.step(closure)), so the loss wins there."""
+    starts = []
+    label_events(events, ivs, starts=starts)
     fwd_ends = sorted(t1 for _, t1 in ivs.get("forward", []))
     prev_bwd_end = None
     out = list(labels)
@@ -76,7 +85,7 @@ def add_loss(events, labels, ivs):
         if before and (prev_bwd_end is None or before[-1] > prev_bwd_end):
             fe = before[-1]
             for i, e in enumerate(events):
-                if fe < e["time_us"] < b0 and out[i] == "other":
+                if fe < e["time_us"] < b0 and (starts[i] is None or starts[i] < fe):
                     out[i] = "loss"
         prev_bwd_end = b1 if prev_bwd_end is None else max(prev_bwd_end, b1)
     return out

@@ -10,8 +10,8 @@ from phasemem.trace import Trace
 from reference import add_loss, intervals, label_events, replay, steps_from_optimizer
 
 
-def test_active_curve_equals_naive_replay(shared_snapshot):
-    _, snap = shared_snapshot
+def test_active_curve_equals_naive_replay(real_snapshot):
+    _, snap, _ = real_snapshot
     events = snap["device_traces"][0]
     pre, curve, _ = replay(events, snap["segments"])
     tl = Timeline.from_trace(Trace.from_snapshot(snap))
@@ -19,30 +19,37 @@ def test_active_curve_equals_naive_replay(shared_snapshot):
     assert tl.active_after.tolist() == curve
 
 
-def test_phase_labels_and_steps_exactly_as_markers_say(shared_snapshot):
-    _, snap = shared_snapshot
+def test_phase_labels_and_steps_exactly_as_markers_say(real_snapshot):
+    path, snap, prefix = real_snapshot
     events = snap["device_traces"][0]
-    ivs = intervals(snap["external_annotations"], "gt::")
+    ivs = intervals(snap["external_annotations"], prefix)
     expected = add_loss(events, label_events(events, ivs), ivs)
-    report = phasemem.analyze(snap, marker_prefix="gt::")
+    report = phasemem.analyze(snap, marker_prefix=prefix)
     assert list(report.labels) == expected
-    assert len(report.steps) == len(ivs["optimizer"])
-    assert report.step_of.tolist() == steps_from_optimizer(events, ivs)
+    if "optimizer" not in ivs:  # inference: a step per forward
+        assert len(report.steps) == len(ivs["forward"])
+        return
+    lost = sum(1 for _, t1 in ivs["optimizer"] if t1 < events[0]["time_us"])  # ring buffer wrapped
+    assert len(report.steps) == len(ivs["optimizer"]) - lost
+    expected_steps = [k - lost if k >= 0 else -1 for k in steps_from_optimizer(events, ivs)]
+    assert report.step_of.tolist() == expected_steps
     for st in report.steps:
-        assert st.complete
+        assert st.complete == (not lost or st.index > 0)
+        if not st.complete:
+            continue
         order = [p for p in st.phases if p != "other"]
         assert order.index("forward") < order.index("backward") < order.index("optimizer")
 
 
-def test_every_peak_equals_independent_recomputation(shared_snapshot):
-    _, snap = shared_snapshot
+def test_every_peak_equals_independent_recomputation(real_snapshot):
+    _, snap, prefix = real_snapshot
     events = snap["device_traces"][0]
-    ivs = intervals(snap["external_annotations"], "gt::")
+    ivs = intervals(snap["external_annotations"], prefix)
     labels = add_loss(events, label_events(events, ivs), ivs)
-    step_of = steps_from_optimizer(events, ivs)
     _, after, deltas = replay(events, snap["segments"])
     before = [a - d for a, d in zip(after, deltas)]
-    report = phasemem.analyze(snap, marker_prefix="gt::")
+    report = phasemem.analyze(snap, marker_prefix=prefix)
+    step_of = report.step_of.tolist()  # step boundaries are checked above; here the numbers
     checked = 0
     for st in report.steps:
         for name, ph in st.phases.items():
@@ -57,7 +64,7 @@ def test_every_peak_equals_independent_recomputation(shared_snapshot):
             assert ph.start_bytes == before[idx[0]]
             assert ph.end_bytes == after[idx[-1]]
             checked += 1
-    assert checked >= 3 * 3  # forward, zero_grad (from step 1), backward; fused AdamW's steps 1-2 allocate nothing
+    assert checked >= 3 * len(report.steps) if "optimizer" in ivs else checked >= len(report.steps)
     # The aggregate is the highest over every occurrence.
     for name, agg in report.phases.items():
         assert agg.peak_bytes == max(s.phases[name].peak_bytes for s in report.steps if name in s.phases)

@@ -73,9 +73,13 @@ def hook_forward(module: torch.nn.Module, markers: Markers) -> Undo:
     after the compiled frame, so the range encloses the compiled forward.
     """
     stack: list[Any] = []
+    # A copy.deepcopy of the module made inside the block (an EMA copy, say) copies these hooks too;
+    # the flag makes such strays inert after exit.
+    active = [True]
 
     def pre(mod, args):
-        stack.append(markers.start("forward"))
+        if active[0]:
+            stack.append(markers.start("forward"))
 
     def post(mod, args, output):
         # always_call=True runs this also when forward raised; the stack keeps re-entrant calls
@@ -93,6 +97,7 @@ def hook_forward(module: torch.nn.Module, markers: Markers) -> Undo:
         h_post = module.register_forward_hook(post)
 
     def undo() -> None:
+        active[0] = False
         h_pre.remove()
         h_post.remove()
         while stack:
@@ -112,13 +117,24 @@ def wrap_method(obj: Any, name: str, phase: str, markers: Markers) -> Undo:
     own_before = obj.__dict__.get(name)
     inner = getattr(obj, name)
     active = [True]
+    if isinstance(inner, types.MethodType) and inner.__self__ is obj:
+        # Called on ``self``, not on ``obj``: a deepcopy of ``obj`` carries this wrapper bound to the
+        # copy, and its zero_grad must clear the copy's grads.
+        func = inner.__func__
+
+        def call(self, args, kwargs):
+            return func(self, *args, **kwargs)
+    else:  # an instance-level function (an LRScheduler's wrapper) already knows its object
+
+        def call(self, args, kwargs):
+            return inner(*args, **kwargs)
 
     def wrapper(self, *args, **kwargs):
         if not active[0]:
-            return inner(*args, **kwargs)
+            return call(self, args, kwargs)
         rf = markers.start(phase)
         try:
-            return inner(*args, **kwargs)
+            return call(self, args, kwargs)
         finally:
             markers.end(rf)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import inspect
 import lzma
-import gzip
 import os
 import pickle
 import tempfile

@@ -1,0 +1,347 @@
+"""Capture on CPU: markers, the converted trace, and that instrument() leaves no trace of itself."""
+
+from __future__ import annotations
+
+import io
+import lzma
+import pickle
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from phasemem.capture import Run, instrument
+from phasemem.capture import cpu as capture_cpu
+
+VOCAB, DIM, BATCH, SEQ = 2000, 32, 4, 16
+PHASES = ("forward", "zero_grad", "backward", "optimizer")
+
+ORIGINALS = {
+    "Tensor.backward": torch.Tensor.backward,
+    "autograd.backward": torch.autograd.backward,
+    "autograd.grad": torch.autograd.grad,
+}
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding -> Linear head; with a 2000-token vocabulary the logits dominate memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, DIM)
+        self.head = torch.nn.Linear(DIM, VOCAB)
+
+    def forward(self, x):
+        return self.head(self.emb(x))
+
+
+def make(seed: int = 0):
+    torch.manual_seed(seed)
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(seed + 1)
+    batches = [
+        (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, VOCAB, (BATCH, SEQ), generator=g))
+        for _ in range(3)
+    ]
+    return model, opt, batches
+
+
+def train(model, opt, batches, fail_at: int | None = None) -> list[float]:
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        if i == fail_at:
+            raise ValueError("boom")
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def markers(snap: dict) -> list[tuple[str, str, int]]:
+    return [
+        (a["name"].removeprefix("phasemem::"), a["stage"], a["time_us"])
+        for a in snap["external_annotations"]
+        if a["name"].startswith("phasemem::")
+    ]
+
+
+def assert_clean(model: torch.nn.Module, opt=None) -> None:
+    assert torch.Tensor.backward is ORIGINALS["Tensor.backward"]
+    assert torch.autograd.backward is ORIGINALS["autograd.backward"]
+    assert torch.autograd.grad is ORIGINALS["autograd.grad"]
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert not getattr(model, "_forward_hooks_always_called", {})
+    assert "zero_grad" not in model.__dict__
+    if opt is not None:
+        assert "zero_grad" not in opt.__dict__ and "step" not in opt.__dict__
+        assert opt.zero_grad.__func__ is type(opt).zero_grad
+    assert not capture_cpu.profiler_enabled()
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    model, opt, batches = make()
+    with instrument(model, opt, device="cpu") as run:
+        losses = train(model, opt, batches)
+    return run, model, opt, losses
+
+
+def test_markers_pair_in_step_order(recorded):
+    run, *_ = recorded
+    seq = [(name, stage) for name, stage, _ in markers(run.snapshot)]
+    one_step = [(p, s) for p in PHASES for s in ("START", "END")]
+    assert seq == one_step * 3
+    times = [t for *_, t in markers(run.snapshot)]
+    assert times == sorted(times)
+    # torch's own optimizer ranges come along under their own names
+    names = {a["name"] for a in run.snapshot["external_annotations"]}
+    assert "Optimizer.step#AdamW.step" in names and "Optimizer.zero_grad#AdamW.zero_grad" in names
+
+
+def test_trace_events_fall_inside_marker_ranges(recorded):
+    run, *_ = recorded
+    snap = run.snapshot
+    trace = snap["device_traces"][0]
+    assert {e["action"] for e in trace} == {"alloc", "free_completed"}
+    assert all(e["size"] > 0 and e["stream"] == 0 and e["frames"] == [] for e in trace)
+    assert [e["time_us"] for e in trace] == sorted(e["time_us"] for e in trace)
+
+    spans: dict[str, list[tuple[int, int]]] = {p: [] for p in PHASES}
+    opened: dict[str, int] = {}
+    for name, stage, t in markers(snap):
+        if stage == "START":
+            opened[name] = t
+        else:
+            spans[name].append((opened.pop(name), t))
+
+    def inside(phase: str, action: str) -> list[dict]:
+        return [e for e in trace if e["action"] == action and any(a <= e["time_us"] <= b for a, b in spans[phase])]
+
+    logits = BATCH * SEQ * VOCAB * 4
+    # the clocks agree: the logits are allocated inside forward, their grads inside backward
+    assert any(e["size"] >= logits for e in inside("forward", "alloc"))
+    assert any(e["size"] >= logits for e in inside("backward", "alloc"))
+    assert inside("backward", "free_completed")
+    # set_to_none frees last step's grads: nothing in step 0, the grads in steps 1 and 2
+    assert len(inside("zero_grad", "free_completed")) >= 2
+    # AdamW's state (exp_avg, exp_avg_sq) appears in the first optimizer step
+    assert len(inside("optimizer", "alloc")) >= 4
+
+
+def test_preexisting_storages_become_segments(recorded):
+    run, model, opt, _ = recorded
+    segs = run.snapshot["segments"]
+    ptrs = {s["address"] for s in segs}
+    for p in model.parameters():
+        assert p.untyped_storage().data_ptr() in ptrs
+        assert p.grad.untyped_storage().data_ptr() in ptrs
+        for v in opt.state[p].values():
+            assert v.untyped_storage().data_ptr() in ptrs
+    seg = segs[0]
+    assert seg["device"] == -1 and seg["segment_type"] == "cpu"
+    assert seg["blocks"][0]["state"] == "active_allocated"
+    assert seg["total_size"] == seg["blocks"][0]["size"] > 0
+    # parameters pre-exist: the trace never allocates them
+    allocated = {e["addr"] for e in run.snapshot["device_traces"][0] if e["action"] == "alloc"}
+    assert model.head.weight.untyped_storage().data_ptr() not in allocated
+
+
+def test_phasemem_key_and_plain_pickle(recorded, tmp_path):
+    run, *_ = recorded
+    meta = run.snapshot["phasemem"]
+    assert meta["device"] == "cpu" and meta["source"] == "cpu-profiler"
+    assert meta["markers"] == "phasemem::" and type(meta["torch"]) is str
+
+    class NoGlobals(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise AssertionError(f"snapshot pickles a {module}.{name}")
+
+    for name in ("s.pkl", "s.pkl.xz"):
+        path = tmp_path / name
+        assert run.save(path) == str(path)
+        raw = path.read_bytes()
+        raw = lzma.decompress(raw) if name.endswith(".xz") else raw
+        assert NoGlobals(io.BytesIO(raw)).load() == run.snapshot
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.pkl", "s.pkl.xz"]  # no temp files left
+
+
+def test_everything_removed_after_exit(recorded):
+    _, model, opt, _ = recorded
+    assert_clean(model, opt)
+
+
+def test_losses_unchanged():
+    plain = train(*make())
+    model, opt, batches = make()
+    with instrument(model, opt, device="cpu"):
+        seen = train(model, opt, batches)
+    assert seen == plain
+
+
+def test_raising_block_cleans_up_and_reraises():
+    model, opt, batches = make()
+    run = instrument(model, opt, device="cpu")
+    with pytest.raises(ValueError, match="boom"):
+        with run:
+            train(model, opt, batches, fail_at=1)
+    assert_clean(model, opt)
+    seq = [(n, s) for n, s, _ in markers(run.snapshot)]
+    # step 0 complete, step 1 stopped after zero_grad: every START has its END
+    assert seq[-4:] == [("forward", "START"), ("forward", "END"), ("zero_grad", "START"), ("zero_grad", "END")]
+    assert len(seq) == 8 + 4
+
+
+def test_raise_inside_forward_and_backward_closes_markers():
+    class Boom(torch.nn.Module):
+        def forward(self, x):
+            raise KeyboardInterrupt
+
+    model = Boom()
+    with pytest.raises(KeyboardInterrupt):
+        with instrument(model, device="cpu") as run:
+            model(torch.ones(1))
+    assert markers(run.snapshot)[-1][:2] == ("forward", "END")
+    assert_clean(model)
+
+    model, opt, batches = make()
+    x, _ = batches[0]
+    with pytest.raises(RuntimeError):
+        with instrument(model, opt, device="cpu") as run:
+            out = model(x)
+            out.sum().backward()
+            out.sum().backward()  # graph already freed
+    assert [(n, s) for n, s, _ in markers(run.snapshot)][-2:] == [("backward", "START"), ("backward", "END")]
+    assert_clean(model, opt)
+
+
+def test_inference_without_optimizer():
+    model, _, batches = make()
+    with torch.no_grad(), instrument(model, device="cpu") as run:
+        for x, _ in batches:
+            model(x)
+    seq = [(n, s) for n, s, _ in markers(run.snapshot)]
+    assert seq == [("forward", "START"), ("forward", "END")] * 3
+    assert any(e["action"] == "alloc" for e in run.snapshot["device_traces"][0])
+    assert_clean(model)
+
+
+def test_reentrant_forward_nests():
+    class Recursive(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, depth=2):
+            return self.lin(x) if depth == 0 else self(x, depth - 1)
+
+    model = Recursive()
+    with instrument(model, device="cpu") as run:
+        model(torch.ones(2, 4))
+    seq = [(n, s) for n, s, _ in markers(run.snapshot)]
+    assert seq == [("forward", "START")] * 3 + [("forward", "END")] * 3
+    assert_clean(model)
+
+
+def test_several_optimizers_scheduler_and_closure():
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt_a = torch.optim.SGD(model.emb.parameters(), lr=0.1)
+    opt_b = torch.optim.AdamW(model.head.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt_b, step_size=1)  # wraps opt_b.step before us
+    sched_step = opt_b.__dict__["step"]
+    x = torch.randint(0, VOCAB, (2, 8))
+
+    def closure():
+        for o in (opt_a, opt_b):
+            o.zero_grad()
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+        return loss
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. LRScheduler's "optimizer.step() has been overridden"
+        with instrument(model, [opt_a, opt_b], device="cpu") as run:
+            opt_a.step(closure)  # Lightning's pattern: the whole step runs inside optimizer.step
+            opt_b.step()
+            sched.step()
+    seq = [(n, s) for n, s, _ in markers(run.snapshot)]
+    assert seq == [
+        ("optimizer", "START"),
+        ("zero_grad", "START"), ("zero_grad", "END"),
+        ("zero_grad", "START"), ("zero_grad", "END"),
+        ("forward", "START"), ("forward", "END"),
+        ("backward", "START"), ("backward", "END"),
+        ("optimizer", "END"),
+        ("optimizer", "START"), ("optimizer", "END"),
+    ]
+    assert opt_b.__dict__["step"] is sched_step  # the scheduler's wrapper is back
+    assert "step" not in opt_a.__dict__
+
+
+def test_compiled_module_wrapper_gets_markers():
+    torch._dynamo.reset()
+    model = torch.compile(TinyLM(), backend="eager")
+    x = torch.randint(0, VOCAB, (2, 8))
+    model(x)  # compile outside the recording
+    with instrument(model, device="cpu") as run:
+        model(x)
+        model(x)
+    seq = [(n, s) for n, s, _ in markers(run.snapshot)]
+    assert seq == [("forward", "START"), ("forward", "END")] * 2
+    assert_clean(model)
+
+
+def test_report_needs_finished_run():
+    run = instrument(TinyLM(), device="cpu")
+    assert isinstance(run, Run)
+    with pytest.raises(Exception, match="no snapshot"):
+        run.save("/nonexistent/x.pkl")
+
+
+FIXTURES = sorted((Path(__file__).parent.parent / "fixtures").glob("*.pkl.xz"))
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name.split(".")[0])
+def test_recorded_fixture_markers_pair(path):
+    """The GPU fixtures recorded with fixtures/record.py: one marker range per phase call, balanced."""
+    snap = pickle.loads(lzma.decompress(path.read_bytes()))
+    meta = snap["phasemem"]["meta"]
+    assert snap["phasemem"]["source"] == "cuda" and meta["workload"] == path.name.split(".")[0]
+    open_: list[str] = []
+    count: dict[str, int] = {}
+    for name, stage, _ in markers(snap):
+        if stage == "START":
+            open_.append(name)
+            count[name] = count.get(name, 0) + 1
+        else:
+            assert open_.pop() == name
+    assert not open_
+    steps = meta["nsteps"] * meta.get("micro_batches", 1)
+    assert count["forward"] == steps
+    if meta["optimizer"] is not None:
+        assert count["backward"] == steps
+        assert count["optimizer"] == count["zero_grad"] == meta["nsteps"]
+    assert snap["device_traces"][0]
+
+
+def test_deepcopy_inside_block_stays_independent():
+    import copy
+
+    model, opt, batches = make()
+    x, _ = batches[0]
+    with instrument(model, opt, device="cpu") as run:
+        model(x).sum().backward()
+        twin = copy.deepcopy(model)  # e.g. an EMA copy
+        twin.zero_grad(set_to_none=True)
+    assert all(p.grad is not None for p in model.parameters())  # the copy cleared its own grads
+    assert all(p.grad is None for p in twin.parameters())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        twin(x)  # the hooks copied with the module are inert after exit
+    assert not [e for e in prof.events() if e.name.startswith("phasemem::")]
+    assert any(n == "zero_grad" for n, _, _ in markers(run.snapshot))
+    assert_clean(model, opt)
