@@ -10,7 +10,7 @@ from .measure import measure
 from .categories import CATEGORIES, CategoryCurves
 from .patterns import detect as detect_patterns
 from .patterns.context import Context
-from .report import Phase, Report
+from .report import OutOfMemory, Phase, Report
 from .segment import PHASES, segment
 from .timeline import Timeline
 from .trace import Trace
@@ -74,6 +74,14 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
     )
     for name, ph in report.phases.items():
         ph.by_category = _by_category(curves, tl, ph.peak_event)
+    report.ooms = [
+        OutOfMemory(
+            event=e, step=int(seg.step_of[e]) if seg.step_of[e] >= 0 else None, phase=PHASES[int(seg.labels[e])],
+            requested_bytes=int(trace.size[e]), device_free_bytes=free, allocated_bytes=int(tl.active_after[e]),
+            by_category=dict(zip(CATEGORIES, curves.at([e + 1])[0].tolist())),
+        )
+        for e, free in sorted(trace.oom_device_free.items())
+    ]
     return report
 
 

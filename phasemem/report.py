@@ -70,6 +70,19 @@ class Pattern:
 
 
 @dataclass
+class OutOfMemory:
+    """An ``oom`` event: where the allocator gave up, what was asked, and what was holding memory."""
+
+    event: int
+    step: int | None  # position in Report.steps
+    phase: str
+    requested_bytes: int
+    device_free_bytes: int
+    allocated_bytes: int
+    by_category: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class Step:
     """One training step: from the end of the previous optimizer step to the end of this one."""
 
@@ -108,6 +121,7 @@ class Report:
     sources: dict[str, str]
     patterns: list[Pattern] = field(default_factory=list)
     by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at the overall peak
+    ooms: list[OutOfMemory] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # The arrays the picture is drawn from; not part of to_dict().
     label_codes: np.ndarray = field(default=None, repr=False)
@@ -134,7 +148,7 @@ class Report:
     def to_dict(self) -> dict:
         """Everything in the report as JSON-ready Python values."""
         def plain(obj):
-            if isinstance(obj, (Phase, Step, Allocation, Pattern)):
+            if isinstance(obj, (Phase, Step, Allocation, Pattern, OutOfMemory)):
                 return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
             if isinstance(obj, dict):
                 return {k: plain(v) for k, v in obj.items()}
@@ -217,6 +231,12 @@ def format_report(r: Report) -> str:
                  "activation": "activations", "temporary": "temporaries", "input": "inputs", "other": "other"}
         parts = [f"{names[k]} {format_bytes(v)}" for k, v in r.by_category.items() if v]
         lines.insert(2, "  made of " + ", ".join(parts))
+    for o in r.ooms:
+        where = f"step {r.steps[o.step].number}, {o.phase}" if o.step is not None else o.phase
+        held = ", ".join(f"{k} {format_bytes(v)}" for k, v in o.by_category.items() if v)
+        lines.insert(1, f"OUT OF MEMORY at event {o.event} ({where}): asked for {format_bytes(o.requested_bytes)} with "
+                        f"{format_bytes(o.device_free_bytes)} free on the device; {format_bytes(o.allocated_bytes)} "
+                        f"allocated ({held})")
     src = sorted(set(r.sources.values()))
     if src:
         lines.append("phases from " + ", ".join(f"{s} ({', '.join(p for p, v in r.sources.items() if v == s)})" for s in src))

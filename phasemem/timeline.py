@@ -99,8 +99,10 @@ class Timeline:
 
         delta = np.zeros(n, dtype=np.int64)
         delta[alloc_ev] = trace.size[alloc_ev]
-        matched_free = free_ev[(free_ev < n) & ~refree]
-        delta[matched_free] = -trace.size[matched_free]
+        # A free returns what its alloc took (the two sizes agree in real traces; a corrupt one
+        # must not make memory drift).
+        matched = (free_ev < n) & ~refree
+        delta[free_ev[matched]] = -trace.size[alloc_ev[matched]]
         delta[orphan_ev] = -trace.size[orphan_ev]
         # A lost free is charged at the re-alloc so memory does not creep upward forever.
         lost_at = free_ev[refree]

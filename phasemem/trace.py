@@ -75,6 +75,7 @@ class Trace:
     frames: list[tuple[str, int, str]]  # (filename, line, name)
     markers: Markers
     live_blocks: np.ndarray  # (k, 2) int64: (addr, size) of blocks allocated when the snapshot was taken
+    oom_device_free: dict  # event index → bytes the device had free, for each ``oom`` event
     reserved_at_snapshot: int
     n_devices: int = 1
     meta: dict = field(default_factory=dict)
@@ -128,6 +129,9 @@ class Trace:
             int(seg.get("total_size", 0)) for seg in snapshot.get("segments") or []
             if seg.get("device", device) == device
         )
+        # OOM entries are rare; read their one extra field from the few of them.
+        ooms = np.flatnonzero(action == A["oom"]).tolist()
+        oom_free = {i: int(events[i].get("device_free", 0) or 0) for i in ooms}
         return cls(
             device=device,
             action=action,
@@ -140,6 +144,7 @@ class Trace:
             frames=frames,
             markers=_markers(snapshot, device),
             live_blocks=np.array(live, dtype=np.int64).reshape(-1, 2),
+            oom_device_free=oom_free,
             reserved_at_snapshot=reserved,
             n_devices=n_devices,
             meta=dict(snapshot.get("phasemem") or {}),
