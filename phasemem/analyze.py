@@ -36,7 +36,7 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
 
 def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
     tl = Timeline.from_trace(trace)
-    seg = segment(trace, marker_prefix)
+    seg = segment(trace, marker_prefix, tl)
     steps = measure(trace, tl, seg)
     ctx = Context.build(trace, tl, seg)
     patterns = detect_patterns(ctx)

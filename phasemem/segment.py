@@ -49,6 +49,7 @@ class Segmentation:
     step_t1: np.ndarray  # int64 µs: the time each step ends (its optimizer's END); max int64 when open-ended
     intervals: list[Interval]
     sources: dict[str, str]  # phase → where its boundaries came from
+    confidence: dict[str, float] = None  # phase → how sure (1 for markers and annotations)
 
 
 def _pair(markers, wanted) -> list[tuple[str, int, int]]:
@@ -103,8 +104,9 @@ def _outermost(ivs: list[Interval]) -> list[Interval]:
     return out
 
 
-def segment(trace: Trace, prefix: str = "phasemem::") -> Segmentation:
-    """Label every event with its phase and step.
+def segment(trace: Trace, prefix: str = "phasemem::", timeline=None) -> Segmentation:
+    """Label every event with its phase and step; without forward/backward markers, infer them
+    (from frames, else from lifetimes, which needs ``timeline``).
 
     Example:
         >>> seg = segment(Trace.from_snapshot(snap))
@@ -139,11 +141,81 @@ def segment(trace: Trace, prefix: str = "phasemem::") -> Segmentation:
     for iv in sorted(intervals, key=lambda i: (i.t0, -i.t1)):
         labels[iv.first:iv.stop] = P[iv.phase]
 
-    steps, numbers, ends = _steps(intervals, labels, n)
+    confidence = {ph: 1.0 for ph in sources}
+    marked = any(iv.source == "markers" and iv.phase in ("forward", "backward") for iv in intervals)
+    if not marked and n:
+        labels, how, starts = _infer(trace, timeline, labels,
+                                     [ph for ph, src in sources.items() if src == "annotations"])
+        for code in np.unique(labels).tolist():
+            ph = PHASES[code]
+            if ph != "other" and ph not in sources:
+                sources[ph] = "inferred"
+                confidence[ph] = 0.9 if how == "frames" else 0.6
+    if not marked and n and not any(iv.phase == "optimizer" for iv in intervals):
+        steps, numbers, ends = _steps_from_labels(trace, labels, starts)
+    else:
+        steps, numbers, ends = _steps(intervals, labels, n)
     step_of = np.full(n, -1, dtype=np.int32)
     for k, (a, b, _) in enumerate(steps):
         step_of[a:b] = k
-    return Segmentation(labels, step_of, steps, numbers, np.array(ends, dtype=np.int64), intervals, sources)
+    return Segmentation(labels, step_of, steps, numbers, np.array(ends, dtype=np.int64), intervals, sources,
+                        confidence)
+
+
+def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np.ndarray, str, list[int] | None]:
+    """Inferred labels where annotations left 'other'; how they were inferred; step starts if known."""
+    from . import infer
+
+    if infer.has_usable_frames(trace):
+        inferred, how, starts = infer.labels_from_frames(trace), "frames", None
+    elif timeline is not None:
+        inferred, starts = infer.labels_from_lifetimes(trace, timeline)
+        how = "lifetimes"
+    else:
+        return labels, "none", None
+    keep = labels != P["other"]  # PyTorch's own optimizer/zero_grad annotations stay authoritative
+    merged = np.where(keep, labels, inferred).astype(np.int8)
+    infer.finish(trace, timeline, merged)
+    # ... for the phases they cover: none of those outside them
+    for ph in annotated:
+        merged[(merged == P[ph]) & ~keep] = P["other"]
+    merged[keep] = labels[keep]
+    return merged, how, starts
+
+
+def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | None):
+    """Steps from inferred phases. A step ends with its optimizer run; when the optimizer leaves no
+    events (fused, after its first step), each forward that follows a backward starts a step,
+    unless the trace shows optimizer activity between some backward/forward pairs and not others
+    (gradient accumulation)."""
+    n = len(labels)
+    big = int(np.iinfo(np.int64).max)
+    first, last, code, _ = runs(labels, np.zeros(n, np.int32))
+    if starts is None:
+        cuts = []
+        fwd_runs = np.flatnonzero(code == P["forward"])
+        transitions = []
+        for j in fwd_runs.tolist():
+            prev_b = np.flatnonzero(code[:j] == P["backward"])
+            if not len(prev_b):
+                continue
+            between = code[prev_b[-1] + 1:j]
+            opt = np.flatnonzero(between == P["optimizer"])
+            # the step ends after the optimizer's last run before this forward, else after backward
+            cut = int(last[prev_b[-1] + 1 + opt[-1]]) + 1 if len(opt) else int(last[prev_b[-1]]) + 1
+            transitions.append((cut, bool(len(opt) or (between == P["zero_grad"]).any())))
+        regular = sum(t for _, t in transitions) >= 2
+        cuts = [c for c, t in transitions if t or not regular]
+        if not (code == P["backward"]).any():  # inference: each forward is a step
+            cuts = [int(first[j]) for j in fwd_runs.tolist()[1:]]
+        starts = [0] + sorted(set(cuts))
+    bounds = sorted(set(starts)) + [n]
+    bounds = [b for b in bounds if 0 <= b <= n]
+    if bounds[0] != 0:
+        bounds = [0] + bounds
+    steps = [(bounds[k], bounds[k + 1], True) for k in range(len(bounds) - 1) if bounds[k + 1] > bounds[k]]
+    ends = [int(trace.time_us[b - 1]) for _, b, _ in steps[:-1]] + [big]
+    return steps, list(range(len(steps))), ends
 
     
 def runs(labels: np.ndarray, step_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

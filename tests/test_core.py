@@ -88,8 +88,13 @@ def test_pytorch_annotations_give_optimizer_and_zero_grad_without_markers(shared
     opt_ivs = {"optimizer": [iv for k, v in ivs.items() if k.startswith("step#") for iv in v],
                "zero_grad": [iv for k, v in ivs.items() if k.startswith("zero_grad#") for iv in v]}
     expected = label_events(events, opt_ivs)
-    assert list(report.labels) == expected
-    assert report.sources == {"optimizer": "annotations", "zero_grad": "annotations"}
+    got = list(report.labels)
+    # Where PyTorch's annotations speak, they decide; forward and backward are inferred elsewhere.
+    assert [g for g, e in zip(got, expected) if e != "other"] == [e for e in expected if e != "other"]
+    assert all(g not in ("optimizer", "zero_grad") for g, e in zip(got, expected) if e == "other")
+    assert {k: v for k, v in report.sources.items() if v == "annotations"} == {"optimizer": "annotations",
+                                                                               "zero_grad": "annotations"}
+    assert report.sources["forward"] == report.sources["backward"] == "inferred"
     assert len(report.steps) == len(opt_ivs["optimizer"])
 
 

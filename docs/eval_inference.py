@@ -1,0 +1,83 @@
+"""How well phasemem finds steps and phases without markers, on real H200 snapshots.
+
+Ground truth: the phases and steps from the markers recorded with each snapshot (phasemem:: for
+fixtures/, gt:: for ../shared/gpu-snapshots). Then every annotation is removed (PyTorch's own
+optimizer annotations too) and the snapshot analysed again; and once more with every stack frame
+removed as well. Prints the table for docs/accuracy.md.
+
+    python3 docs/eval_inference.py [SNAPSHOT ...]
+"""
+from __future__ import annotations
+
+import copy
+import lzma
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import phasemem
+from phasemem.segment import P
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path: Path):
+    obj = pickle.loads(lzma.decompress(path.read_bytes()))
+    if "snapshot" in obj:
+        return obj["snapshot"], "gt::"
+    return obj, "phasemem::"
+
+
+def stripped(snap: dict, frames: bool) -> dict:
+    s = copy.deepcopy(snap)
+    s["external_annotations"] = []
+    if not frames:
+        for e in s["device_traces"][0]:
+            e["frames"] = []
+    return s
+
+
+def score(truth, got, loss_in_forward: bool) -> dict:
+    got_codes = got.label_codes.copy()
+    if loss_in_forward:  # the shared snapshots' gt::forward spans the model and the loss
+        got_codes[got_codes == P["loss"]] = P["forward"]
+    ok = truth.label_codes == got_codes
+    peaks = []
+    for name, ph in truth.phases.items():
+        if name == "other" or ph.peak_bytes == 0:
+            continue
+        g = got.phases.get(name)
+        if loss_in_forward and name == "forward" and "loss" in got.phases:
+            g = max(g, got.phases["loss"], key=lambda p: p.peak_bytes) if g else got.phases["loss"]
+        peaks.append(abs((g.peak_bytes if g else 0) - ph.peak_bytes) / ph.peak_bytes)
+    return {"accuracy": float(ok.mean()), "steps": (len(got.steps), len(truth.steps)),
+            "peak_err": max(peaks) if peaks else 0.0}
+
+
+def main(paths: list[str]) -> int:
+    files = [Path(p) for p in paths] or sorted((ROOT / "fixtures").glob("*.pkl.xz")) + sorted(
+        (ROOT.parent / "shared" / "gpu-snapshots").glob("*.pkl.xz"))
+    print("| snapshot | steps (truth) | accuracy, frames | steps, frames | max peak diff, frames "
+          "| accuracy, no frames | steps, no frames | max peak diff, no frames |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = []
+    for path in files:
+        snap, prefix = load(path)
+        truth = phasemem.analyze(snap, marker_prefix=prefix)
+        a = score(truth, phasemem.analyze(stripped(snap, True)), prefix == "gt::")
+        b = score(truth, phasemem.analyze(stripped(snap, False)), prefix == "gt::")
+        rows.append((a, b))
+        print(f"| {path.name.split('.')[0]} | {len(truth.steps)} | {a['accuracy']:.3f} | {a['steps'][0]} "
+              f"| {a['peak_err']:.1%} | {b['accuracy']:.3f} | {b['steps'][0]} | {b['peak_err']:.1%} |")
+    for label, k in (("frames", 0), ("no frames", 1)):
+        acc = [r[k]["accuracy"] for r in rows]
+        exact = sum(r[k]["steps"][0] == r[k]["steps"][1] for r in rows)
+        print(f"\n{label}: mean accuracy {np.mean(acc):.3f}, min {np.min(acc):.3f}; "
+              f"step count exact in {exact}/{len(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,248 @@
+"""Steps and phases for snapshots recorded without phasemem's markers.
+
+Two sources of evidence, used in this order:
+
+1. **Stack frames** (the default ``_record_memory_history`` records them). Backward runs on the
+   autograd engine's thread, whose events carry no Python frames, except Python run there:
+   activation-checkpoint recompute (``unpack_hook``/``recompute_fn``) and the loss's first
+   gradient (``_make_grads``). The optimizer's events run under ``torch/optim/``, zero_grad under a
+   ``zero_grad`` frame, the model's forward under ``nn.Module._call_impl``. Everything else with
+   frames (data, logging, the loss outside the model) is 'other', and 'other' between a forward
+   and the next backward is the loss.
+2. **Lifetimes alone** (snapshots recorded with ``context=None``, or stripped). A step repeats the
+   same allocation sizes, so the step period is the distance at which size k-grams recur with
+   perfect regularity. Inside each period, forward/backward is a mountain of activations:
+   allocations made and freed within the period, alive across its highest point; forward is
+   where they are made, backward where they are freed, and what follows is the optimizer.
+
+PyTorch's own ``Optimizer.step#…``/``Optimizer.zero_grad#…`` annotations, when present, already
+gave the optimizer and zero_grad phases (and the steps) before this module runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.signal import find_peaks
+
+from .timeline import Timeline
+from .trace import A, Trace
+
+# Event classes from frames.
+NONE, FWD, OPT, ZG, BWD_PY, OTHER = range(6)
+FRAMES_USABLE = 0.3
+ZERO_GRAD_MIN = 4  # gradients freed together before it counts as zero_grad  # below this share of events with frames, the frames are not the default context
+
+
+def frame_classes(trace: Trace) -> np.ndarray:
+    """A class per event from its stack (one Python pass over the distinct stacks, not the events)."""
+    per_stack = np.empty(len(trace.stacks) + 1, np.int8)
+    per_stack[-1] = NONE  # stack id -1
+    for sid, frame_ids in enumerate(trace.stacks):
+        per_stack[sid] = _classify([trace.frames[f] for f in frame_ids])
+    return per_stack[trace.stack]
+
+
+def _classify(frames) -> int:
+    # Python run by the autograd engine: checkpoint recompute, a custom or compiled Function's
+    # backward, the loss's first gradient.
+    if any(nm in ("unpack_hook", "recompute_fn", "_make_grads") for _, _, nm in frames):
+        return BWD_PY
+    out_fn, _, out_nm = frames[-1]  # the engine calls a Function's backward with nothing above it
+    if out_nm == "apply" and out_fn.endswith("torch/autograd/function.py"):
+        return BWD_PY
+    # Otherwise the innermost telling frame decides: Lightning runs forward inside optimizer.step.
+    user_inside = False
+    for fn, _, nm in frames:
+        if nm == "zero_grad":
+            return ZG
+        if "torch/optim/" in fn:
+            # user code between here and the optimizer is a closure (forward, loss) the optimizer called
+            return OTHER if user_inside else OPT
+        if nm == "_call_impl" and fn.endswith("torch/nn/modules/module.py"):
+            return FWD
+        if "/torch/" not in fn and not fn.startswith("torch/"):
+            user_inside = True
+    return OTHER
+
+
+def has_usable_frames(trace: Trace) -> bool:
+    return len(trace) > 0 and float(np.mean(trace.stack >= 0)) >= FRAMES_USABLE
+
+
+def labels_from_frames(trace: Trace) -> np.ndarray:
+    """Phase codes (segment.P order) per event from frames; 'other' between forward and backward is loss."""
+    from .segment import P
+
+    cls = frame_classes(trace)
+    lut = np.array([P["backward"], P["forward"], P["optimizer"], P["zero_grad"], P["backward"], P["other"]], np.int8)
+    labels = lut[cls]
+    # Recorded with context="alloc", frees carry no frames of their own: a free then takes the
+    # phase of the allocations around it when they agree, else 'other'.
+    is_alloc = trace.action == A["alloc"]
+    if is_alloc.any() and _frees_say_nothing(trace):
+        known = np.flatnonzero(is_alloc)
+        idx = np.arange(len(labels))
+        prev = np.searchsorted(known, idx, "right") - 1
+        nxt = prev + 1
+        lp = np.where(prev >= 0, labels[known[np.maximum(prev, 0)]], -1)
+        ln = np.where(nxt < len(known), labels[known[np.minimum(nxt, len(known) - 1)]], -2)
+        # A free's frames are then its allocation's: what was freed, not who freed it. Between two
+        # phases it stays with the earlier one if it frees that phase's own allocation (the
+        # optimizer's temporaries released after its last alloc).
+        own = labels  # the class its (allocation's) frames give
+        around = np.where(lp == ln, lp, np.where(own == lp, lp, P["other"]))
+        labels = np.where(is_alloc, labels, around).astype(np.int8)
+    return labels
+
+
+def finish(trace: Trace, tl: Timeline | None, labels: np.ndarray) -> np.ndarray:
+    """Lifetime rules that hold whatever found the phases: zero_grad's frees, then the loss."""
+    if tl is not None:
+        zero_grad_from_lifetimes(trace, tl, labels)
+    _loss_between(labels)
+    return labels
+
+
+def zero_grad_from_lifetimes(trace: Trace, tl: Timeline, labels: np.ndarray) -> None:
+    """Frees of gradients outside backward are zero_grad(set_to_none=True): a gradient is made in a
+    backward run and outlives it. Needs no frames (gradients never have any)."""
+    from .segment import P, runs
+
+    life = tl.lifetimes
+    n = len(trace)
+    born = (life.alloc_event >= 0) & (life.free_event < n)
+    a, f = life.alloc_event[born], life.free_event[born]
+    first, last, code, _ = runs(labels, np.zeros(n, np.int32))
+    run_of = np.searchsorted(first, np.arange(n), "right") - 1
+    grad = (labels[a] == P["backward"]) & (run_of[f] != run_of[a]) & (labels[f] != P["backward"])
+    fz = np.sort(f[grad])
+    # zero_grad frees many gradients together; a lone free after backward (the loss's own
+    # gradient, a hook's buffer) is not it.
+    cluster = np.concatenate([[0], np.cumsum(np.diff(fz) > 8)]) if len(fz) else np.zeros(0, np.int64)
+    sizes = np.bincount(cluster) if len(fz) else np.zeros(0, np.int64)
+    fz = fz[sizes[cluster] >= ZERO_GRAD_MIN] if len(fz) else fz
+    labels[fz] = P["zero_grad"]
+    # the free_requested that announced each of those frees
+    req = fz - 1
+    ok = (req >= 0) & (trace.action[np.maximum(req, 0)] == A["free_requested"]) & (trace.addr[np.maximum(req, 0)] == trace.addr[fz])
+    labels[req[ok]] = P["zero_grad"]
+
+
+def _frees_say_nothing(trace: Trace) -> bool:
+    """True when free events carry no thread evidence: recorded with context="alloc", a free has no
+    frames or repeats its allocation's frames."""
+    from .timeline import Timeline
+
+    is_alloc = trace.action == A["alloc"]
+    frees = ~is_alloc & np.isin(trace.action, [A["free_requested"], A["free_completed"], A["free"]])
+    if not frees.any():
+        return False
+    if float(np.mean(trace.stack[frees] >= 0)) < 0.05:
+        return True
+    life = Timeline.from_trace(trace).lifetimes
+    pair = (life.alloc_event >= 0) & (life.free_event < len(trace))
+    a, f = life.alloc_event[pair], life.free_event[pair]
+    framed = trace.stack[a] >= 0
+    return bool(framed.any()) and float(np.mean(trace.stack[a][framed] == trace.stack[f][framed])) > 0.9
+
+
+def _loss_between(labels: np.ndarray) -> None:
+    """Relabel 'other' runs that sit between a forward run and the next backward run as loss."""
+    from .segment import P, runs
+
+    first, last, code, _ = runs(labels, np.zeros(len(labels), np.int32))
+    telling = np.flatnonzero((code != P["zero_grad"]) & (code != P["other"]))
+    for k in np.flatnonzero(code == P["other"]).tolist():
+        j = np.searchsorted(telling, k)
+        if 0 < j < len(telling) and code[telling[j - 1]] == P["forward"] and code[telling[j]] == P["backward"]:
+            labels[first[k]:last[k] + 1] = P["loss"]
+
+
+# -- lifetimes only ---------------------------------------------------------------------------------
+
+K = 8
+
+
+def step_period(trace: Trace) -> int | None:
+    """The step length in allocations: the distance at which size k-grams recur perfectly regularly.
+
+    A k-gram made once per step recurs at exactly the step length from the second step on (the
+    first step differs: optimizer state, lazy workspaces); one made once per layer does not recur
+    regularly, so it drops out.
+    """
+    sizes = trace.size[trace.action == A["alloc"]].astype(np.uint64)
+    if len(sizes) < 4 * K:
+        return None
+    h = np.zeros(len(sizes) - K + 1, np.uint64)
+    for j in range(K):
+        h = h * np.uint64(1_000_003) + sizes[j:len(sizes) - K + 1 + j]
+    order = np.argsort(h, kind="stable")
+    hs, pos = h[order], order
+    same = hs[1:] == hs[:-1]
+    gap = np.where(same, pos[1:] - pos[:-1], 0)
+    # group boundaries
+    start = np.flatnonzero(np.concatenate([[True], ~same]))
+    count = np.diff(np.concatenate([start, [len(hs)]]))
+    votes: dict[int, int] = {}
+    for s, c in zip(start.tolist(), count.tolist()):
+        if c < 2:
+            continue
+        g = gap[s:s + c - 1]
+        steady = g[1:] if c >= 3 else g  # the first step may be longer
+        if len(steady) and (steady == steady[0]).all() and steady[0] >= 4 * K:
+            votes[int(steady[0])] = votes.get(int(steady[0]), 0) + 1
+    if not votes:
+        return None
+    return max(votes, key=lambda d: (votes[d], d))
+
+
+def mountains(trace: Trace, tl: Timeline, period_events: int | None) -> list[tuple[int, int, int]]:
+    """(forward start, top, backward end) of each forward/backward, from activation lifetimes."""
+    n = len(trace)
+    life = tl.lifetimes
+    born = (life.alloc_event >= 0) & (life.free_event < n)
+    a, f, s = life.alloc_event[born], life.free_event[born], life.size[born]
+    span = f - a
+    max_span = period_events if period_events else n
+    act = (span >= 16) & (span < max_span)
+    d = np.zeros(n + 1, np.int64)
+    np.add.at(d, a[act], s[act])
+    np.add.at(d, f[act], -s[act])
+    curve = np.cumsum(d)[:n]
+    if not len(curve) or curve.max() <= 0:
+        return []
+    dist = max(int(0.6 * period_events), 1) if period_events else None
+    peaks, _ = find_peaks(np.concatenate([[0], curve, [0]]), prominence=0.3 * curve.max(), distance=dist)
+    out = []
+    for p in (peaks - 1).tolist():
+        alive = act & (a <= p) & (f > p)
+        if alive.any():
+            out.append((int(a[alive].min()), p, int(f[alive].max())))
+    return out
+
+
+def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
+    """Phase codes per event and step starts (event indices) from lifetimes alone."""
+    from .segment import P
+
+    n = len(trace)
+    labels = np.zeros(n, np.int8)
+    alloc_idx = np.flatnonzero(trace.action == A["alloc"])
+    period = step_period(trace)
+    period_events = None
+    if period and len(alloc_idx):
+        # allocations → events: the median number of events per allocation
+        period_events = int(period * n / max(len(alloc_idx), 1))
+    mts = mountains(trace, tl, period_events)
+    starts = []
+    for k, (f0, top, b1) in enumerate(mts):
+        labels[f0:top + 1] = P["forward"]
+        labels[top + 1:b1 + 1] = P["backward"]
+        nxt = mts[k + 1][0] if k + 1 < len(mts) else n
+        # What follows backward up to the next forward is the optimizer (when it allocates at all).
+        tail = np.arange(b1 + 1, nxt)
+        if len(tail) and (trace.action[tail] == A["alloc"]).any():
+            labels[b1 + 1:nxt] = P["optimizer"]
+        starts.append(f0)
+    if starts:
+        starts[0] = 0
+    return labels, starts
