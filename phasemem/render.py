@@ -75,7 +75,7 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None) -> Figure
 
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, facecolor="white")
     canvas = FigureCanvasAgg(fig)
-    lay = _Layout(fig, canvas, width, height, dpi)
+    lay = _Layout(canvas, width, height, dpi)
 
     n = report.n_events
     a, b, shown = _visible(report, steps)
@@ -89,11 +89,13 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None) -> Figure
 
     after = tl.active_after
     reserved = tl.reserved_after
-    unit_div, unit = _unit(max(int(after[a:b].max()), int(reserved[a:b].max()), 1))
+    # The CPU profiler has no caching allocator, hence no reserved memory: no line at zero.
+    show_reserved = report.reserved_peak_bytes > 0
+    unit_div, unit = _unit(max(int(after[a:b].max()), int(reserved[a:b].max()) if show_reserved else 0, 1))
 
     # Legend first: how many rows it needs decides how tall the axes can be.
     present = [p for p in PHASE_COLORS if any(p in st.phases and st.phases[p].n_events for st in shown)]
-    handles = _legend_handles(present, report)
+    handles = _legend_handles(present, report, show_reserved)
     ax_box, legend_rows = lay.axes_box(handles)
     ax = fig.add_axes(ax_box)
     ax_w_px, ax_h_px = ax_box[2] * width, ax_box[3] * height
@@ -101,8 +103,9 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None) -> Figure
 
     edges, lo, hi, res_hi = _envelope(X, after, reserved, a, b, ncols)
     strip_px = lay.px(_STRIP_PT) * 1.9
-    headroom_px = strip_px + lay.px(_PEAK_PT) * 2.2 + 4
-    data_top = max(float(hi.max()), float(res_hi.max()), 1.0) / unit_div
+    # Room between the highest value and the strip for the tallest label there: the overall peak's.
+    headroom_px = strip_px + lay.text_size("peak 0.00 GiB", _PEAK_PT + 1, "bold")[1] + lay.px(3) + 10
+    data_top = max(float(hi.max()), float(res_hi.max()) if show_reserved else 0.0, 1.0) / unit_div
     y_top = data_top / max(1 - headroom_px / ax_h_px, 0.5)
     ax.set_xlim(X[a], X[b])
     ax.set_ylim(0, y_top)
@@ -111,7 +114,7 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None) -> Figure
     view = _View(ax_box, width, height, X[a], X[b], y_top)
     runs = _runs(report.label_codes, report.step_of, a, b)
     _shade_phases(ax, lay, view, X, runs, a, b, strip_frac)
-    _draw_curve(ax, edges, lo / unit_div, hi / unit_div, res_hi / unit_div)
+    _draw_curve(ax, edges, lo / unit_div, hi / unit_div, res_hi / unit_div if show_reserved else None)
     _step_marks(ax, lay, view, X, shown, a, b)
     _peaks(ax, lay, view, X, report, shown, runs, unit_div, a, b)
     _axes_style(ax, by, unit)
@@ -132,8 +135,20 @@ def save(report, path, **options) -> None:
     if fmt is None:
         raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg or .pdf")
     fig = plot(report, **options)
-    # savefig's own dpi default comes from rcParams; pin it so the pixel size is the one asked for.
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=fig.dpi, facecolor="white"))
+
+    def write(tmp):
+        # savefig's own dpi default comes from rcParams; pin it so the pixel size is the one asked for.
+        fig.savefig(tmp, format=fmt, dpi=fig.dpi, facecolor="white")
+        # The temporary file is private (0600); a picture should get the mode any new file gets.
+        os.chmod(tmp, 0o666 & ~_umask())
+
+    atomic_write(path, write)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # -- layout ---------------------------------------------------------------------------------------
@@ -154,8 +169,8 @@ def _check_size(size, dpi) -> tuple[int, int]:
 class _Layout:
     """Pixel geometry of the figure and text measurement with the figure's own renderer."""
 
-    def __init__(self, fig, canvas, width, height, dpi):
-        self.fig, self.width, self.height, self.dpi = fig, width, height, dpi
+    def __init__(self, canvas, width, height, dpi):
+        self.width, self.height, self.dpi = width, height, dpi
         self.renderer = canvas.get_renderer()
         self._fonts: dict = {}
         self._sizes: dict = {}
@@ -254,7 +269,9 @@ def _visible(report, steps):
         have = [st.number for st in report.steps]
         raise ValueError(f"steps={sorted(wanted)}: this report has steps {have[0]}..{have[-1]}" if have
                          else "this report has no steps")
-    return min(st.start_event for st in shown), max(st.end_event for st in shown) + 1, shown
+    a, b = min(st.start_event for st in shown), max(st.end_event for st in shown) + 1
+    # A step that made no event still gets drawn: as the one event where it ended.
+    return min(a, n - 1), max(b, min(a + 1, n)), shown
 
 
 @dataclass
@@ -302,12 +319,13 @@ def _envelope(X, after, reserved, a, b, ncols):
 
 
 def _draw_curve(ax, edges, lo, hi, res):
-    lo_e, hi_e, res_e = (np.append(v, v[-1]) for v in (lo, hi, res))
+    lo_e, hi_e = np.append(lo, lo[-1]), np.append(hi, hi[-1])
     ax.fill_between(edges, 0, hi_e, step="post", color=_FILL, alpha=0.45, lw=0, zorder=2)
     # The min–max band is the curve itself at pixel resolution: dark where memory moves within a column.
     ax.fill_between(edges, lo_e, hi_e, step="post", color=_CURVE, alpha=0.9, lw=0, zorder=3)
     ax.step(edges, hi_e, where="post", color=_CURVE, lw=1.0, zorder=3)
-    ax.step(edges, res_e, where="post", color=_RESERVED, lw=0.9, zorder=3.5)
+    if res is not None:
+        ax.step(edges, np.append(res, res[-1]), where="post", color=_RESERVED, lw=0.9, zorder=3.5)
 
 
 def _shade_phases(ax, lay, view, X, runs, a, b, strip_frac):
@@ -395,9 +413,9 @@ def _peaks(ax, lay, view, X, report, shown, runs, unit_div, a, b):
         label = f"peak {format_bytes(report.peak_bytes)}"
         w, h = lay.text_size(label, _PEAK_PT + 1, "bold")
         cx = float(np.clip(view.x_px(X[pe]), lo_x + w / 2 + 2, hi_x - w / 2 - 2))
-        y0 = float(view.y_px(report.peak_bytes / unit_div)) + lift + 2
+        y0 = float(view.y_px(report.peak_bytes / unit_div)) + lift + 4  # clear of the ring
         placed.add(cx - w / 2, cx + w / 2, y0, y0 + h)
-        _label(ax, view, cx, report.peak_bytes / unit_div, label, _PEAK_PT + 1, lift + 2, color=_PEAK, weight="bold")
+        _label(ax, view, cx, report.peak_bytes / unit_div, label, _PEAK_PT + 1, lift + 4, color=_PEAK, weight="bold")
 
     if not pts:
         return
@@ -465,11 +483,13 @@ def _title(fig, lay, report, shown, width, height):
         fig.text(1 - margin / width, y, right, ha="right", va="top", fontsize=_TITLE_PT, color="#444444")
 
 
-def _legend_handles(present, report):
+def _legend_handles(present, report, show_reserved):
     handles = [Patch(facecolor=PHASE_COLORS[p], edgecolor="none", label=p) for p in present]
+    handles.append(Patch(facecolor=_FILL, edgecolor=_CURVE, alpha=0.8, label="allocated"))
+    if show_reserved:
+        handles.append(Line2D([], [], color=_RESERVED, lw=1.2,
+                              label=f"reserved (peak {format_bytes(report.reserved_peak_bytes)})"))
     handles += [
-        Patch(facecolor=_FILL, edgecolor=_CURVE, alpha=0.8, label="allocated"),
-        Line2D([], [], color=_RESERVED, lw=1.2, label=f"reserved (peak {format_bytes(report.reserved_peak_bytes)})"),
         Line2D([], [], marker="o", color="none", markerfacecolor="#dddddd", markeredgecolor="#1b1b1b",
                markersize=5, label="phase peak"),
         Line2D([], [], marker="o", color="none", markerfacecolor=_PEAK, markeredgecolor=_PEAK,

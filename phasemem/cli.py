@@ -1,0 +1,190 @@
+"""``phasemem``: small subcommands over one reader (in the style of memray).
+
+    phasemem analyze SNAPSHOT -o memory.png [--json memory.json] [--device N] [--size WxH] [--dpi N]
+                              [--markers PREFIX] [--trust]
+    phasemem demo [-o demo.png] [--json demo.json] [--device cpu|cuda] [--steps 3]
+
+Input phasemem cannot use is reported as one line, ``phasemem: error: ...``, with exit status 2 and
+no traceback; bad usage also exits 2, Ctrl-C exits 130. Outputs are written atomically and only
+after the analysis succeeded, so a failed run leaves any existing output as it was.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .errors import PhasememError
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+_PICTURE_EXTS = (".png", ".svg", ".pdf")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status instead of exiting.
+
+    Example:
+        >>> from phasemem.cli import main
+        >>> main(["analyze", "snapshot.pickle", "-o", "memory.png", "--json", "memory.json"])
+        0
+    """
+    parser = _parser()
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # argparse: --help (0) or bad usage (2), already printed
+            return _code(e)
+        return args.run(args)
+    except PhasememError as e:
+        _error(str(e))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `phasemem analyze x | head`: the reader left; the rest of the report is not wanted.
+        _silence_stdout()
+        return 0
+
+
+def _code(e: SystemExit) -> int:
+    return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_ERROR)
+
+
+def _error(message: str) -> None:
+    # One line whatever the message holds: scripts grep for it, humans read it.
+    line = " ".join(message.split())
+    print(f"phasemem: error: {line}", file=sys.stderr)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+# -- argument types -------------------------------------------------------------------------------
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the picture size as WIDTHxHEIGHT in pixels, e.g. 1600x900") from None
+    if not (64 <= w <= 20000 and 64 <= h <= 20000):
+        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be between 64 and 20000 pixels")
+    return w, h
+
+
+def _dpi(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the dpi is a whole number, e.g. 100") from None
+    if not 10 <= v <= 2000:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a dpi from 10 to 2000")
+    return v
+
+
+def _picture(text: str) -> str:
+    if os.path.splitext(text)[1].lower() not in _PICTURE_EXTS:
+        raise argparse.ArgumentTypeError(f"{text!r}: name the picture .png, .svg or .pdf")
+    return text
+
+
+def _steps(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the number of steps is a whole number >= 1")
+    return v
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(
+        prog="phasemem",
+        description="Read a PyTorch memory snapshot: training steps, their phases, and what peaked where.",
+    )
+    p.add_argument("--version", action="version", version=f"phasemem {__version__}")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    a = sub.add_parser(
+        "analyze", help="analyse a snapshot pickle: print the report, draw the picture",
+        description="Analyse a torch.cuda.memory._dump_snapshot pickle (plain, .gz or .xz): print the "
+                    "report and draw the labeled picture.",
+    )
+    a.add_argument("snapshot", metavar="SNAPSHOT", help="the snapshot file")
+    a.add_argument("-o", "--output", type=_picture, default="memory.png", metavar="PICTURE",
+                   help="picture to write: .png, .svg or .pdf (default: memory.png)")
+    a.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    a.add_argument("--device", type=int, metavar="N", help="which device's trace (default: the busiest)")
+    a.add_argument("--size", type=_size, default=(1600, 900), metavar="WxH", help="picture size in pixels (default: 1600x900)")
+    a.add_argument("--dpi", type=_dpi, default=100, metavar="N", help="dots per inch: text size (default: 100)")
+    a.add_argument("--markers", default="phasemem::", metavar="PREFIX",
+                   help="name prefix of the phase markers (default: phasemem::)")
+    a.add_argument("--trust", action="store_true",
+                   help="unpickle without restrictions (only for files you made yourself)")
+    a.set_defaults(run=_analyze)
+
+    d = sub.add_parser(
+        "demo", help="train a small GPT-like model for a few steps under instrument() and analyse it",
+        description="Train a small GPT-like language model for a few steps inside phasemem.instrument(), "
+                    "print the report and draw the picture.",
+    )
+    d.add_argument("-o", "--output", type=_picture, default="demo.png", metavar="PICTURE",
+                   help="picture to write (default: demo.png)")
+    d.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    d.add_argument("--device", choices=("cpu", "cuda"), help="where to train (default: cuda if available)")
+    d.add_argument("--steps", type=_steps, default=3, help="training steps to record (default: 3)")
+    d.set_defaults(run=_demo)
+    return p
+
+
+def _check_outputs(*paths: str | None) -> None:
+    # Fail before the (possibly long) analysis, not after it.
+    for path in paths:
+        if path is None:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise PhasememError(f"{path}: the folder {folder} does not exist; create it or choose another output path")
+        if os.path.isdir(path):
+            raise PhasememError(f"{path}: is a directory; give a file name")
+
+
+def _analyze(args) -> int:
+    from .analyze import analyze
+
+    _check_outputs(args.output, args.json)
+    report = analyze(args.snapshot, args.device, trusted=args.trust, marker_prefix=args.markers)
+    print(report)
+    report.save_png(args.output, size=args.size, dpi=args.dpi)
+    written = [args.output]
+    if args.json:
+        report.to_json(args.json)
+        written.append(args.json)
+    print(f"\nwrote {', '.join(written)}")
+    return 0
+
+
+def _demo(args) -> int:
+    from . import demo
+
+    _check_outputs(args.output, args.json)
+    report = demo.run(device=args.device, steps=args.steps, out=args.output, json_path=args.json)
+    print(report)
+    print(f"\nwrote {', '.join(p for p in (args.output, args.json) if p)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

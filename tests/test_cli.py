@@ -1,0 +1,189 @@
+"""The command line: outputs on success; one line, exit 2 and untouched outputs on every bad input."""
+from __future__ import annotations
+
+import json
+import lzma
+import pickle
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phasemem.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-snapshots"
+SNAPSHOTS = sorted(SHARED.glob("*.pkl.xz"))
+needs_snapshots = pytest.mark.skipif(not SNAPSHOTS, reason=f"no real GPU snapshots at {SHARED}")
+
+
+def raw(path: Path) -> dict:
+    obj = pickle.loads(lzma.decompress(path.read_bytes()))
+    return obj.get("snapshot", obj)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+@needs_snapshots
+@pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.name.split(".")[0])
+def test_analyze_writes_picture_and_json(path, tmp_path, capsys):
+    png, js = tmp_path / "memory.png", tmp_path / "memory.json"
+    rc = main(["analyze", str(path), "-o", str(png), "--json", str(js), "--markers", "gt::", "--size", "1200x700"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert err == ""
+    assert png_size(png) == (1200, 700)
+    report = json.loads(js.read_text())
+    snap = raw(path)
+    optimizer_starts = [a for a in snap["external_annotations"] if a["name"] == "gt::optimizer" and a["stage"] == "START"]
+    assert len(report["steps"]) == len(optimizer_starts) == 3
+    assert report["n_events"] == len(snap["device_traces"][0])
+    assert set(report["phases"]) >= {"forward", "backward", "optimizer"}
+    # the printed report is str(report): its header and every step
+    assert out.startswith(f"phasemem report — cuda:0, {report['n_events']:,} events, 3 step(s)")
+    assert f"wrote {png}, {js}" in out
+
+
+@needs_snapshots
+def test_default_markers_are_phasemem_ones(tmp_path, capsys):
+    # Without --markers gt:: no gt:: marker is read: the steps come from PyTorch's own
+    # Optimizer.step annotations, and forward is not taken from markers.
+    js = tmp_path / "m.json"
+    assert main(["analyze", str(SNAPSHOTS[0]), "-o", str(tmp_path / "m.svg"), "--json", str(js)]) == 0
+    report = json.loads(js.read_text())
+    assert report["sources"].get("optimizer") == "annotations"
+    assert report["sources"].get("forward") != "markers"
+    assert len(report["steps"]) == 3
+    assert (tmp_path / "m.svg").read_bytes().lstrip().startswith(b"<?xml")
+
+
+# -- bad input: one line, exit 2, nothing overwritten ----------------------------------------------
+
+
+def _missing(tmp):
+    return tmp / "nothing-here.pickle"
+
+
+def _text(tmp):
+    p = tmp / "notes.txt"
+    p.write_text("this is not a snapshot\n" * 10)
+    return p
+
+
+def _truncated(tmp):
+    data = lzma.decompress(SNAPSHOTS[0].read_bytes())
+    p = tmp / "cut.pickle"
+    p.write_bytes(data[: len(data) // 2])
+    return p
+
+
+def _list(tmp):
+    p = tmp / "list.pickle"
+    p.write_bytes(pickle.dumps([1, 2, 3]))
+    return p
+
+
+def _empty_traces(tmp):
+    snap = raw(SNAPSHOTS[0])
+    snap["device_traces"] = []
+    p = tmp / "empty.pickle"
+    p.write_bytes(pickle.dumps(snap))
+    return p
+
+
+BAD = {
+    "missing-file": (_missing, []),
+    "text-file": (_text, []),
+    "truncated-pickle": (_truncated, []),
+    "pickle-of-a-list": (_list, []),
+    "empty-device-traces": (_empty_traces, []),
+    "unknown-device": (lambda tmp: SNAPSHOTS[0], ["--device", "7"]),
+}
+
+
+@needs_snapshots
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_exit_2_and_leaves_outputs(case, tmp_path, capsys):
+    make, extra = BAD[case]
+    src = make(tmp_path)
+    png, js = tmp_path / "memory.png", tmp_path / "memory.json"
+    png.write_bytes(b"yesterday's picture")
+    js.write_text('{"yesterday": true}')
+    rc = main(["analyze", str(src), "-o", str(png), "--json", str(js), *extra])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith("phasemem: error: ")
+    assert "Traceback" not in err and "Traceback" not in out
+    assert png.read_bytes() == b"yesterday's picture"
+    assert js.read_text() == '{"yesterday": true}'
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".phasemem-")]
+    if case == "unknown-device":
+        assert "device 7" in err
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["analyze"],
+    ["analyze", "x.pickle", "-o", "memory.jpg"],
+    ["analyze", "x.pickle", "--size", "12"],
+    ["analyze", "x.pickle", "--dpi", "zero"],
+    ["demo", "--device", "tpu"],
+    ["demo", "--steps", "0"],
+    ["frobnicate"],
+])
+def test_bad_usage_exits_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+
+
+def test_missing_output_folder_fails_before_analysis(tmp_path, capsys):
+    rc = main(["analyze", str(tmp_path / "whatever.pickle"), "-o", str(tmp_path / "no" / "m.png")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "does not exist" in err
+
+
+def test_ctrl_c_exits_130_quietly(monkeypatch, tmp_path, capsys):
+    analyze_mod = sys.modules["phasemem.analyze"]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(analyze_mod, "analyze", interrupted)
+    assert main(["analyze", str(tmp_path / "s.pickle"), "-o", str(tmp_path / "m.png")]) == 130
+    out, err = capsys.readouterr()
+    assert err == "" and "Traceback" not in out
+
+
+def test_python_dash_m_runs_the_same_cli(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "phasemem", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == 0 and "analyze" in ok.stdout and "demo" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "phasemem", "analyze", str(tmp_path / "none.pickle"),
+                          "-o", str(tmp_path / "m.png")], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("phasemem: error: ")
+    assert "none.pickle" in bad.stderr
+
+
+# -- demo: kept quick (~2 s on a 2-core CPU) so it runs in CI with everything else ------------------
+
+
+def test_demo_trains_records_and_draws(tmp_path, capsys):
+    png, js = tmp_path / "demo.png", tmp_path / "demo.json"
+    rc = main(["demo", "-o", str(png), "--json", str(js), "--device", "cpu", "--steps", "2"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert png_size(png) == (1600, 900)
+    report = json.loads(js.read_text())
+    assert len(report["steps"]) == 2 and report["device"] == "cpu"
+    assert {"forward", "loss", "backward", "optimizer"} <= set(report["phases"])
+    # the logits (8 × 128 × 8192 fp32 = 32 MiB) are the largest thing the forward pass makes
+    assert report["phases"]["loss"]["peak_bytes"] - report["phases"]["forward"]["start_bytes"] >= 32 * 2**20
+    assert out.startswith("phasemem report — cpu")
