@@ -31,6 +31,9 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
     with no_gc():
         snap = load_snapshot(snapshot, trusted=trusted)
         trace = Trace.from_snapshot(snap, device)
+        # Free the millions of event dicts we loaded while the collector is still paused: freeing
+        # them also resets its allocation count, so re-enabling it does not set off a full pass.
+        del snap
         return analyze_trace(trace, marker_prefix=marker_prefix)
 
 
@@ -41,7 +44,6 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
     ctx = Context.build(trace, tl, seg)
     patterns = detect_patterns(ctx)
     curves = CategoryCurves(ctx)
-    _attach_categories(steps, curves, tl)
     level = tl.level
     peak_event = int(np.argmax(level))
     notes = []
@@ -63,7 +65,6 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
         phases=_aggregate(steps),
         sources={p: s for p, s in seg.sources.items()},
         patterns=patterns,
-        by_category=_by_category(curves, tl, peak_event),
         notes=notes,
         label_codes=seg.labels,
         step_of=seg.step_of,
@@ -72,8 +73,7 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
         segmentation=seg,
         category_curves=curves,
     )
-    for name, ph in report.phases.items():
-        ph.by_category = _by_category(curves, tl, ph.peak_event)
+    _attach_categories(report, curves, tl)
     report.ooms = [
         OutOfMemory(
             event=e, step=int(seg.step_of[e]) if seg.step_of[e] >= 0 else None, phase=PHASES[int(seg.labels[e])],
@@ -85,18 +85,11 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
     return report
 
 
-def _by_category(curves: CategoryCurves, tl: Timeline, event: int | None) -> dict[str, int]:
-    if event is None:
-        return {}
-    return dict(zip(CATEGORIES, curves.at_level([event], tl.delta)[0].tolist()))
-
-
-def _attach_categories(steps, curves: CategoryCurves, tl: Timeline) -> None:
-    """Fill every Step's and Phase's by_category in one vectorised evaluation."""
-    holders = [s for s in steps if s.peak_event is not None]
-    holders += [p for s in steps for p in s.phases.values() if p.peak_event is not None]
-    if not holders:
-        return
+def _attach_categories(report: Report, curves: CategoryCurves, tl: Timeline) -> None:
+    """Fill by_category of the report, every Step and every Phase in one vectorised evaluation."""
+    holders = [report] + [s for s in report.steps] + list(report.phases.values())
+    holders += [p for s in report.steps for p in s.phases.values()]
+    holders = [h for h in holders if h.peak_event is not None]
     m = curves.at_level([h.peak_event for h in holders], tl.delta)
     for h, row in zip(holders, m.tolist()):
         h.by_category = dict(zip(CATEGORIES, row))

@@ -18,6 +18,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp makes the file private; give the output the mode any new file would get
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except OSError as e:
         raise PhasememError(f"{path}: cannot be written ({e.strerror or e})") from None

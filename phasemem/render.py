@@ -139,16 +139,8 @@ def save(report, path, **options) -> None:
     def write(tmp):
         # savefig's own dpi default comes from rcParams; pin it so the pixel size is the one asked for.
         fig.savefig(tmp, format=fmt, dpi=fig.dpi, facecolor="white")
-        # The temporary file is private (0600); a picture should get the mode any new file gets.
-        os.chmod(tmp, 0o666 & ~_umask())
 
     atomic_write(path, write)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 # -- layout ---------------------------------------------------------------------------------------

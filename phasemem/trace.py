@@ -113,10 +113,10 @@ class Trace:
         n = len(events)
         # No default for the action: an entry without one is not an allocator event.
         action = np.fromiter(map(_CODES.__getitem__, map(itemgetter("action"), events)), dtype=np.int8, count=n)
-        addr = np.fromiter(_column(events, "addr", 0), dtype=np.int64, count=n)
-        size = np.fromiter(_column(events, "size", 0), dtype=np.int64, count=n)
-        stream = np.fromiter(_column(events, "stream", 0), dtype=np.int64, count=n)
-        time_us = np.fromiter(_column(events, "time_us", 0), dtype=np.int64, count=n)
+        addr = _int_column(events, "addr")
+        size = _int_column(events, "size")
+        stream = _int_column(events, "stream")
+        time_us = _int_column(events, "time_us")
         stack, stacks, frames = _intern_stacks(_column(events, "frames", None), n)
         live = [
             (b.get("address", 0), b.get("requested_size", b.get("size", 0)))
@@ -149,6 +149,14 @@ class Trace:
             n_devices=n_devices,
             meta=dict(snapshot.get("phasemem") or {}),
         )
+
+
+def _int_column(events: list, key: str) -> np.ndarray:
+    """An integer field of every event, straight into an array (0 where an older format lacks it)."""
+    try:
+        return np.fromiter(map(itemgetter(key), events), dtype=np.int64, count=len(events))
+    except KeyError:
+        return np.fromiter((e.get(key) or 0 for e in events), dtype=np.int64, count=len(events))
 
 
 def _column(events: list, key: str, default):

@@ -18,17 +18,17 @@ def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
     them; that drops the autograd thread's own cuBLAS workspace, made lazily in the first backward
     and kept for good.
     """
-    parts = []
-    for b0, b1 in ctx.runs_of(step, "backward"):
-        idx = ctx.allocs_between(b0, b1)
-        idx = idx[(ctx.phase_at_alloc[idx] == P["backward"]) & (ctx.free[idx] > b1)]
-        parts.append(idx)
-    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    life = ctx.timeline.lifetimes
-    params = life.size[life.preexisting & (life.free_event >= ctx.n)]
-    if len(params) and len(idx):
-        idx = idx[np.isin(ctx.size[idx], params)]
-    return idx
+    def compute():
+        parts = []
+        for b0, b1 in ctx.runs_of(step, "backward"):
+            idx = ctx.allocs_between(b0, b1)
+            parts.append(idx[(ctx.phase_at_alloc[idx] == P["backward"]) & (ctx.free[idx] > b1)])
+        idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if len(ctx.param_sizes) and len(idx):
+            idx = idx[np.isin(ctx.size[idx], ctx.param_sizes)]
+        return idx
+
+    return ctx.memo(("gradients", step), compute)
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
@@ -50,11 +50,10 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             details={"count": int(len(grads)), "last_bytes": tail},
         ))
     for z0, z1 in ctx.runs_of(step, "zero_grad"):
-        freed = ctx.free[(ctx.free >= z0) & (ctx.free <= z1)]
+        freed = ctx.freed_between(z0, z1)
         if not len(freed):
             continue
-        m = (ctx.free >= z0) & (ctx.free <= z1)
-        nbytes = int(ctx.size[m].sum())
+        nbytes = int(ctx.size[freed].sum())
         out.append(Pattern(
             kind="gradients", step=step, phase="zero_grad", start_event=z0, end_event=z1,
             peak_event=z0, bytes=nbytes,
@@ -63,7 +62,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                 f"Calling it right after optimizer.step (rather than just before backward) keeps them from "
                 f"sitting alongside the next forward's activations."
             ),
-            details={"release": True, "count": int(m.sum())},
+            details={"release": True, "count": int(len(freed))},
         ))
     pairs = [(f, b) for f, b in zip(ctx.runs_of(step, "forward"), ctx.runs_of(step, "backward"))]
     if len(ctx.runs_of(step, "backward")) >= 2 and len(pairs) >= 2:

@@ -133,7 +133,7 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int) -> Patte
     if len(grads):
         end = max(end, int(ctx.free[grads].max()))
     p = ctx.peak_in(b0, end)
-    before = int(ctx.timeline.active_before[b0])
+    before = int(ctx.before[b0])
     after = int(ctx.timeline.active_after[end])
     spike, cliff = int(ctx.level[p]) - before, int(ctx.level[p]) - after
     return Pattern(
