@@ -77,6 +77,8 @@ def measure(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Step]:
             top_allocations=tops.get(g, []),
         )
     at = {g: ph.start_event for g, ph in found.items()}
+    for g, ph in found.items():
+        ph.at_event = float(ph.start_event)
 
     # Phases the markers say ran but that made no event (zero_grad before any gradient exists):
     # reported with the memory level at that moment and no event indices.
@@ -93,6 +95,7 @@ def measure(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Step]:
                 source=iv.source, top_allocations=[],
             )
             at[g] = iv.first - 0.5  # it ran before the event at iv.first
+            found[g].at_event = at[g]
 
     steps = []
     for s, (a, b, complete) in enumerate(seg.steps):

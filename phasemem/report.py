@@ -47,6 +47,7 @@ class Phase:
     source: str  # "markers", "annotations" or "none" (for "other")
     top_allocations: list[Allocation] = field(default_factory=list)
     by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
+    at_event: float | None = None  # where it ran: start_event, or between two events when it made none
 
 
 @dataclass
