@@ -27,7 +27,7 @@ def load(path: Path):
     obj = pickle.loads(lzma.decompress(path.read_bytes()))
     if "snapshot" in obj:
         return obj["snapshot"], "gt::"
-    return obj, "phasemem::"
+    return obj, obj["phasemem"].get("markers", "phasemem::")
 
 
 def stripped(snap: dict, frames: bool) -> dict:

@@ -38,7 +38,7 @@ def load(path: Path) -> tuple[dict, dict, str]:
     if "snapshot" in obj:  # the shared files wrap the snapshot
         meta = {**obj["meta"], **SHARED_META[obj["meta"]["name"]]}
         return obj["snapshot"], meta, "gt::"
-    return obj, obj["phasemem"]["meta"], "phasemem::"
+    return obj, obj["phasemem"]["meta"], obj["phasemem"].get("markers", "phasemem::")
 
 
 def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:

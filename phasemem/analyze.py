@@ -17,12 +17,13 @@ from .trace import Trace
 
 
 def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
-            marker_prefix: str = "phasemem::") -> Report:
+            marker_prefix: str | None = None) -> Report:
     """Analyse a memory snapshot: a path to a ``_dump_snapshot`` pickle (.pickle, .gz, .xz) or the dict.
 
     ``device`` picks the trace (default: the one with most events). ``marker_prefix`` names the
     ``record_function`` markers that delimit phases (``<prefix>forward``, ``zero_grad``,
-    ``backward``, ``optimizer``).
+    ``backward``, ``optimizer``); by default the prefix the snapshot says it was recorded with
+    (``snapshot["phasemem"]["markers"]``), else ``phasemem::``.
 
     Example:
         >>> report = phasemem.analyze("snapshot.pickle")
@@ -31,6 +32,8 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
     with no_gc():
         snap = load_snapshot(snapshot, trusted=trusted)
         trace = Trace.from_snapshot(snap, device)
+        if marker_prefix is None:
+            marker_prefix = str((snap.get("phasemem") or {}).get("markers") or "phasemem::")
         # Free the millions of event dicts we loaded while the collector is still paused: freeing
         # them also resets its allocation count, so re-enabling it does not set off a full pass.
         del snap

@@ -250,7 +250,9 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int) -> tuple[list,
         if steps and lost:
             steps[0] = (steps[0][0], steps[0][1], False)
         tail = labels[bounds[-1]:]
-        if len(tail) and np.any((tail != P["other"]) & (tail != P["optimizer"])):
+        # Training work after the last optimizer step is a step the trace cut short; a zero_grad or
+        # logging after it is not a step.
+        if len(tail) and np.isin(tail, [P["forward"], P["loss"], P["backward"]]).any():
             steps.append((bounds[-1], n, False))
             ends.append(big)
         return steps, list(range(lost, lost + len(steps))), ends

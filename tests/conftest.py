@@ -24,8 +24,10 @@ def fixture_paths():
 
 
 def prefix_of(path: Path) -> str:
-    """The shared snapshots mark phases with gt::, ours with phasemem:: (instrument())."""
-    return "gt::" if path.parent == SHARED else "phasemem::"
+    """The shared snapshots mark phases with gt::; ours say which markers they were recorded with."""
+    if path.parent == SHARED:
+        return "gt::"
+    return load_snapshot(path).get("phasemem", {}).get("markers", "phasemem::")
 
 
 _cache: dict = {}
