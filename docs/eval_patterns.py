@@ -59,6 +59,10 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
 
     out: Counter = Counter()
     scored = {k for k, st in enumerate(r.steps) if st.complete}
+    delta = r.timeline.delta
+    has_frames = any(e.get("frames") for e in ev)
+    first_bwd = next((k for k, st in enumerate(r.steps) if "backward" in st.phases), -1)
+    first_opt = next((k for k, st in enumerate(r.steps) if "optimizer" in st.phases), -1)
     for k, st in enumerate(r.steps):
         runs = [(x0, x1, ph) for x0, x1, ph, sk in r.label_runs() if sk == k]
         fwd = [(x0, x1) for x0, x1, ph in runs if ph == "forward"]
@@ -79,14 +83,25 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
                 out["logits_release", k] += 1
             if meta.get("checkpointing") and any(frames(int(i), "checkpoint") for i in a[(a >= b0) & (a <= b1)]):
                 out["checkpoint_recompute", k] += 1
-        if bwd and meta.get("optimizer") is not None or (bwd and "optimizer" in st.phases):
+        # set_to_none=False zeroes gradients in place: they are allocated in the first backward only
+        keeps = "set_to_none=False" in str(meta.get("zero_grad", ""))
+        if bwd and (meta.get("optimizer") is not None or "optimizer" in st.phases) and (not keeps or k == first_bwd):
             out["gradients", k] += 1
         zg = [(x0, x1) for x0, x1, ph in runs if ph == "zero_grad"]
-        if zg and sum(int(s[(f >= x0) & (f <= x1)].sum()) for x0, x1 in zg) >= 0.9 * param_bytes:
+        freed = -sum(int(delta[x0:x1 + 1][delta[x0:x1 + 1] < 0].sum()) for x0, x1 in zg)
+        if zg and freed >= 0.9 * param_bytes:
             out["gradients(release)", k] += 1
         if len(bwd) >= 2 and meta.get("micro_batches", 1) > 1:
             out["gradient_accumulation", k] += 1
         opt = [(x0, x1) for x0, x1, ph in runs if ph == "optimizer"]
+        if not has_frames:  # recorded without stacks: the optimizer's set-up says what it must do
+            name = str(meta.get("optimizer") or "")
+            stateful = "Adam" in name or "momentum" in name
+            if opt and stateful and k == first_opt:
+                out["optimizer_state_init", k] += 1
+            if opt and "Adam" in name and "fused=True" not in name:
+                out["optimizer_temporaries", k] += 1
+            continue
         o_allocs = [int(i) for x0, x1 in opt for i in a[(a >= x0) & (a <= x1)] if frames(int(i), "torch/optim/")]
         kept = [i for i in o_allocs if f[np.searchsorted(a, i)] >= st.end_event + 1]
         temp = [i for i in o_allocs if f[np.searchsorted(a, i)] <= max(x1 for _, x1 in opt)]

@@ -116,3 +116,40 @@ def test_report_names_each_shape_once_with_an_explanation(analysed):
     d = report.to_dict()
     assert len(d["patterns"]) == len(report.patterns)
     assert set(d["category_curve"]) >= {"event", "parameter", "gradient", "optimizer_state", "activation"}
+
+
+def test_leak_found_where_frees_were_removed_and_nowhere_else():
+    """Replicate a real trace's steady steps, then drop the frees of one forward tensor in some steps
+    (a tensor kept across steps, as a loss accumulated without .item() keeps its graph)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_analyze import replicate_steps
+
+    paths = [p for p in shared_paths() if p.name.startswith("gpt_adamw_foreach")]
+    if not paths:
+        pytest.skip("no real GPU snapshots")
+    snap = replicate_steps(load_snapshot(paths[0]), 4)  # step 0, 4 copies of steps 1-2, ...
+    clean = phasemem.analyze(snap, marker_prefix="gt::")
+    assert clean.patterns_of("leak") == []
+    events = snap["device_traces"][0]
+    leaked = {}
+    for st in clean.steps[2:-2]:  # middle steps whose addresses are their own
+        fwd = st.phases["forward"]
+        # the first allocation of this forward that forward itself frees again
+        life = clean.timeline.lifetimes
+        pick = [(a, f) for a, f in zip(life.alloc_event.tolist(), life.free_event.tolist())
+                if fwd.start_event <= a <= fwd.end_event and f <= fwd.end_event]
+        a, f = pick[0]
+        leaked[st.index] = events[a]["size"]
+        addr = events[a]["addr"]
+        for i in range(a + 1, f + 1):
+            if events[i]["addr"] == addr and events[i]["action"] in ("free_requested", "free_completed"):
+                events[i]["action"] = "snapshot"  # an entry that changes nothing: the free is gone
+        # A block never freed is never handed out again: give it an address of its own.
+        events[a]["addr"] = (1 << 50) + st.index * 4096
+    report = phasemem.analyze(snap, marker_prefix="gt::")
+    found = {p.step: p.bytes for p in report.patterns_of("leak")}
+    assert found == leaked
+    assert all(p.phase == "forward" for p in report.patterns_of("leak"))

@@ -50,10 +50,12 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             details={"count": int(len(grads)), "last_bytes": tail},
         ))
     for z0, z1 in ctx.runs_of(step, "zero_grad"):
-        freed = ctx.freed_between(z0, z1)
+        # count by the curve, so gradients made before recording began (a warm-up step) count too
+        d = ctx.timeline.delta[z0:z1 + 1]
+        freed = d[d < 0]
         if not len(freed):
             continue
-        nbytes = int(ctx.size[freed].sum())
+        nbytes = int(-freed.sum())
         out.append(Pattern(
             kind="gradients", step=step, phase="zero_grad", start_event=z0, end_event=z1,
             peak_event=z0, bytes=nbytes,

@@ -20,8 +20,10 @@ def detect(ctx: Context) -> list[Pattern]:
         s0, s1, _ = steps[k]
         idx = ctx.allocs_between(s0, s1 - 1)
         kept[k] = idx[ctx.free[idx] >= ctx.n]
-    # A leak repeats: every middle step keeps something. One step keeping memory is state or a cache.
-    if not all(len(v) for v in kept.values()) or len(middle) < 2:
+    # A leak repeats: two or more steps keep memory for good. One step doing so is state made late
+    # (Adam's, when GradScaler skipped the first step) or a cache filled once.
+    kept = {k: v for k, v in kept.items() if len(v)}
+    if len(kept) < 2:
         return []
     out = []
     for k, idx in kept.items():
