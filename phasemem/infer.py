@@ -29,7 +29,8 @@ from .trace import A, Trace
 # Event classes from frames.
 NONE, FWD, OPT, ZG, BWD_PY, OTHER = range(6)
 FRAMES_USABLE = 0.3
-ZERO_GRAD_MIN = 4  # gradients freed together before it counts as zero_grad  # below this share of events with frames, the frames are not the default context
+ZERO_GRAD_MIN = 4  # gradients freed together before it counts as zero_grad
+BURST = 8  # frees in a row, with no allocation between, that are not backward's  # below this share of events with frames, the frames are not the default context
 
 
 def frame_classes(trace: Trace) -> np.ndarray:
@@ -192,32 +193,58 @@ def step_period(trace: Trace) -> int | None:
             votes[int(steady[0])] = votes.get(int(steady[0]), 0) + 1
     if not votes:
         return None
-    return max(votes, key=lambda d: (votes[d], d))
+    # Checkpointed layers recur regularly too (their recompute); the step is the longest regular
+    # period with a fair share of the votes.
+    top = max(votes.values())
+    return max(d for d, v in votes.items() if v >= 0.2 * top)
 
 
-def mountains(trace: Trace, tl: Timeline, period_events: int | None) -> list[tuple[int, int, int]]:
-    """(forward start, top, backward end) of each forward/backward, from activation lifetimes."""
+def _burst_freed(trace: Trace) -> np.ndarray:
+    """Per event: a free inside a burst of at least BURST frees with no allocation between them.
+
+    zero_grad(set_to_none=True) frees every gradient at once and a foreach optimizer drops its
+    temporaries at once; backward frees activations one or two at a time between the gradients it
+    allocates. So burst frees mark what is not an activation.
+    """
+    is_free = (trace.action == A["free_completed"]) | (trace.action == A["free"])
+    group = np.cumsum(trace.action == A["alloc"])
+    count = np.bincount(group, weights=is_free)
+    return is_free & (count[group] >= BURST)
+
+
+def mountains(trace: Trace, tl: Timeline, period_events: float | None = None) -> list[tuple[int, int, int]]:
+    """(forward start, top, backward end) of each forward/backward pass, from activation lifetimes.
+
+    Activations: allocations freed inside the trace, alive for more than a few events, and not
+    freed in a burst (gradients, optimizer temporaries). Their live bytes rise through forward and
+    fall through backward: one mountain per pass, its top where backward begins.
+    """
     n = len(trace)
     life = tl.lifetimes
     born = (life.alloc_event >= 0) & (life.free_event < n)
     a, f, s = life.alloc_event[born], life.free_event[born], life.size[born]
-    span = f - a
-    max_span = period_events if period_events else n
-    act = (span >= 16) & (span < max_span)
+    # Anything alive for most of a step is not one pass's activation (logits the loop keeps until
+    # the next step, a batch prefetched a step ahead).
+    max_span = 0.8 * period_events if period_events else n
+    act = (f - a >= 16) & (f - a < max_span) & ~_burst_freed(trace)[f]
     d = np.zeros(n + 1, np.int64)
     np.add.at(d, a[act], s[act])
     np.add.at(d, f[act], -s[act])
     curve = np.cumsum(d)[:n]
     if not len(curve) or curve.max() <= 0:
         return []
-    dist = max(int(0.6 * period_events), 1) if period_events else None
-    peaks, _ = find_peaks(np.concatenate([[0], curve, [0]]), prominence=0.3 * curve.max(), distance=dist)
-    out = []
-    for p in (peaks - 1).tolist():
+    peaks, _ = find_peaks(np.concatenate([[0], curve, [0]]), prominence=0.3 * curve.max())
+    peaks = peaks - 1
+    out: list[tuple[int, int, int]] = []
+    # Highest first: a lesser peak inside an accepted pass (a ripple of backward, the loss's spike)
+    # is part of that pass, not a pass of its own.
+    for p in peaks[np.argsort(-curve[peaks], kind="stable")].tolist():
+        if any(f0 <= p <= b1 for f0, _, b1 in out):
+            continue
         alive = act & (a <= p) & (f > p)
         if alive.any():
             out.append((int(a[alive].min()), p, int(f[alive].max())))
-    return out
+    return sorted(out)
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -226,23 +253,22 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
 
     n = len(trace)
     labels = np.zeros(n, np.int8)
-    alloc_idx = np.flatnonzero(trace.action == A["alloc"])
+    n_alloc = max(int((trace.action == A["alloc"]).sum()), 1)
     period = step_period(trace)
-    period_events = None
-    if period and len(alloc_idx):
-        # allocations → events: the median number of events per allocation
-        period_events = int(period * n / max(len(alloc_idx), 1))
+    period_events = period * n / n_alloc if period else None
     mts = mountains(trace, tl, period_events)
-    starts = []
+    if not mts:
+        return labels, [0]
+    starts = [0]
     for k, (f0, top, b1) in enumerate(mts):
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
         nxt = mts[k + 1][0] if k + 1 < len(mts) else n
-        # What follows backward up to the next forward is the optimizer (when it allocates at all).
+        # What follows backward up to the next forward is the optimizer, if it allocates at all.
         tail = np.arange(b1 + 1, nxt)
         if len(tail) and (trace.action[tail] == A["alloc"]).any():
             labels[b1 + 1:nxt] = P["optimizer"]
-        starts.append(f0)
-    if starts:
-        starts[0] = 0
+        # Passes closer together than a step are micro-batches of one step (accumulation).
+        if k and (period_events is None or f0 - starts[-1] >= 0.8 * period_events):
+            starts.append(f0)
     return labels, starts
