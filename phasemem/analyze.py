@@ -53,6 +53,9 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
     if not seg.intervals:
         notes.append("no phase markers or optimizer annotations in this trace: everything is 'other'; "
                      "record with phasemem.instrument() to get phases")
+    if len(trace) and not trace.time_us.any():
+        notes.append("the trace has no event times (an older PyTorch); markers cannot be placed, "
+                     "so phases were inferred")
     if any(not s.complete for s in steps):
         notes.append("some steps are partial (the trace starts or ends inside them)")
     meta = trace.meta

@@ -142,7 +142,8 @@ class Trace:
             stack=stack,
             stacks=stacks,
             frames=frames,
-            markers=_markers(snapshot, device),
+            # Without event times (older snapshots) annotations cannot be placed among the events.
+            markers=_markers(snapshot, device) if time_us.any() else _markers({}, device),
             live_blocks=np.array(live, dtype=np.int64).reshape(-1, 2),
             oom_device_free=oom_free,
             reserved_at_snapshot=reserved,

@@ -122,3 +122,28 @@ def test_random_trace_mutations_give_an_error_or_a_valid_report(seed):
     assert sum(report.categories().values()) == report.peak_bytes
     report.to_dict()
     str(report)
+
+
+@pytest.mark.parametrize("path", PATHS[-1:], ids=lambda p: p.name.split(".")[0])
+def test_older_and_newer_snapshot_formats_degrade_gracefully(path):
+    from conftest import prefix_of
+
+    snap = load_snapshot(path)
+    marked = phasemem.analyze(load_snapshot(path), marker_prefix=prefix_of(path))
+    # Older PyTorch: no time_us, no stream, no compile_context/user_metadata; block addresses only
+    # implied by their order in the segment. Newer: keys we do not know.
+    for e in snap["device_traces"][0]:
+        for k in ("time_us", "stream", "compile_context", "user_metadata"):
+            e.pop(k, None)
+        e["some_new_field"] = {"x": 1}
+    for seg in snap["segments"]:
+        for b in seg["blocks"]:
+            b.pop("address", None)
+        seg["future_key"] = 3
+    snap["brand_new_top_level"] = []
+    report = phasemem.analyze(snap, marker_prefix=prefix_of(path))
+    assert report.timeline.active_after.tolist() == marked.timeline.active_after.tolist()
+    assert any("no event times" in n for n in report.notes)
+    # frames still tell the phases: forward, backward and optimizer are found
+    assert {"forward", "backward", "optimizer"} <= set(report.phases)
+    assert len(report.steps) == len(marked.steps)
