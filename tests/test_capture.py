@@ -346,3 +346,13 @@ def test_deepcopy_inside_block_stays_independent():
     assert not [e for e in prof.events() if e.name.startswith("phasemem::")]
     assert any(n == "zero_grad" for n, _, _ in markers(run.snapshot))
     assert_clean(model, opt)
+
+
+def test_cpu_capture_prints_nothing_to_stderr(capfd):
+    """torch's CPU profiler writes 'USDT: ... profiler_start/stop' lines from C++; the demo's output
+    should be the report, not those."""
+    model, opt, batches = make()
+    x, _ = batches[0]
+    with instrument(model, opt, device="cpu"):
+        model(x).sum().backward()
+    assert capfd.readouterr().err == ""

@@ -8,6 +8,10 @@ converted once, ``ns // 1000``, to the ``time_us`` the CUDA snapshot uses.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 from typing import Iterable
 
 import torch
@@ -30,6 +34,26 @@ def profiler_enabled() -> bool:
     return bool(fn()) if fn is not None else False
 
 
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Silence what the profiler's C++ side prints on start and stop (torch 2.13 writes
+    "USDT: ... profiler_start" lines to fd 2); Python's own stderr is untouched."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real fd 2 (an embedded interpreter): nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def start_profiler() -> profile:
     prof = profile(
         activities=[ProfilerActivity.CPU],
@@ -37,12 +61,14 @@ def start_profiler() -> profile:
         record_shapes=False,
         with_stack=False,
     )
-    prof.start()
+    with _quiet_native_stderr():
+        prof.start()
     return prof
 
 
 def stop_profiler(prof: profile) -> None:
-    prof.stop()
+    with _quiet_native_stderr():
+        prof.stop()
 
 
 def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> dict:
