@@ -76,10 +76,11 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                 kind="optimizer_temporaries", step=step, phase="optimizer", start_event=first, end_event=last,
                 peak_event=p, bytes=peak,
                 explanation=(
-                    f"The update's temporaries, the 'temple with a flagpole': the multi-tensor (foreach) update "
-                    f"makes per-parameter intermediates layer by layer (e.g. sqrt(exp_avg_sq)), up to "
-                    f"{format_bytes(peak)} at once; the flagpole on top ({format_bytes(pole_bytes)}) is the last "
-                    f"temporary, for the division just before the update is applied.{advice}"
+                    f"The update's temporaries, the 'temple with a flagpole': a foreach update makes "
+                    f"per-parameter intermediates for all parameters layer by layer (e.g. sqrt(exp_avg_sq)), a "
+                    f"for-loop update one parameter's at a time; here up to {format_bytes(peak)} at once. The "
+                    f"flagpole on top ({format_bytes(pole_bytes)}) is the last temporary, for the division just "
+                    f"before the update is applied.{advice}"
                 ),
                 details={"count": int(len(temp)), "flagpole_bytes": pole_bytes, "optimizer": cls},
             ))
