@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import phasemem
 from phasemem.capture import Run, instrument
 from phasemem.capture import cpu as capture_cpu
 
@@ -356,3 +357,22 @@ def test_cpu_capture_prints_nothing_to_stderr(capfd):
     with instrument(model, opt, device="cpu"):
         model(x).sum().backward()
     assert capfd.readouterr().err == ""
+
+
+def test_oom_dump_writes_snapshot_report_and_picture_then_reraises(tmp_path):
+    import json
+
+    model, opt, batches = make()
+    x, _ = batches[0]
+    dump = tmp_path / "oom.pkl.xz"
+    with pytest.raises(torch.OutOfMemoryError), pytest.warns(UserWarning, match="out of memory"):
+        with instrument(model, opt, device="cpu", oom_dump=dump):
+            model(x).sum().backward()
+            opt.step()
+            model(x)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert_clean(model, opt)
+    report = phasemem.analyze(dump)
+    assert report.n_events > 0 and "forward" in report.phases
+    assert json.loads((tmp_path / "oom.json").read_text())["n_events"] == report.n_events
+    assert (tmp_path / "oom.png").stat().st_size > 10_000

@@ -9,6 +9,7 @@ import os
 import pickle
 import tempfile
 import time
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -108,8 +109,10 @@ class Run:
         device: Any = None,
         max_entries: int = 1_000_000,
         stacks: str | None = "python",
+        oom_dump: str | os.PathLike | None = None,
     ) -> None:
         self._model = model
+        self.oom_dump = os.fspath(oom_dump) if oom_dump is not None else None
         self._opts = _optimizers(optimizer)
         self._device_arg = device
         self.max_entries = int(max_entries)
@@ -131,7 +134,24 @@ class Run:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.stop(failed=exc_type is not None)
+        if self.oom_dump and isinstance(exc, torch.OutOfMemoryError):
+            self._dump_oom()
         return False
+
+    def _dump_oom(self) -> None:
+        """Write the snapshot, its report (JSON) and picture beside ``oom_dump``; the OOM is re-raised
+        by the caller whatever happens here, so a failure to dump is only a warning."""
+        stem = self.oom_dump[:-3] if self.oom_dump.endswith((".xz", ".gz")) else self.oom_dump
+        stem = os.path.splitext(stem)[0]
+        try:
+            self.save(self.oom_dump)
+            report = self.report()
+            report.to_json(stem + ".json")
+            report.save_png(stem + ".png")
+            warnings.warn(f"phasemem: out of memory; snapshot, report and picture written to {stem}.*",
+                          stacklevel=3)
+        except Exception as e:  # noqa: BLE001 - never replace the user's OOM with our error
+            warnings.warn(f"phasemem: could not write the OOM dump to {self.oom_dump}: {e}", stacklevel=3)
 
     def start(self) -> "Run":
         if self._state != "new":
@@ -295,6 +315,7 @@ def instrument(
     device: Any = None,
     max_entries: int = 1_000_000,
     stacks: str | None = "python",
+    oom_dump: str | os.PathLike | None = None,
 ) -> Run:
     """Record GPU (or, without CUDA, CPU) memory around a training loop, marking its phases.
 
@@ -316,6 +337,8 @@ def instrument(
     ``optimizer`` may be one optimizer, a list, or None (inference). ``device``: None picks the current
     CUDA device, else the CPU profiler; ``"cpu"`` forces the profiler. ``max_entries`` bounds the CUDA
     ring buffer (older events are overwritten). ``stacks``: ``"python"``, ``"all"`` (C++ frames too) or
-    None (no frames: smaller, faster).
+    None (no frames: smaller, faster). ``oom_dump="oom.pkl.xz"``: when the block raises
+    ``torch.OutOfMemoryError``, write the snapshot there and its report and picture beside it
+    (``oom.json``, ``oom.png``), then re-raise.
     """
-    return Run(model, optimizer, device=device, max_entries=max_entries, stacks=stacks)
+    return Run(model, optimizer, device=device, max_entries=max_entries, stacks=stacks, oom_dump=oom_dump)
