@@ -151,6 +151,10 @@ def mode_ctx(mode: str, model, opt, dev: str):
         return instrument(model, opt, device=dev)
     if mode == "instrument(stacks=None)":
         return instrument(model, opt, device=dev, stacks=None)
+    if mode == "instrument(thread annotations)":
+        run = instrument(model, opt, device=dev)
+        run.global_annotations = False
+        return run
     raise ValueError(mode)
 
 
@@ -177,6 +181,11 @@ def run_mode(mode, model, opt, step, dev, warmup, steps, counter):
     if isinstance(snap, dict):
         tr = snap.get("device_traces") or []
         events = max((len(t) for t in tr), default=0)
+        # do the markers land? (thread-local annotations only see the recording thread's ranges)
+        names = [a["name"] for a in snap.get("external_annotations") or [] if a.get("stage") == "START"]
+        print(f"    {mode}: marker STARTs " + ", ".join(
+            f"{p}={sum(n == 'phasemem::' + p for n in names)}" for p in ("forward", "zero_grad", "backward", "optimizer")),
+            flush=True)
     return times, t_exit, events
 
 
@@ -193,12 +202,16 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--modes", default="", help="comma-separated subset of the modes")
     a = ap.parse_args(argv)
     dev = a.device
     if dev == "cuda":
         dev = f"cuda:{torch.cuda.current_device()}"
     cuda = dev.startswith("cuda")
-    modes = ["none", "record", "record+annotations", "instrument", "instrument(stacks=None)", "record(stacks=all)"]
+    modes = ["none", "record", "record+annotations", "instrument", "instrument(stacks=None)", "record(stacks=all)",
+             "instrument(thread annotations)"]
+    if a.modes:
+        modes = [m for m in a.modes.split(",") if m in modes]
     if not cuda:  # the allocator recorder is CUDA-only; instrument() uses the CPU profiler here
         modes = ["none", "instrument"]
     os.makedirs(a.out, exist_ok=True)

@@ -126,6 +126,9 @@ class Run:
         self._was_recording: bool | None = None
         self._t0_us = 0
         self._state = "new"
+        # Record every thread's record_function ranges, not only this thread's. Costs ~3 % on a
+        # launch-bound step (benchmarks/results/overhead_h200.md); see docs/capture.md.
+        self.global_annotations = True
 
     # -- context manager -------------------------------------------------------------------
     def __enter__(self) -> "Run":
@@ -192,7 +195,7 @@ class Run:
             # Clearing someone else's ongoing history would destroy their recording.
             clear_history=not self._was_recording,
             # Markers are also emitted off the main thread (Lightning, autograd reentrancy).
-            global_record_annotations=True,
+            global_record_annotations=self.global_annotations,
         )
 
     def _start_cpu(self) -> None:
