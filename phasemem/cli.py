@@ -1,8 +1,9 @@
 """``phasemem``: small subcommands over one reader (in the style of memray).
 
-    phasemem analyze SNAPSHOT -o memory.png [--json memory.json] [--device N] [--size WxH] [--dpi N]
-                              [--markers PREFIX] [--trust]
-    phasemem demo [-o demo.png] [--json demo.json] [--device cpu|cuda] [--steps 3]
+    phasemem analyze SNAPSHOT -o memory.png [--json memory.json] [--device N] [--markers PREFIX] [--trust]
+                              [--steps 2-4] [--by event|time] [--color category|stack|phase]
+                              [--max-bands N] [--size WxH] [--dpi N]
+    phasemem demo [-o demo.png] [--json demo.json] [--device cpu|cuda] [--steps 3] [picture options]
 
 Input phasemem cannot use is reported as one line, ``phasemem: error: ...``, with exit status 2 and
 no traceback; bad usage also exits 2, Ctrl-C exits 130. Outputs are written atomically and only
@@ -94,6 +95,16 @@ def _picture(text: str) -> str:
     return text
 
 
+def _bands(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the number of bands is a whole number >= 0, e.g. 2000")
+    return v
+
+
 def _steps(text: str) -> int:
     try:
         v = int(text)
@@ -127,12 +138,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="picture to write: .png, .svg or .pdf (default: memory.png)")
     a.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     a.add_argument("--device", type=int, metavar="N", help="which device's trace (default: the busiest)")
-    a.add_argument("--size", type=_size, default=(1600, 900), metavar="WxH", help="picture size in pixels (default: 1600x900)")
-    a.add_argument("--dpi", type=_dpi, default=100, metavar="N", help="dots per inch: text size (default: 100)")
     a.add_argument("--markers", default="phasemem::", metavar="PREFIX",
                    help="name prefix of the phase markers (default: phasemem::)")
     a.add_argument("--trust", action="store_true",
                    help="unpickle without restrictions (only for files you made yourself)")
+    a.add_argument("--steps", metavar="RANGE", dest="zoom",
+                   help="draw only these steps (numbers as in the report): 3, 2-4, 2- or -4 (default: all)")
+    _picture_options(a)
     a.set_defaults(run=_analyze)
 
     d = sub.add_parser(
@@ -145,8 +157,27 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     d.add_argument("--device", choices=("cpu", "cuda"), help="where to train (default: cuda if available)")
     d.add_argument("--steps", type=_steps, default=3, help="training steps to record (default: 3)")
+    _picture_options(d)
     d.set_defaults(run=_demo)
     return p
+
+
+def _picture_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("picture")
+    g.add_argument("--by", choices=("event", "time"), default="event",
+                   help="x axis: position in the allocator trace, or time (default: event)")
+    g.add_argument("--color", choices=("category", "stack", "phase"), default="category",
+                   help="colour the allocation bands by category, by call site, or by the phase that made them "
+                        "(default: category)")
+    g.add_argument("--max-bands", type=_bands, default=2000, metavar="N",
+                   help="draw the N largest allocations one by one, the rest summed in one band (default: 2000)")
+    g.add_argument("--size", type=_size, default=(1600, 900), metavar="WxH",
+                   help="picture size in pixels (default: 1600x900)")
+    g.add_argument("--dpi", type=_dpi, default=100, metavar="N", help="dots per inch: text size (default: 100)")
+
+
+def _picture_kwargs(args) -> dict:
+    return dict(size=args.size, dpi=args.dpi, by=args.by, color=args.color, max_bands=args.max_bands)
 
 
 def _check_outputs(*paths: str | None) -> None:
@@ -163,11 +194,14 @@ def _check_outputs(*paths: str | None) -> None:
 
 def _analyze(args) -> int:
     from .analyze import analyze
+    from .render import parse_steps, visible_range
 
     _check_outputs(args.output, args.json)
+    parse_steps(args.zoom)  # a malformed range fails now, not after a long analysis
     report = analyze(args.snapshot, args.device, trusted=args.trust, marker_prefix=args.markers)
+    visible_range(report, args.zoom)  # steps the report does not have: say so instead of the report
     print(report)
-    report.save_png(args.output, size=args.size, dpi=args.dpi)
+    report.save_png(args.output, steps=args.zoom, **_picture_kwargs(args))
     written = [args.output]
     if args.json:
         report.to_json(args.json)
@@ -180,8 +214,9 @@ def _demo(args) -> int:
     from . import demo
 
     _check_outputs(args.output, args.json)
-    report = demo.run(device=args.device, steps=args.steps, out=args.output, json_path=args.json)
+    report = demo.run(device=args.device, steps=args.steps, out=None, json_path=args.json)
     print(report)
+    report.save_png(args.output, **_picture_kwargs(args))
     print(f"\nwrote {', '.join(p for p in (args.output, args.json) if p)}")
     return 0
 

@@ -63,6 +63,49 @@ def test_default_markers_are_phasemem_ones(tmp_path, capsys):
     assert (tmp_path / "m.svg").read_bytes().lstrip().startswith(b"<?xml")
 
 
+FOREACH = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
+needs_foreach = pytest.mark.skipif(not FOREACH.exists(), reason=f"{FOREACH} is not there")
+
+
+@needs_foreach
+@pytest.mark.parametrize("steps", ["1-2", "2", "1-", "-1"])
+def test_analyze_picture_options(steps, tmp_path, capsys):
+    png = tmp_path / "zoom.png"
+    rc = main(["analyze", str(FOREACH), "-o", str(png), "--steps", steps, "--by", "time", "--color", "stack",
+               "--max-bands", "10", "--size", "800x600", "--dpi", "72"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == "", err
+    assert png_size(png) == (800, 600)
+    assert f"wrote {png}" in out
+
+
+@needs_foreach
+def test_analyze_vector_pictures_have_the_size_asked_for(tmp_path, capsys):
+    import re
+
+    svg, pdf = tmp_path / "m.svg", tmp_path / "m.pdf"
+    assert main(["analyze", str(FOREACH), "-o", str(svg), "--size", "1000x500", "--dpi", "125", "--color", "phase"]) == 0
+    assert main(["analyze", str(FOREACH), "-o", str(pdf), "--size", "1000x500", "--dpi", "125"]) == 0
+    head = svg.read_text()[:2000]
+    assert 'width="576pt"' in head and 'height="288pt"' in head  # 1000 px / 125 dpi * 72
+    m = re.search(rb"/MediaBox\s*\[\s*0\s+0\s+([\d.]+)\s+([\d.]+)", pdf.read_bytes())
+    assert m and (float(m.group(1)), float(m.group(2))) == (576, 288)
+
+
+@needs_foreach
+@pytest.mark.parametrize("steps", ["2-1", "x", "1-x", "-", "9", "7-9", "3-"])
+def test_bad_step_range_is_one_line_exit_2(steps, tmp_path, capsys):
+    png = tmp_path / "memory.png"
+    png.write_bytes(b"yesterday's picture")
+    rc = main(["analyze", str(FOREACH), "-o", str(png), "--steps", steps])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("phasemem: error: steps=") and "Traceback" not in err
+    # a range that cannot be read fails before the analysis; one naming steps the trace lacks, before the report
+    assert out == ""
+    assert png.read_bytes() == b"yesterday's picture"
+
+
 # -- bad input: one line, exit 2, nothing overwritten ----------------------------------------------
 
 
@@ -136,6 +179,11 @@ def test_bad_input_is_one_line_exit_2_and_leaves_outputs(case, tmp_path, capsys)
     ["analyze", "x.pickle", "--dpi", "zero"],
     ["demo", "--device", "tpu"],
     ["demo", "--steps", "0"],
+    ["analyze", "x.pickle", "--color", "rainbow"],
+    ["analyze", "x.pickle", "--by", "pixels"],
+    ["analyze", "x.pickle", "--max-bands", "-1"],
+    ["analyze", "x.pickle", "--max-bands", "many"],
+    ["demo", "--color", "rainbow"],
     ["frobnicate"],
 ])
 def test_bad_usage_exits_2(argv, capsys):

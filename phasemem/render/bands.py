@@ -1,0 +1,211 @@
+"""Allocation bands: every live allocation as a band of its own, stacked over time.
+
+The stacking is memory_viz's Active Memory Timeline (``process_alloc_data`` in
+``torch/utils/viz/MemoryViz.js``): allocations sit on each other in the order they were made, so
+when one is freed the ones above it slide down; what is too small to draw is summed into one band
+on top. memory_viz walks the events in Python and moves every band above each free, which is
+O(events × live bands). Here nothing is evaluated per event: the picture has one sample per pixel
+column, so a band's offset is needed only there, and it is the sum of the sizes of the drawn bands
+below it that are alive at that sample: one cumulative sum over a (bands × columns) matrix.
+
+Each column samples the event with the highest level in it (``Timeline.level``: after an alloc,
+before a free), so the stack's top is the column's maximum and no one-event spike is lost, and it
+adds up exactly to the active memory at that event.
+
+Example:
+    >>> cols = columns(X, tl.level, tl.active_after, tl.reserved_after, tl.delta, 0, n, 1400)
+    >>> st = stack(tl.lifetimes, cols, n, max_bands=2000)
+    >>> np.array_equal(st.total(), tl.level[cols.event])
+    True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Above this many (bands × columns) cells the offsets are summed in slices of bands, so a large
+# max_bands costs time, not a matrix that does not fit in memory.
+_CHUNK_CELLS = 8_000_000
+
+
+@dataclass
+class Columns:
+    """One sample per pixel column (or per event, when there are fewer events than columns)."""
+
+    edges: np.ndarray  # float (S + 1,): x of the columns' edges
+    event: np.ndarray  # int64 (S,): the event sampled in each column, the one with the highest level
+    point: np.ndarray  # int64 (S,): that level as a state index: bytes alive after ``point`` events
+    level: np.ndarray  # int64 (S,): Timeline.level at ``event``, i.e. the column's maximum
+    low: np.ndarray  # int64 (S,): the column's minimum of active_after
+    reserved: np.ndarray  # int64 (S,): the column's maximum of reserved_after
+
+    def __len__(self) -> int:
+        return len(self.event)
+
+
+def columns(X, level, after, reserved, delta, a, b, ncols) -> Columns:
+    """Sample events [a, b) once per column: ``ncols`` columns evenly spaced over X[a]..X[b].
+
+    Example:
+        >>> cols = columns(np.arange(n + 1.0), tl.level, tl.active_after, tl.reserved_after, tl.delta, 0, n, 1400)
+        >>> cols.level.max() == tl.level.max()
+        True
+    """
+    if b - a <= ncols:
+        edges = np.asarray(X[a:b + 1], dtype=np.float64)
+        event = np.arange(a, b, dtype=np.int64)
+        low, res = after[a:b], reserved[a:b]
+    else:
+        edges = np.linspace(X[a], X[b], ncols + 1)
+        # The event covering each column's left edge starts that column's group; a column no event
+        # starts in repeats its covering event (reduceat does that for non-increasing indices).
+        first = np.clip(np.searchsorted(X[a:b + 1], edges[:-1], "right") - 1, 0, b - a - 1)
+        first[0] = 0  # events tied at the very first x still belong to the first column
+        seg = level[a:b]
+        stop = np.append(first[1:], b - a)
+        nonempty = stop > first
+        # The non-empty groups tile [0, b - a): their argmax is a min over the indices hitting the max.
+        starts = first[nonempty]
+        gmax = np.maximum.reduceat(seg, starts)
+        gid = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, b - a)))
+        idx = np.where(seg == gmax[gid], np.arange(b - a), b - a)
+        event = first.astype(np.int64)
+        event[nonempty] = np.minimum.reduceat(idx, starts)
+        event += a
+        low = np.minimum.reduceat(after[a:b], first)
+        res = np.maximum.reduceat(reserved[a:b], first)
+    # A free's level is the moment before it (the block still counted); anything else's, after it.
+    point = np.where(delta[event] < 0, event, event + 1)
+    return Columns(edges, event, point, level[event], np.asarray(low), np.asarray(res))
+
+
+@dataclass
+class Stack:
+    """The bands at every column, bottom to top: ``base`` (alive from before recording to the end,
+    one part per key), the drawn allocations in allocation order, then ``folded`` (the rest).
+
+    A drawn band j covers columns ``first[j]`` to ``stop[j] - 1`` (an allocation's life is one
+    interval), from ``bottom[j, c]`` to ``bottom[j, c] + size[j]``.
+    """
+
+    columns: Columns
+    base_keys: np.ndarray  # (K,) the key of each base part (category code, say), bottom to top
+    base: np.ndarray  # (K,) int64 bytes of each base part; constant over the trace
+    index: np.ndarray  # (D,) Lifetimes index of each drawn band, bottom to top
+    size: np.ndarray  # (D,) int64
+    first: np.ndarray  # (D,) first column the band is alive in
+    stop: np.ndarray  # (D,) one past its last column
+    bottom: np.ndarray  # (D, S) int64; meaningful in first..stop-1
+    folded: np.ndarray  # (S,) int64 bytes of the allocations not drawn, on top of the drawn ones
+    n_folded: int  # how many allocations alive at some column were folded
+
+    def alive(self) -> np.ndarray:
+        """(D, S) bool: which drawn band is alive in which column."""
+        cols = np.arange(len(self.columns))
+        return (self.first[:, None] <= cols) & (cols < self.stop[:, None])
+
+    def drawn_top(self) -> np.ndarray:
+        """(S,) the top of the drawn bands (the base when none is alive): where ``folded`` sits."""
+        top = np.full(len(self.columns), int(self.base.sum()), np.int64)
+        if len(self.index):
+            top = top + (self.alive() * self.size[:, None]).sum(axis=0)
+        return top
+
+    def total(self) -> np.ndarray:
+        """(S,) every band added up: equals ``Timeline.level`` at ``columns.event``."""
+        return self.drawn_top() + self.folded
+
+
+def stack(life, cols: Columns, n: int, max_bands: int = 2000, base_key=None) -> Stack:
+    """Stack ``Lifetimes`` over the sampled columns, the ``max_bands`` largest drawn one by one.
+
+    Only allocations alive at some sample compete for a band (one that lives and dies between two
+    samples cannot be seen). Allocations tied in size are drawn all or none, so steps that repeat
+    the same tensors look alike even where the cut falls (fewer than ``max_bands`` may be drawn);
+    only if the largest size alone has more allocations than that are the earliest of them drawn.
+    ``base_key`` (one per allocation, e.g.
+    its category) splits the memory alive from before recording to the end into parts.
+
+    Example:
+        >>> st = stack(report.timeline.lifetimes, cols, report.n_events, max_bands=10)
+        >>> len(st.index) <= 10
+        True
+    """
+    if max_bands < 0:
+        raise ValueError(f"max_bands={max_bands!r}: give a number of bands >= 0")
+    alloc, free, size = life.alloc_event, life.free_event, life.size.astype(np.int64)
+    P = cols.point
+    S = len(P)
+    # Alive at state p when alloc < p <= free (alloc -1: alive from state 0).
+    first = np.searchsorted(P, alloc + 1, "left")
+    stop = np.searchsorted(P, free, "right")
+    constant = (alloc < 0) & (free >= n)
+    visible = (stop > first) & ~constant
+    cand = np.flatnonzero(visible)
+    if len(cand) > max_bands:
+        by_size = cand[np.argsort(-size[cand], kind="stable")]
+        cut = size[by_size[max_bands]]
+        pick = by_size[:max_bands]
+        whole = pick[size[pick] > cut]
+        # Only when even the largest size has more allocations than bands is a size class split.
+        cand = np.sort(whole if len(whole) else pick)
+    rest = visible.copy()
+    rest[cand] = False
+
+    d = np.zeros(S + 1, np.int64)
+    np.add.at(d, first[rest], size[rest])
+    np.add.at(d, stop[rest], -size[rest])
+    folded = np.cumsum(d)[:S]
+
+    keys = np.zeros(len(size), np.int64) if base_key is None else np.asarray(base_key, dtype=np.int64)
+    base_keys = np.unique(keys[constant])
+    base = np.array([int(size[constant & (keys == k)].sum()) for k in base_keys], dtype=np.int64)
+
+    D = len(cand)
+    dsize, dfirst, dstop = size[cand], first[cand], stop[cand]
+    bottom = np.empty((D, S), np.int64)
+    carry = np.full(S, int(base.sum()), np.int64)
+    colidx = np.arange(S)
+    step = max(1, _CHUNK_CELLS // max(S, 1))
+    for j0 in range(0, D, step):
+        j1 = min(D, j0 + step)
+        w = ((dfirst[j0:j1, None] <= colidx) & (colidx < dstop[j0:j1, None])) * dsize[j0:j1, None]
+        csum = np.cumsum(w, axis=0)
+        bottom[j0:j1] = carry + csum - w
+        carry = carry + csum[-1]
+    return Stack(cols, base_keys, base, cand, dsize, dfirst, dstop, bottom, folded, int(rest.sum()))
+
+
+def polygons(st: Stack, unit: float) -> list[np.ndarray]:
+    """One closed outline per drawn band, in (x, bytes / unit), flat across each column.
+
+    A band gets vertices only where its bottom moves (something below it was made or freed), so a
+    long-lived band under a stable stack is a rectangle however many columns it spans.
+
+    Example:
+        >>> PolyCollection(polygons(st, 2**30), facecolors=colors)
+    """
+    edges = st.columns.edges
+    out = []
+    for j in range(len(st.index)):
+        f, s = int(st.first[j]), int(st.stop[j])
+        v = st.bottom[j, f:s]
+        keep = np.flatnonzero(np.concatenate(([True], v[1:] != v[:-1])))
+        x0 = edges[f + keep]
+        x1 = edges[f + np.append(keep[1:], s - f)]
+        xb = np.column_stack([x0, x1]).ravel()
+        yb = np.repeat(v[keep], 2) / unit
+        yt = np.repeat(v[keep] + st.size[j], 2) / unit
+        out.append(np.column_stack([np.concatenate([xb, xb[::-1]]), np.concatenate([yb, yt[::-1]])]))
+    return out
+
+
+def step_outline(edges, values, unit: float) -> tuple[np.ndarray, np.ndarray]:
+    """x, y of a line flat across each column (for the folded band's top and the curve).
+
+    Example:
+        >>> ax.plot(*step_outline(cols.edges, cols.level, 2**30))
+    """
+    x = np.column_stack([edges[:-1], edges[1:]]).ravel()
+    return x, np.repeat(values, 2) / unit
