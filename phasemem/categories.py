@@ -46,8 +46,10 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
 
     cat[same_run] = C["temporary"]
     fwd = (pa == P["forward"]) | (pa == P["loss"])
-    # Whatever forward makes and does not free itself is an activation (or, in inference, the output).
+    # Whatever forward makes and does not free itself is an activation (or, in inference, the output),
+    # except what the first step makes and nobody ever frees: a lazily made cuBLAS workspace, a cache.
     cat[fwd & ~same_run] = C["activation"]
+    cat[fwd & (f >= n) & (s_at == 0) & (len(ctx.seg.steps) > 1)] = C["other"]
     cat[(pa == P["backward"]) & (f > run_end)] = C["other"]
     from .patterns.gradients import gradient_allocs
 

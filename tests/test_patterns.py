@@ -153,3 +153,25 @@ def test_leak_found_where_frees_were_removed_and_nowhere_else():
     found = {p.step: p.bytes for p in report.patterns_of("leak")}
     assert found == leaked
     assert all(p.phase == "forward" for p in report.patterns_of("leak"))
+
+
+def test_every_pattern_sits_in_its_own_step_and_phase(real_snapshot):
+    """A callout points at peak_event: it must be in the step and phase the pattern names, also when
+    the loop keeps the logits alive into the next step (fixtures/gpt_foreach)."""
+    from phasemem.segment import P
+
+    _, snap, prefix = real_snapshot
+    report = phasemem.analyze(snap, marker_prefix=prefix)
+    for p in report.patterns:
+        if p.kind in ("leak", "gradient_accumulation") or not report.steps[p.step].complete:
+            continue
+        assert report.step_of[p.peak_event] == p.step, p
+        assert p.start_event <= p.peak_event, p
+        # an evaluation forward has no backward after it, so its loss stays "other"
+        want = {"logits": ("forward", "loss", "other"), "softmax_spike": ("forward", "loss", "other"),
+                "logits_release": ("backward",), "checkpoint_recompute": ("backward",),
+                "optimizer_state_init": ("optimizer",), "optimizer_temporaries": ("optimizer",)}.get(p.kind)
+        if p.kind == "gradients":
+            want = (p.phase,)
+        if want and p.peak_event is not None and report.steps[p.step].phases.get(p.phase, None):
+            assert report.labels[p.peak_event] in want, p

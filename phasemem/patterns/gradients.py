@@ -39,8 +39,10 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         total = int(ctx.size[grads].sum())
         tail = int(ctx.size[grads[-1]])
         out.append(Pattern(
+            # peak_event: where the last gradient arrives and all of them are alive (the highest
+            # point of the range is usually the logits' spike at backward's start, not theirs)
             kind="gradients", step=step, phase="backward", start_event=first, end_event=last,
-            peak_event=ctx.peak_in(first, last), bytes=total,
+            peak_event=last, bytes=total,
             explanation=(
                 f"Gradients: {len(grads)} buffers, {format_bytes(total)} in all, allocated as backward reaches "
                 f"each layer (the stripes); the last ({format_bytes(tail)}) comes at the very end — in a language "

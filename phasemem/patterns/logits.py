@@ -57,7 +57,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             continue
         vocab = idx[is_vocab]
         logits = vocab[0]
-        out.append(_logits(ctx, step, logits, vocab, big))
+        out.append(_logits(ctx, step, logits, vocab, big, last))
         spike = _spike(ctx, step, vocab, bwd)
         if spike:
             out.append(spike)
@@ -68,7 +68,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
-def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int) -> Pattern:
+def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, region_last: int) -> Pattern:
     a, f, size = int(ctx.alloc[logits]), int(ctx.free[logits]), int(ctx.size[logits])
     s0, s1, _ = ctx.seg.steps[step]
     p = ctx.peak_in(s0, s1 - 1)
@@ -79,9 +79,10 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int) -
     vocab_bytes = int(ctx.size[live].sum())
     share = vocab_bytes / max(int(ctx.level[p]), 1)
     end = min(f, ctx.n - 1)
+    # Its place is the forward that made it, even when the loop keeps it into the next step.
     return Pattern(
         kind="logits", step=step, phase="forward", start_event=a, end_event=end,
-        peak_event=ctx.peak_in(a, end), bytes=size,
+        peak_event=ctx.peak_in(a, min(end, region_last)), bytes=size,
         explanation=(
             f"The LM head's output: one {format_bytes(size)} block of batch × sequence × vocabulary scores, "
             f"the largest tensor of the forward pass. Vocabulary-sized tensors (logits, their softmax and "
