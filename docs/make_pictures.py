@@ -3,9 +3,9 @@
     python3 docs/make_pictures.py                 # all of them
     python3 docs/make_pictures.py --only patterns # docs/img/patterns/<kind>.png only
 
-Writes docs/img/gallery/<name>.png (the pictures of docs/gallery.md) and docs/img/patterns/<kind>.png
+Writes docs/img/gallery/<name>.png (the pictures of docs/gallery.md), docs/img/patterns/<kind>.png
 (one real occurrence of each pattern kind, zoomed to its events with some context, the pattern's
-event range bracketed under the phase strip). Run it after changing the picture or the analysis.
+event range bracketed under the phase strip) and docs/img/categories_phasemem.png. Run it after changing the picture or the analysis.
 """
 from __future__ import annotations
 
@@ -56,9 +56,8 @@ def report_of(name: str):
         path = FIXTURES / f"{name}.pkl.xz"
         if not path.exists() and name == "qwen_hf_ckpt_fused":
             path = FIXTURES / "gpt_ckpt_fused.pkl.xz"
-        # The plain_* recordings carry hand-placed gt:: ranges instead of instrument()'s markers.
-        prefix = "gt::" if name.startswith("plain_") else "phasemem::"
-        _reports[name] = phasemem.analyze(path, marker_prefix=prefix)
+        # analyze() takes the marker prefix each snapshot says it was recorded with (plain_*: gt::)
+        _reports[name] = phasemem.analyze(path)
     return _reports[name]
 
 
@@ -98,14 +97,24 @@ def patterns() -> None:
               f"events {p.start_event}-{p.end_event}, shown {a}-{b - 1})")
 
 
+def categories() -> None:
+    """docs/categories.md: the run compared with torch.profiler's memory timeline, by category."""
+    snap = ROOT / "benchmarks" / "results" / "profiler_compare_snapshot.pkl.xz"
+    path = OUT / "categories_phasemem.png"
+    render.save(phasemem.analyze(snap), path, color="category", size=(1400, 700))
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", choices=("gallery", "patterns"))
+    ap.add_argument("--only", choices=("gallery", "patterns", "categories"))
     args = ap.parse_args(argv)
     if args.only in (None, "gallery"):
         gallery()
     if args.only in (None, "patterns"):
         patterns()
+    if args.only in (None, "categories"):
+        categories()
     return 0
 
 
