@@ -23,7 +23,8 @@ from phasemem.segment import P
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "gradients",
-         "gradients(release)", "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries", "leak")
+         "gradients(release)", "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries",
+         "amp_unscale", "leak")
 
 # The shared snapshots carry no dimensions in their metadata; these come from their README.
 SHARED_META = {
@@ -94,6 +95,10 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
         if len(bwd) >= 2 and meta.get("micro_batches", 1) > 1:
             out["gradient_accumulation", k] += 1
         opt = [(x0, x1) for x0, x1, ph in runs if ph == "optimizer"]
+        if bwd and opt:  # GradScaler.unscale_ between the last backward and the optimizer, by its frames
+            gap = a[(a > bwd[-1][1]) & (a < opt[0][0])]
+            if sum(frames(int(i), "torch/amp/grad_scaler.py") for i in gap) >= 2:
+                out["amp_unscale", k] += 1
         if not has_frames:  # recorded without stacks: the optimizer's set-up says what it must do
             name = str(meta.get("optimizer") or "")
             stateful = "Adam" in name or "momentum" in name

@@ -175,3 +175,26 @@ def test_every_pattern_sits_in_its_own_step_and_phase(real_snapshot):
             want = (p.phase,)
         if want and p.peak_event is not None and report.steps[p.step].phases.get(p.phase, None):
             assert report.labels[p.peak_event] in want, p
+
+
+def test_gradscaler_check_and_workspaces_named_where_frames_say_so():
+    """Ground truth from frames (torch/amp/grad_scaler.py; the first recorded matmul), detection without."""
+    from conftest import FIXTURES
+
+    for name, amp in (("mlp_fp16_scaler", True), ("gpt_fp16_accum", True), ("gpt_foreach", False)):
+        path = FIXTURES / f"{name}.pkl.xz"
+        snap = load_snapshot(path)
+        events = snap["device_traces"][0]
+        scaler = {i for i, e in enumerate(events) if e["action"] == "alloc"
+                  and any("grad_scaler.py" in f["filename"] for f in e.get("frames") or [])}
+        for e in events:
+            e["frames"] = []
+        report = phasemem.analyze(snap)
+        found = report.patterns_of("amp_unscale")
+        assert bool(found) == amp
+        for p in found:
+            made = [i for i in range(p.start_event, p.end_event + 1) if events[i]["action"] == "alloc"]
+            assert set(made) <= scaler
+        if name == "gpt_foreach":  # the first workload of its process: cuBLAS made its workspaces here
+            ws = report.patterns_of("workspace")
+            assert len(ws) == 1 and 32 << 20 in ws[0].details["sizes"]

@@ -1,0 +1,69 @@
+"""What the runtime allocates around the model: cuBLAS/cuDNN workspaces made once and kept, and
+AMP GradScaler's unscale/inf-check scalars between backward and the optimizer."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..report import Pattern
+from ..segment import PHASES, P
+from ..units import format_bytes
+from .context import Context
+from .gradients import gradient_allocs
+
+SCALAR = 64  # bytes: found_inf, inv_scale and their per-device copies are one-element tensors
+MIN_WORKSPACE = 512 << 10
+
+
+def workspaces(ctx: Context) -> list[Pattern]:
+    """Blocks the first step makes in forward or backward and nobody ever frees, that are not
+    gradients: the math libraries' workspaces (cuBLAS keeps one per stream and thread — the
+    autograd thread gets its own in the first backward) and caches."""
+    if len(ctx.seg.steps) < 2:
+        return []  # with one step, what outlives it may be its outputs
+    s0, s1, _ = ctx.seg.steps[0]
+    idx = ctx.allocs_between(s0, s1 - 1)
+    # Workspaces are megabytes; a few bytes kept for good are state (GradScaler's scale), not this.
+    keep = ((ctx.free[idx] >= ctx.n) & (ctx.size[idx] >= MIN_WORKSPACE)
+            & np.isin(ctx.phase_at_alloc[idx], [P["forward"], P["backward"], P["loss"]]))
+    idx = idx[keep & ~np.isin(idx, gradient_allocs(ctx, 0))]
+    if not len(idx):
+        return []
+    nbytes = int(ctx.size[idx].sum())
+    first, last = int(ctx.alloc[idx[0]]), int(ctx.alloc[idx[-1]])
+    return [Pattern(
+        kind="workspace", step=0, phase=PHASES[int(ctx.phase_at_alloc[idx[0]])],
+        start_event=first, end_event=last, peak_event=first, bytes=nbytes,
+        explanation=(
+            f"{len(idx)} block(s), {format_bytes(nbytes)}, made during the first step and never freed: the math "
+            f"libraries' workspaces (cuBLAS keeps one per stream and thread, 32 MiB each on Hopper; the autograd "
+            f"thread makes its own in the first backward) and similar caches. They are paid once per process; "
+            f"CUBLAS_WORKSPACE_CONFIG can make cuBLAS's smaller."
+        ),
+        details={"count": int(len(idx)), "sizes": sorted({int(x) for x in ctx.size[idx]})},
+    )]
+
+
+def amp_unscale(ctx: Context, step: int) -> list[Pattern]:
+    """Scalar allocations between the last backward and the optimizer: GradScaler.unscale_ checking
+    the gradients for inf/NaN (found_inf, inv_scale per device), outside optimizer.step."""
+    bwd = ctx.runs_of(step, "backward")
+    opt = ctx.runs_of(step, "optimizer")
+    if not bwd or not opt or opt[0][0] <= bwd[-1][1]:
+        return []
+    a, b = bwd[-1][1] + 1, opt[0][0] - 1
+    idx = ctx.allocs_between(a, b)
+    idx = idx[ctx.phase_at_alloc[idx] == P["other"]]
+    scalars = idx[ctx.size[idx] <= SCALAR]
+    if len(scalars) < 2:
+        return []
+    first, last = int(ctx.alloc[scalars[0]]), int(ctx.alloc[scalars[-1]])
+    return [Pattern(
+        kind="amp_unscale", step=step, phase="other", start_event=first, end_event=last, peak_event=last,
+        bytes=int(ctx.size[scalars].sum()),
+        explanation=(
+            f"AMP's GradScaler checking the gradients before the update: {len(scalars)} one-element tensors "
+            f"(the inf/NaN flag and the inverse scale, per device) between backward and optimizer.step. "
+            f"Negligible memory; it unscales the gradients in place, so no gradient-sized copies appear."
+        ),
+        details={"count": int(len(scalars))},
+    )]
