@@ -30,6 +30,8 @@ PATTERN_MARKERS = {
     "gradient_accumulation": "X",
     "optimizer_state_init": "*",
     "optimizer_temporaries": "p",
+    "amp_unscale": "d",
+    "workspace": "8",
     "leak": "h",
 }
 
