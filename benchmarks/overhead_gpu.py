@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -44,42 +45,9 @@ import torch.nn.functional as F
 from phasemem.capture import instrument
 
 
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 4 * d)
-        self.out = nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    """The same GPT as fixtures/record.py."""
-
-    def __init__(self, vocab: int, d: int, layers: int, seq: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d)
-        self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, max(1, d // 64)) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.ln_f(x))
+# The GPT the fixtures were recorded with, so the numbers describe the same model.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from record import GPT  # noqa: E402
 
 
 def build(name: str, dev: str, tiny: bool):
