@@ -94,7 +94,14 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
     pos = np.searchsorted(uniq, srt)
     known = (pos < len(uniq)) & (uniq[np.minimum(pos, len(uniq) - 1)] == srt)
     n_grads = np.where(known, counts[np.minimum(pos, len(uniq) - 1)], 0)
-    cat[order] = np.where(rank < n_grads, C["parameter"], np.where(known, C["optimizer_state"], C["other"]))
+    # State made before recording comes in a fixed number per parameter (Adam 2, momentum SGD 1):
+    # the typical surplus per gradient-sized block. Blocks beyond that (a buffer that happens to
+    # have a parameter's size) are not state.
+    per_size = np.bincount(np.searchsorted(uniq, srt[known]), minlength=len(uniq)) if known.any() else np.zeros(0)
+    surplus = (per_size - counts) / counts if len(per_size) else np.zeros(0)
+    k = int(round(float(np.median(surplus)))) if len(surplus) else 0
+    state = known & (rank >= n_grads) & (rank < n_grads * (1 + max(k, 0)))
+    cat[order] = np.where(rank < n_grads, C["parameter"], np.where(state, C["optimizer_state"], C["other"]))
     return cat
 
 

@@ -198,3 +198,28 @@ def test_gradscaler_check_and_workspaces_named_where_frames_say_so():
         if name == "gpt_foreach":  # the first workload of its process: cuBLAS made its workspaces here
             ws = report.patterns_of("workspace")
             assert len(ws) == 1 and 32 << 20 in ws[0].details["sizes"]
+
+
+def _fixture_metas():
+    from conftest import fixture_paths
+
+    return [p for p in fixture_paths() if "wrapped" not in p.name and "inference" not in p.name]
+
+
+@pytest.mark.parametrize("path", _fixture_metas(), ids=lambda p: p.name.split(".")[0])
+def test_categories_match_each_recorded_model(path):
+    """Parameters, gradients and optimizer state against the model the recording script built
+    (fixtures/record.py counts the parameter bytes), frames removed. gpt_compiled was recorded
+    after a warm-up step, so its Adam state existed before recording and is found by size."""
+    snap = load_snapshot(path)
+    meta = snap["phasemem"]["meta"]
+    for e in snap["device_traces"][0]:
+        e["frames"] = []
+    report = phasemem.analyze(snap)
+    p = meta["param_bytes"]
+    every = report.category_curves.at_level(np.arange(report.n_events), report.timeline.delta)
+    assert _close(report.categories()["parameter"], p)
+    assert _close(int(every[:, 1].max()), p)  # gradients, where alive
+    name = meta["optimizer"]
+    mult = 2 if "Adam" in name else (1 if "momentum" in name else 0)
+    assert _close(int(every[-1, 2]), mult * p) if mult else int(every[-1, 2]) == 0
