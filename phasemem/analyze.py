@@ -116,6 +116,7 @@ def _aggregate(steps) -> dict[str, Phase]:
             start_bytes=occ[0].start_bytes, end_bytes=occ[-1].end_bytes,
             start_event=ran[0].start_event if ran else None, end_event=ran[-1].end_event if ran else None,
             peak_event=top.peak_event, n_events=sum(p.n_events for p in occ), source=occ[0].source,
+            confidence=min(p.confidence for p in occ),
             top_allocations=allocs[:len(occ[0].top_allocations) or 5], at_event=occ[0].at_event,
         )
     return out

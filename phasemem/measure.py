@@ -74,6 +74,7 @@ def measure(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Step]:
             name=name, step=s, peak_bytes=m, start_bytes=int(before[f]), end_bytes=int(after[l]),
             start_event=f, end_event=l, peak_event=p, n_events=c,
             source=seg.sources.get(name, "markers") if name != "other" else "none",
+            confidence=(seg.confidence or {}).get(name, 1.0),
             top_allocations=tops.get(g, []),
         )
     at = {g: ph.start_event for g, ph in found.items()}
@@ -92,7 +93,7 @@ def measure(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Step]:
             found[g] = Phase(
                 name=iv.phase, step=g // nph, peak_bytes=lvl, start_bytes=lvl, end_bytes=lvl,
                 start_event=None, end_event=None, peak_event=None, n_events=0,
-                source=iv.source, top_allocations=[],
+                source=iv.source, top_allocations=[], confidence=(seg.confidence or {}).get(iv.phase, 1.0),
             )
             at[g] = iv.first - 0.5  # it ran before the event at iv.first
             found[g].at_event = at[g]

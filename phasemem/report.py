@@ -44,8 +44,9 @@ class Phase:
     end_event: int | None
     peak_event: int | None
     n_events: int
-    source: str  # "markers", "annotations" or "none" (for "other")
+    source: str  # "markers", "annotations", "inferred", or "none" (for "other")
     top_allocations: list[Allocation] = field(default_factory=list)
+    confidence: float = 1.0  # 1 for markers and annotations; lower when inferred (docs/accuracy.md)
     by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
     at_event: float | None = None  # where it ran: start_event, or between two events when it made none
 
@@ -238,6 +239,9 @@ def format_report(r: Report) -> str:
         lines.insert(1, f"OUT OF MEMORY at event {o.event} ({where}): asked for {format_bytes(o.requested_bytes)} with "
                         f"{format_bytes(o.device_free_bytes)} free on the device; {format_bytes(o.allocated_bytes)} "
                         f"allocated ({held})")
+    if "inferred" in r.sources.values():
+        lines.insert(2, "phases were inferred (no phasemem markers in this snapshot): see each phase's source and "
+                        "confidence; docs/accuracy.md says how accurate")
     src = sorted(set(r.sources.values()))
     if src:
         lines.append("phases from " + ", ".join(f"{s} ({', '.join(p for p, v in r.sources.items() if v == s)})" for s in src))

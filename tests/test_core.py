@@ -7,6 +7,7 @@ from phasemem.segment import PHASES
 from phasemem.timeline import Timeline
 from phasemem.trace import Trace
 
+from conftest import load_snapshot
 from reference import add_loss, intervals, label_events, replay, steps_from_optimizer
 
 
@@ -176,3 +177,14 @@ def test_report_text_is_readable(shared_snapshot):
     assert f"{len(snap['device_traces'][0]):,} events" in text
     for st in report.steps:
         assert f"{format_bytes(st.phases['backward'].peak_bytes):>11}" in text
+
+
+def test_inferred_phases_say_so(real_snapshot):
+    path, snap, prefix = real_snapshot
+    snap["external_annotations"] = []
+    report = phasemem.analyze(snap, marker_prefix=prefix)
+    inferred = [p for p in report.phases.values() if p.source == "inferred"]
+    assert inferred and all(0 < p.confidence < 1 for p in inferred)
+    assert "phases were inferred" in str(report)
+    marked = phasemem.analyze(load_snapshot(path), marker_prefix=prefix)
+    assert all(p.confidence == 1.0 for p in marked.phases.values())
