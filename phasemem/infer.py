@@ -37,12 +37,27 @@ BURST = 8  # frees in a row, with no allocation between, that are not backward's
 SPAN = 0.95
 
 
+def _python(frames):
+    # stacks="all" (torch's default) adds C++ frames to every event, the autograd thread's too; the
+    # thread is told by its Python frames alone.
+    return [f for f in frames if f[0].endswith(".py")]
+
+
 def frame_classes(trace: Trace) -> np.ndarray:
     """A class per event from its stack (one Python pass over the distinct stacks, not the events)."""
     per_stack = np.empty(len(trace.stacks) + 1, np.int8)
     per_stack[-1] = NONE  # stack id -1
     for sid, frame_ids in enumerate(trace.stacks):
-        per_stack[sid] = _classify([trace.frames[f] for f in frame_ids])
+        py = _python([trace.frames[f] for f in frame_ids])
+        per_stack[sid] = _classify(py) if py else NONE
+    return per_stack[trace.stack]
+
+
+def _has_python(trace: Trace) -> np.ndarray:
+    """Per event: does its stack hold a Python frame."""
+    per_stack = np.zeros(len(trace.stacks) + 1, bool)
+    for sid, frame_ids in enumerate(trace.stacks):
+        per_stack[sid] = any(trace.frames[f][0].endswith(".py") for f in frame_ids)
     return per_stack[trace.stack]
 
 
@@ -70,7 +85,7 @@ def _classify(frames) -> int:
 
 
 def has_usable_frames(trace: Trace) -> bool:
-    return len(trace) > 0 and float(np.mean(trace.stack >= 0)) >= FRAMES_USABLE
+    return len(trace) > 0 and float(np.mean(_has_python(trace))) >= FRAMES_USABLE
 
 
 def labels_from_frames(trace: Trace) -> np.ndarray:
@@ -141,7 +156,7 @@ def _frees_say_nothing(trace: Trace) -> bool:
     frees = ~is_alloc & np.isin(trace.action, [A["free_requested"], A["free_completed"], A["free"]])
     if not frees.any():
         return False
-    if float(np.mean(trace.stack[frees] >= 0)) < 0.05:
+    if float(np.mean(_has_python(trace)[frees])) < 0.05:
         return True
     life = Timeline.from_trace(trace).lifetimes
     pair = (life.alloc_event >= 0) & (life.free_event < len(trace))

@@ -16,6 +16,12 @@ def stack_summary(trace: Trace, stack_id: int) -> str | None:
     if stack_id < 0:
         return None
     frames = [trace.frames[f] for f in trace.stacks[stack_id]]
+    # With stacks="all" the innermost frames are the allocator's own C++; the Python ones say where,
+    # and without any (the autograd thread) the first C++ frame past the allocator's machinery.
+    frames = ([f for f in frames if f[0].endswith(".py")]
+              or [f for f in frames if not any(s in f[2] for s in _MACHINERY)] or frames)
+    # C++ names carry their whole signature; the qualified name is enough to read
+    frames = [(f, l, n if f.endswith(".py") else n.split("(")[0]) for f, l, n in frames]
     fn, line, name = frames[0]
     text = f"{name} ({_short(fn)}:{line})"
     for fn2, line2, name2 in frames[1:]:
@@ -24,6 +30,11 @@ def stack_summary(trace: Trace, stack_id: int) -> str | None:
                 text += f" ← {name2} ({_short(fn2)}:{line2})"
             break
     return text
+
+
+#: C++ frames that every allocation passes through (as memory_viz's frameFilter drops them).
+_MACHINERY = ("unwind", "CapturedTraceback", "gather_with_cpp", "CachingAllocator", "empty_", "at::detail::",
+              "c10::", "at::native::empty", "at::empty", "_PyEval", "PyObject_", "wrapper_", "at::_ops::")
 
 
 def _short(fn: str) -> str:

@@ -188,3 +188,23 @@ def test_inferred_phases_say_so(real_snapshot):
     assert "phases were inferred" in str(report)
     marked = phasemem.analyze(load_snapshot(path), marker_prefix=prefix)
     assert all(p.confidence == 1.0 for p in marked.phases.values())
+
+
+def test_torch_default_recording_with_cpp_stacks():
+    """_record_memory_history() with torch's defaults puts C++ frames on every event, the autograd
+    thread's too: phases must still be found from the Python frames, and stacks summarised readably."""
+    from conftest import FIXTURES
+
+    path = FIXTURES / "plain_gpt_torch_defaults.pkl.xz"
+    snap = load_snapshot(path)
+    assert all(e.get("frames") for e in snap["device_traces"][0])  # every event has frames
+    events = snap["device_traces"][0]
+    ivs = intervals(snap["external_annotations"], "gt::")
+    truth = add_loss(events, label_events(events, ivs), ivs)
+    snap["external_annotations"] = [a for a in snap["external_annotations"] if not a["name"].startswith("gt::")]
+    report = phasemem.analyze(snap)
+    got = ["forward" if g == "loss" else g for g in report.labels]  # gt::forward spans the loss too
+    assert sum(g == t for g, t in zip(got, truth)) / len(truth) > 0.98
+    assert len(report.steps) == len(ivs["optimizer"])
+    stacks = [a.stack for a in report.phases["backward"].top_allocations]
+    assert any("Backward0" in s for s in stacks) and not any("unwind" in s for s in stacks)

@@ -44,6 +44,8 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     for first, last, bwd in microbatches(ctx, step):
         idx = ctx.allocs_between(first, last)
         idx = idx[np.isin(ctx.phase_at_alloc[idx], [1, 2])]  # forward, loss
+        if step == 0:  # the first step's workspaces (made by the first matmul, never freed) are no tensors
+            idx = idx[ctx.free[idx] < ctx.n]
         if len(idx) < 4:
             continue
         sizes = ctx.size[idx]
@@ -52,8 +54,11 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         k = int(np.argmax(is_vocab))
         # Compare with the body of the network (the first part of forward), not with what comes
         # right before the logits: that is often the LM head's own weight cast to bf16 (vocab × d).
-        body = sizes[: max(int(LATE * len(idx)), 1)]
-        if k < LATE * len(idx) or body.max() * ABOVE_ACTIVATIONS > sizes[k]:
+        body = idx[: max(int(LATE * len(idx)), 1)]
+        # ... and among the body's activations: a workspace made lazily by the first matmul (32 MiB
+        # of cuBLAS's on Hopper) is never freed and says nothing about the network.
+        body = ctx.size[body[ctx.free[body] < ctx.n]]
+        if k < LATE * len(idx) or (len(body) and body.max() * ABOVE_ACTIVATIONS > sizes[k]):
             continue
         vocab = idx[is_vocab]
         logits = vocab[0]
