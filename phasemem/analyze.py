@@ -1,10 +1,13 @@
 """The pipeline: snapshot → trace → timeline → segmentation → report."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
+from .columnar import is_columnar, load_trace
+from .errors import PhasememError
 from .load import load_snapshot, no_gc
 from .measure import measure
 from .categories import CATEGORIES, CategoryCurves
@@ -29,6 +32,14 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
         >>> report = phasemem.analyze("snapshot.pickle")
         >>> report.phases["optimizer"].peak_bytes
     """
+    if isinstance(snapshot, (str, os.PathLike)) and is_columnar(snapshot):
+        trace = load_trace(snapshot)  # phasemem convert's output: no unpickling
+        if device is not None and device != trace.device:
+            raise PhasememError(f"{os.fspath(snapshot)} holds device {trace.device} only; convert the snapshot "
+                                f"again with --device {device}")
+        prefix = marker_prefix or str(trace.meta.get("markers") or "phasemem::")
+        with no_gc():
+            return analyze_trace(trace, marker_prefix=prefix)
     with no_gc():
         snap = load_snapshot(snapshot, trusted=trusted)
         trace = Trace.from_snapshot(snap, device)

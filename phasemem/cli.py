@@ -3,6 +3,7 @@
     phasemem analyze SNAPSHOT -o memory.png [--json memory.json] [--device N] [--markers PREFIX] [--trust]
                               [--steps 2-4] [--by event|time] [--color category|stack|phase]
                               [--max-bands N] [--size WxH] [--dpi N]
+    phasemem convert SNAPSHOT -o trace.npz [--device N] [--trust]
     phasemem demo [-o demo.png] [--json demo.json] [--device cpu|cuda] [--steps 3] [picture options]
 
 Input phasemem cannot use is reported as one line, ``phasemem: error: ...``, with exit status 2 and
@@ -138,14 +139,27 @@ def _parser() -> argparse.ArgumentParser:
                    help="picture to write: .png, .svg or .pdf (default: memory.png)")
     a.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     a.add_argument("--device", type=int, metavar="N", help="which device's trace (default: the busiest)")
-    a.add_argument("--markers", default="phasemem::", metavar="PREFIX",
-                   help="name prefix of the phase markers (default: phasemem::)")
+    a.add_argument("--markers", default=None, metavar="PREFIX",
+                   help="name prefix of the phase markers (default: the one the snapshot was recorded with, "
+                        "else phasemem::)")
     a.add_argument("--trust", action="store_true",
                    help="unpickle without restrictions (only for files you made yourself)")
     a.add_argument("--steps", metavar="RANGE", dest="zoom",
                    help="draw only these steps (numbers as in the report): 3, 2-4, 2- or -4 (default: all)")
     _picture_options(a)
     a.set_defaults(run=_analyze)
+
+    v = sub.add_parser(
+        "convert", help="save a snapshot's trace in phasemem's columnar form, to analyse it again fast",
+        description="Read a snapshot once and write its trace as a columnar .npz: analysing that again "
+                    "needs no unpickling (seconds and a fraction of the memory for a 10M-event trace).",
+    )
+    v.add_argument("snapshot", metavar="SNAPSHOT", help="the snapshot file")
+    v.add_argument("-o", "--output", required=True, metavar="TRACE.npz", help="the columnar file to write")
+    v.add_argument("--device", type=int, metavar="N", help="which device's trace (default: the busiest)")
+    v.add_argument("--trust", action="store_true",
+                   help="unpickle without restrictions (only for files you made yourself)")
+    v.set_defaults(run=_convert)
 
     d = sub.add_parser(
         "demo", help="train a small GPT-like model for a few steps under instrument() and analyse it",
@@ -207,6 +221,22 @@ def _analyze(args) -> int:
         report.to_json(args.json)
         written.append(args.json)
     print(f"\nwrote {', '.join(written)}")
+    return 0
+
+
+def _convert(args) -> int:
+    from .columnar import save_trace
+    from .load import load_snapshot, no_gc
+    from .trace import Trace
+
+    if not args.output.endswith(".npz"):
+        raise PhasememError(f"{args.output}: name the columnar file .npz")
+    _check_outputs(args.output)
+    with no_gc():
+        trace = Trace.from_snapshot(load_snapshot(args.snapshot, trusted=args.trust), args.device)
+    save_trace(trace, args.output)
+    print(f"wrote {args.output}: device {trace.device}, {len(trace):,} events; "
+          f"analyse it with: phasemem analyze {args.output}")
     return 0
 
 

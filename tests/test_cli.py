@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import phasemem
 from phasemem.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,3 +236,24 @@ def test_demo_trains_records_and_draws(tmp_path, capsys):
     # the logits (8 × 128 × 8192 fp32 = 32 MiB) are the largest thing the forward pass makes
     assert report["phases"]["loss"]["peak_bytes"] - report["phases"]["forward"]["start_bytes"] >= 32 * 2**20
     assert out.startswith("phasemem report — cpu")
+
+
+def test_convert_then_analyze_the_columnar_file_gives_the_same_report(tmp_path, capsys):
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "gpt_foreach.pkl.xz"
+    npz = tmp_path / "trace.npz"
+    assert main(["convert", str(src), "-o", str(npz)]) == 0
+    assert npz.stat().st_size < src.stat().st_size * 20
+    a, b = phasemem.analyze(src), phasemem.analyze(npz)
+    assert str(a) == str(b)
+    assert a.timeline.active_after.tolist() == b.timeline.active_after.tolist()
+    assert [(p.kind, p.bytes) for p in a.patterns] == [(p.kind, p.bytes) for p in b.patterns]
+    capsys.readouterr()
+    # a corrupt columnar file: one line, exit 2
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(npz.read_bytes()[: npz.stat().st_size // 2])
+    assert main(["analyze", str(bad), "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a readable phasemem trace file" in err[0]
+    assert main(["convert", str(src), "-o", str(tmp_path / "x.pickle")]) == 2
