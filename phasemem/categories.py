@@ -34,7 +34,7 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     pre_cat[freed & (fphase == P["backward"])] = C["activation"]
 
     a, f = ctx.alloc, ctx.free
-    pa, pf = ctx.phase_at_alloc, ctx.phase_at_free
+    pa = ctx.phase_at_alloc
     cat = np.full(len(a), C["other"], np.int8)
     # Run index of each event: alloc and free in the same run = a temporary of that run.
     run_of = np.searchsorted(ctx.run_first, np.arange(n), "right") - 1

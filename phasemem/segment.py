@@ -217,7 +217,7 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
     ends = [int(trace.time_us[b - 1]) for _, b, _ in steps[:-1]] + [big]
     return steps, list(range(len(steps))), ends
 
-    
+
 def runs(labels: np.ndarray, step_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Contiguous runs of the same (phase, step): first event, last event, phase code, step position."""
     if not len(labels):

@@ -1,7 +1,4 @@
 """The core numbers on real H200 traces, checked against a naive replay of the raw events."""
-import numpy as np
-import pytest
-
 import phasemem
 from phasemem.segment import PHASES
 from phasemem.timeline import Timeline

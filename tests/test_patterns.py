@@ -158,8 +158,6 @@ def test_leak_found_where_frees_were_removed_and_nowhere_else():
 def test_every_pattern_sits_in_its_own_step_and_phase(real_snapshot):
     """A callout points at peak_event: it must be in the step and phase the pattern names, also when
     the loop keeps the logits alive into the next step (fixtures/gpt_foreach)."""
-    from phasemem.segment import P
-
     _, snap, prefix = real_snapshot
     report = phasemem.analyze(snap, marker_prefix=prefix)
     for p in report.patterns:

@@ -1,6 +1,5 @@
 """Odd but valid traces, and random garbage: a clean PhasememError or a valid report, never a crash."""
 import lzma
-import pickle
 import random
 
 import pytest
