@@ -96,7 +96,7 @@ def measure(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Step]:
     # reported with the memory level at that moment and no event indices.
     for iv in seg.intervals:
         s = step_at_time(seg, iv.t1)
-        if iv.first < iv.stop or iv.phase == "loss" or s < 0 or iv.t1 < trace.time_us[0]:
+        if iv.first < iv.stop or iv.phase == "loss" or s < 0:
             continue
         g = s * nph + PHASES.index(iv.phase)
         if g not in found:

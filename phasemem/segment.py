@@ -50,6 +50,8 @@ class Segmentation:
     intervals: list[Interval]
     sources: dict[str, str]  # phase → where its boundaries came from
     confidence: dict[str, float] = None  # phase → how sure (1 for markers and annotations)
+    # µs: moments up to here belong to steps the ring buffer lost (a phase that ran then is not reported)
+    t_lost: int = int(np.iinfo(np.int64).min)
 
 
 def _pair(markers, wanted) -> list[tuple[str, int, int]]:
@@ -158,8 +160,9 @@ def segment(trace: Trace, prefix: str = "phasemem::", timeline=None) -> Segmenta
     step_of = np.full(n, -1, dtype=np.int32)
     for k, (a, b, _) in enumerate(steps):
         step_of[a:b] = k
+    lost = [iv.t1 for iv in _outermost([iv for iv in intervals if iv.phase == "optimizer"]) if iv.stop == 0]
     return Segmentation(labels, step_of, steps, numbers, np.array(ends, dtype=np.int64), intervals, sources,
-                        confidence)
+                        confidence, max(lost) if lost else int(np.iinfo(np.int64).min))
 
 
 def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np.ndarray, str, list[int] | None]:
@@ -232,6 +235,8 @@ def runs(labels: np.ndarray, step_of: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def step_at_time(seg: Segmentation, t: int) -> int:
     """The step a moment belongs to (-1 after the last step): what places a phase that made no event."""
+    if t <= seg.t_lost:
+        return -1
     k = int(np.searchsorted(seg.step_t1, t, "left"))
     return k if k < len(seg.steps) else -1
 
