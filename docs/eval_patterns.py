@@ -86,7 +86,10 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
                 out["checkpoint_recompute", k] += 1
         # set_to_none=False zeroes gradients in place: they are allocated in the first backward only
         keeps = "set_to_none=False" in str(meta.get("zero_grad", ""))
-        if bwd and (meta.get("optimizer") is not None or "optimizer" in st.phases) and (not keeps or k == first_bwd):
+        # a CUDA-graphed model's gradients live in the graph's pool, allocated at capture (before recording)
+        graphed = "make_graphed_callables" in str(meta.get("loop", ""))
+        if bwd and not graphed and (meta.get("optimizer") is not None or "optimizer" in st.phases) and (
+                not keeps or k == first_bwd):
             out["gradients", k] += 1
         zg = [(x0, x1) for x0, x1, ph in runs if ph == "zero_grad"]
         freed = -sum(int(delta[x0:x1 + 1][delta[x0:x1 + 1] < 0].sum()) for x0, x1 in zg)

@@ -187,30 +187,28 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
 
 
 def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | None):
-    """Steps from inferred phases. A step ends with its optimizer run; when the optimizer leaves no
-    events (fused, after its first step), each forward that follows a backward starts a step,
-    unless the trace shows optimizer activity between some backward/forward pairs and not others
-    (gradient accumulation)."""
+    """Steps from inferred phases. Between two backward passes, a step ends after the optimizer's
+    last run; when the optimizer leaves no events (fused, after its first step) it ends right after
+    the backward — unless the trace shows optimizer or zero_grad activity between some backward
+    passes and not others: those without are micro-batches of one step (gradient accumulation)."""
     n = len(labels)
     big = int(np.iinfo(np.int64).max)
     first, last, code, _ = runs(labels, np.zeros(n, np.int32))
     if starts is None:
-        cuts = []
-        fwd_runs = np.flatnonzero(code == P["forward"])
+        bwd_runs = np.flatnonzero(code == P["backward"]).tolist()
         transitions = []
-        for j in fwd_runs.tolist():
-            prev_b = np.flatnonzero(code[:j] == P["backward"])
-            if not len(prev_b):
-                continue
-            between = code[prev_b[-1] + 1:j]
+        for j, k in zip(bwd_runs[:-1], bwd_runs[1:]):
+            between = code[j + 1:k]
+            if not (between == P["forward"]).any() and not (between == P["optimizer"]).any() and not (
+                    between == P["zero_grad"]).any():
+                continue  # one backward split by a stray event, not two passes
             opt = np.flatnonzero(between == P["optimizer"])
-            # the step ends after the optimizer's last run before this forward, else after backward
-            cut = int(last[prev_b[-1] + 1 + opt[-1]]) + 1 if len(opt) else int(last[prev_b[-1]]) + 1
+            cut = int(last[j + 1 + opt[-1]]) + 1 if len(opt) else int(last[j]) + 1
             transitions.append((cut, bool(len(opt) or (between == P["zero_grad"]).any())))
         regular = sum(t for _, t in transitions) >= 2
         cuts = [c for c, t in transitions if t or not regular]
-        if not (code == P["backward"]).any():  # inference: each forward is a step
-            cuts = [int(first[j]) for j in fwd_runs.tolist()[1:]]
+        if not bwd_runs:  # inference: each forward is a step
+            cuts = [int(first[j]) for j in np.flatnonzero(code == P["forward"]).tolist()[1:]]
         starts = [0] + sorted(set(cuts))
     bounds = sorted(set(starts)) + [n]
     bounds = [b for b in bounds if 0 <= b <= n]
