@@ -89,8 +89,8 @@ def has_usable_frames(trace: Trace) -> bool:
     return len(trace) > 0 and float(np.mean(_has_python(trace))) >= FRAMES_USABLE
 
 
-def labels_from_frames(trace: Trace) -> np.ndarray:
-    """Phase codes (segment.P order) per event from frames; 'other' between forward and backward is loss."""
+def labels_from_frames(trace: Trace, tl: Timeline | None = None) -> np.ndarray:
+    """Phase codes (segment.P order) per event from frames; ``tl``: the trace's timeline, if already made."""
     from .segment import P
 
     cls = frame_classes(trace)
@@ -99,7 +99,7 @@ def labels_from_frames(trace: Trace) -> np.ndarray:
     # Recorded with context="alloc", frees carry no frames of their own: a free then takes the
     # phase of the allocations around it when they agree, else 'other'.
     is_alloc = trace.action == A["alloc"]
-    if is_alloc.any() and _frees_say_nothing(trace):
+    if is_alloc.any() and _frees_say_nothing(trace, tl):
         known = np.flatnonzero(is_alloc)
         idx = np.arange(len(labels))
         prev = np.searchsorted(known, idx, "right") - 1
@@ -148,18 +148,16 @@ def zero_grad_from_lifetimes(trace: Trace, tl: Timeline, labels: np.ndarray) -> 
     labels[req[ok]] = P["zero_grad"]
 
 
-def _frees_say_nothing(trace: Trace) -> bool:
+def _frees_say_nothing(trace: Trace, tl: Timeline | None) -> bool:
     """True when free events carry no thread evidence: recorded with context="alloc", a free has no
     frames or repeats its allocation's frames."""
-    from .timeline import Timeline
-
     is_alloc = trace.action == A["alloc"]
     frees = ~is_alloc & np.isin(trace.action, [A["free_requested"], A["free_completed"], A["free"]])
     if not frees.any():
         return False
     if float(np.mean(_has_python(trace)[frees])) < 0.05:
         return True
-    life = Timeline.from_trace(trace).lifetimes
+    life = (tl or Timeline.from_trace(trace)).lifetimes
     pair = (life.alloc_event >= 0) & (life.free_event < len(trace))
     a, f = life.alloc_event[pair], life.free_event[pair]
     framed = trace.stack[a] >= 0

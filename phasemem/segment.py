@@ -170,7 +170,7 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
     from . import infer
 
     if infer.has_usable_frames(trace):
-        inferred, how, starts = infer.labels_from_frames(trace), "frames", None
+        inferred, how, starts = infer.labels_from_frames(trace, timeline), "frames", None
     elif timeline is not None:
         inferred, starts = infer.labels_from_lifetimes(trace, timeline)
         how = "lifetimes"

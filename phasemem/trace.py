@@ -83,10 +83,6 @@ class Trace:
     def __len__(self) -> int:
         return len(self.action)
 
-    @property
-    def has_frames(self) -> bool:
-        return bool(len(self.stacks))
-
     @classmethod
     def from_snapshot(cls, snapshot: dict, device: int | None = None) -> "Trace":
         traces = snapshot.get("device_traces") or []
