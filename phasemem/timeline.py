@@ -9,6 +9,7 @@ segments whose address is not live at the end of the trace.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -55,11 +56,12 @@ class Timeline:
     reserved_after: np.ndarray  # int64, bytes reserved from the driver after each event
     lifetimes: Lifetimes
 
-    @property
+    # Cached: measure, the patterns and the report all read these whole-trace arrays.
+    @cached_property
     def active_before(self) -> np.ndarray:
         return self.active_after - self.delta
 
-    @property
+    @cached_property
     def level(self) -> np.ndarray:
         """The highest active bytes while each event ran: after an alloc, before a free."""
         return np.maximum(self.active_after, self.active_before)
