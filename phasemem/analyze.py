@@ -9,7 +9,7 @@ import numpy as np
 from .columnar import is_columnar, load_trace
 from .errors import PhasememError
 from .load import load_snapshot, no_gc
-from .measure import measure
+from .measure import TOP_K, measure
 from .categories import CATEGORIES, CategoryCurves
 from .patterns import detect as detect_patterns
 from .patterns.context import Context
@@ -128,6 +128,6 @@ def _aggregate(steps) -> dict[str, Phase]:
             start_event=ran[0].start_event if ran else None, end_event=ran[-1].end_event if ran else None,
             peak_event=top.peak_event, n_events=sum(p.n_events for p in occ), source=occ[0].source,
             confidence=min(p.confidence for p in occ),
-            top_allocations=allocs[:len(occ[0].top_allocations) or 5], at_event=occ[0].at_event,
+            top_allocations=allocs[:TOP_K], at_event=occ[0].at_event,
         )
     return out

@@ -205,3 +205,12 @@ def test_torch_default_recording_with_cpp_stacks():
     assert len(report.steps) == len(ivs["optimizer"])
     stacks = [a.stack for a in report.phases["backward"].top_allocations]
     assert any("Backward0" in s for s in stacks) and not any("unwind" in s for s in stacks)
+
+
+def test_aggregate_top_allocations_are_the_largest_over_all_steps(shared_snapshot):
+    _, snap = shared_snapshot
+    report = phasemem.analyze(snap, marker_prefix="gt::")
+    for name, agg in report.phases.items():
+        every = sorted((a.size for st in report.steps if name in st.phases for a in st.phases[name].top_allocations),
+                       reverse=True)
+        assert [a.size for a in agg.top_allocations] == every[:5]
