@@ -45,7 +45,10 @@ def _short(fn: str) -> str:
 
 
 def _is_library(fn: str) -> bool:
-    return "site-packages/" in fn or "dist-packages/" in fn or fn.startswith("<")
+    # phasemem's own hooks wrap optimizer.step under instrument(): not the user's code either
+    fn = fn.replace("\\", "/")
+    return ("site-packages/" in fn or "dist-packages/" in fn or "/torch/" in fn or fn.startswith("<")
+            or "phasemem/capture" in fn)
 
 
 def measure(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Step]:

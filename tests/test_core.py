@@ -214,3 +214,12 @@ def test_aggregate_top_allocations_are_the_largest_over_all_steps(shared_snapsho
         every = sorted((a.size for st in report.steps if name in st.phases for a in st.phases[name].top_allocations),
                        reverse=True)
         assert [a.size for a in agg.top_allocations] == every[:5]
+
+
+def test_stack_summaries_point_at_the_users_code_not_at_phasemems_hooks():
+    from conftest import FIXTURES
+
+    report = phasemem.analyze(FIXTURES / "gpt_foreach.pkl.xz")  # recorded under instrument()
+    stacks = [a.stack for p in report.phases.values() for a in p.top_allocations if a.stack]
+    assert stacks and not any("hooks.py" in s for s in stacks)
+    assert any("record.py" in s for s in report.phases["optimizer"].top_allocations[0].stack.split(" ← ")[1:])

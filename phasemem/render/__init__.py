@@ -28,6 +28,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ..errors import PhasememError
 from ..output import atomic_write
+from ..measure import stack_summary
 from ..units import format_bytes
 from . import bands as _bands
 from . import labels as _labels
@@ -423,22 +424,8 @@ def _stack_colors(report, st):
 
 
 def _site(trace, sid: int) -> str:
-    """A call stack in a few words: the innermost frame, and the first frame of the user's code."""
-    frames = [trace.frames[f] for f in trace.stacks[sid]]
-    inner = frames[0]
-
-    def where(f):
-        return f"{os.path.basename(f[0])}:{f[1]}"
-
-    def library(f):
-        # phasemem's own hooks wrap optimizer.step under instrument(): not the user's code either.
-        return ("site-packages" in f[0] or "/torch/" in f[0] or f[0].startswith("<")
-                or "phasemem/capture" in f[0].replace(os.sep, "/"))
-
-    user = next((f for f in frames if not library(f)), None)
-    text = f"{inner[2]} ({where(inner)})"
-    if user is not None and user is not inner:
-        text += f" ← {where(user)}"
+    """A call stack in a few words, for the legend (the report's own summary, shortened)."""
+    text = stack_summary(trace, sid) or "no frames"
     return text if len(text) <= 60 else text[:59] + "…"
 
 
