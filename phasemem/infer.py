@@ -188,9 +188,19 @@ def step_period(trace: Trace) -> int | None:
     first step differs: optimizer state, lazy workspaces); one made once per layer does not recur
     regularly, so it drops out.
     """
+    periods = candidate_periods(trace)
+    return periods[0] if periods else None
+
+
+def candidate_periods(trace: Trace) -> list[int]:
+    """Regular recurrence distances with a fair share of the votes, longest first.
+
+    Checkpointed layers recur regularly too (their recompute), and in a trace holding barely more
+    than one step only a layer's period is visible at all; the caller tries them longest first.
+    """
     sizes = trace.size[trace.action == A["alloc"]].astype(np.uint64)
     if len(sizes) < 4 * K:
-        return None
+        return []
     h = np.zeros(len(sizes) - K + 1, np.uint64)
     for j in range(K):
         h = h * np.uint64(1_000_003) + sizes[j:len(sizes) - K + 1 + j]
@@ -210,11 +220,9 @@ def step_period(trace: Trace) -> int | None:
         if len(steady) and (steady == steady[0]).all() and steady[0] >= 4 * K:
             votes[int(steady[0])] = votes.get(int(steady[0]), 0) + 1
     if not votes:
-        return None
-    # Checkpointed layers recur regularly too (their recompute); the step is the longest regular
-    # period with a fair share of the votes.
+        return []
     top = max(votes.values())
-    return max(d for d, v in votes.items() if v >= 0.2 * top)
+    return sorted((d for d, v in votes.items() if v >= 0.2 * top), reverse=True)
 
 
 def _burst_freed(trace: Trace) -> np.ndarray:
@@ -277,31 +285,90 @@ def _has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int) -> bool:
     return float(np.corrcoef(ra, rf)[0, 1]) < 0
 
 
+def passes(trace: Trace, tl: Timeline, tops: list[int]) -> list[tuple[int, int, int]]:
+    """(forward start, top, backward end) of each pass, from the allocations alive across its top.
+
+    What a forward saves for its backward is made after the previous pass's top and freed before
+    the next one's, and alive across its own top, however long it lives: a checkpointed block's
+    input lives through most of the step, so the span limit that found the tops does not apply
+    here. The earliest of them starts the forward; the last freed ends the backward, unless it is
+    freed after the next forward began (logits or a batch the loop holds until it is replaced).
+    Burst frees are left out: zero_grad freeing the previous backward's gradients after this
+    top would otherwise make them look saved.
+    """
+    n = len(trace)
+    life = tl.lifetimes
+    born = (life.alloc_event >= 0) & (life.free_event < n)
+    a, f = life.alloc_event[born], life.free_event[born]
+    keep = ~_burst_freed(trace)[f]
+    a, f = a[keep], f[keep]
+    bounds = [-1] + sorted(tops) + [n]
+    starts, crossing = [], []
+    for k in range(1, len(bounds) - 1):
+        c = (a > bounds[k - 1]) & (a <= bounds[k]) & (f > bounds[k]) & (f < bounds[k + 1])
+        crossing.append(c)
+        starts.append(int(a[c].min()) if c.any() else bounds[k])
+    out = []
+    for k, c in enumerate(crossing):
+        top = bounds[k + 1]
+        nxt = starts[k + 1] if k + 1 < len(starts) else n
+        ends = f[c & (f < nxt)]
+        out.append((starts[k], top, int(ends.max()) if len(ends) else top))
+    return out
+
+
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
     """Phase codes per event and step starts (event indices) from lifetimes alone."""
+    n_alloc = max(int((trace.action == A["alloc"]).sum()), 1)
+    tries = []
+    # Longest regular period first. A step holds its forward and backward: a period shorter than
+    # the training passes it yields is a layer's, not a step's (in a trace of barely one step only
+    # a layer's period is visible); then the next, then none.
+    for period in candidate_periods(trace) + [None]:
+        period_events = period * len(trace) / n_alloc if period else None
+        labels, starts, lengths = _label_passes(trace, tl, period_events)
+        if lengths and (period_events is None or np.median(lengths) <= period_events):
+            return labels, starts
+        tries.append((labels, starts))
+    return tries[0]
+
+
+def _label_passes(trace: Trace, tl: Timeline, period_events: float | None) -> tuple[np.ndarray, list[int], list[int]]:
+    """Labels, step starts, and the length in events of each training pass found."""
     from .segment import P
 
     n = len(trace)
     labels = np.zeros(n, np.int8)
-    n_alloc = max(int((trace.action == A["alloc"]).sum()), 1)
-    period = step_period(trace)
-    period_events = period * n / n_alloc if period else None
     mts = mountains(trace, tl, period_events)
     if not mts:
-        return labels, [0]
+        return labels, [0], []
+    mts = passes(trace, tl, [top for _, top, _ in mts])
     life = tl.lifetimes
     born = (life.alloc_event >= 0) & (life.free_event < n)
     la, lf = life.alloc_event[born], life.free_event[born]
     starts = [0]
+    lengths = []
+    burst = _burst_freed(trace)
     for k, (f0, top, b1) in enumerate(mts):
-        labels[f0:top + 1] = P["forward"]
-        labels[top + 1:b1 + 1] = P["backward"] if _has_backward(la, lf, f0, top) else P["forward"]
         nxt = mts[k + 1][0] if k + 1 < len(mts) else n
+        # Passes closer together than a step are micro-batches of one step (accumulation).
+        if k and (period_events is None or f0 - starts[-1] >= 0.8 * period_events):
+            starts.append(f0)
+        if not _has_backward(la, lf, f0, top):
+            # No backward, so no optimizer either (inference) -- unless what follows frees in
+            # bursts, as a foreach optimizer does after a backward the trace cannot see (a
+            # CUDA-graphed model's replay makes no events).
+            tail = np.arange(b1 + 1, nxt)
+            opt = len(tail) and burst[tail].sum() >= BURST
+            labels[f0:nxt] = P["forward"]
+            if opt:
+                labels[b1 + 1:nxt] = P["optimizer"]
+            continue
+        lengths.append(b1 - f0)
+        labels[f0:top + 1] = P["forward"]
+        labels[top + 1:b1 + 1] = P["backward"]
         # What follows backward up to the next forward is the optimizer, if it allocates at all.
         tail = np.arange(b1 + 1, nxt)
         if len(tail) and (trace.action[tail] == A["alloc"]).any():
             labels[b1 + 1:nxt] = P["optimizer"]
-        # Passes closer together than a step are micro-batches of one step (accumulation).
-        if k and (period_events is None or f0 - starts[-1] >= 0.8 * period_events):
-            starts.append(f0)
-    return labels, starts
+    return labels, starts, lengths
