@@ -259,8 +259,10 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None) ->
     curve = np.cumsum(d)[:n]
     if not len(curve) or curve.max() <= 0:
         return []
-    peaks, _ = find_peaks(np.concatenate([[0], curve, [0]]), prominence=0.3 * curve.max())
-    peaks = peaks - 1
+    peaks, props = find_peaks(np.concatenate([[0], curve, [0]]), prominence=0.3 * curve.max(), plateau_size=1)
+    # The top is the plateau's last event: activations stop being made when the loss is done, but
+    # the first is freed only once backward runs (zero_grad's frees in between are not theirs).
+    peaks = props["right_edges"] - 1
     out: list[tuple[int, int, int]] = []
     # Highest first: a lesser peak inside an accepted pass (a ripple of backward, the loss's spike)
     # is part of that pass, not a pass of its own.
@@ -285,7 +287,7 @@ def _has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int) -> bool:
     return float(np.corrcoef(ra, rf)[0, 1]) < 0
 
 
-def passes(trace: Trace, tl: Timeline, tops: list[int]) -> list[tuple[int, int, int]]:
+def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """(forward start, top, backward end) of each pass, from the allocations alive across its top.
 
     What a forward saves for its backward is made after the previous pass's top and freed before
@@ -300,9 +302,18 @@ def passes(trace: Trace, tl: Timeline, tops: list[int]) -> list[tuple[int, int, 
     life = tl.lifetimes
     born = (life.alloc_event >= 0) & (life.free_event < n)
     a, f = life.alloc_event[born], life.free_event[born]
-    keep = ~_burst_freed(trace)[f]
+    # Burst frees are zero_grad's or the optimizer's, not backward's -- except inside the backward
+    # the activation mountain already shows (the embedding's backward freeing several at once), of
+    # what no backward made (gradients kept across micro-batches are made by the first backward).
+    in_bwd = np.zeros(n + 1, np.int64)
+    for _, top, b1 in mts:
+        in_bwd[top + 1] += 1
+        in_bwd[b1 + 1] -= 1
+    in_bwd = np.cumsum(in_bwd) > 0
+    burst = _burst_freed(trace)[f]
+    keep = ~burst | (in_bwd[f] & ~in_bwd[a])
     a, f = a[keep], f[keep]
-    bounds = [-1] + sorted(tops) + [n]
+    bounds = [-1] + [top for _, top, _ in mts] + [n]
     starts, crossing = [], []
     for k in range(1, len(bounds) - 1):
         c = (a > bounds[k - 1]) & (a <= bounds[k]) & (f > bounds[k]) & (f < bounds[k + 1])
@@ -342,7 +353,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None) -> tu
     mts = mountains(trace, tl, period_events)
     if not mts:
         return labels, [0], []
-    mts = passes(trace, tl, [top for _, top, _ in mts])
+    mts = passes(trace, tl, mts)
     life = tl.lifetimes
     born = (life.alloc_event >= 0) & (life.free_event < n)
     la, lf = life.alloc_event[born], life.free_event[born]
