@@ -238,7 +238,8 @@ def _burst_freed(trace: Trace) -> np.ndarray:
     return is_free & (count[group] >= BURST)
 
 
-def mountains(trace: Trace, tl: Timeline, period_events: float | None = None) -> list[tuple[int, int, int]]:
+def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
+              fill: bool = True) -> list[tuple[int, int, int]]:
     """(forward start, top, backward end) of each forward/backward pass, from activation lifetimes.
 
     Activations: allocations freed inside the trace, alive for more than a few events, and not
@@ -259,19 +260,33 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None) ->
     curve = np.cumsum(d)[:n]
     if not len(curve) or curve.max() <= 0:
         return []
-    peaks, props = find_peaks(np.concatenate([[0], curve, [0]]), prominence=0.3 * curve.max(), plateau_size=1)
-    # The top is the plateau's last event: activations stop being made when the loss is done, but
-    # the first is freed only once backward runs (zero_grad's frees in between are not theirs).
-    peaks = props["right_edges"] - 1
     out: list[tuple[int, int, int]] = []
-    # Highest first: a lesser peak inside an accepted pass (a ripple of backward, the loss's spike)
-    # is part of that pass, not a pass of its own.
-    for p in peaks[np.argsort(-curve[peaks], kind="stable")].tolist():
-        if any(f0 <= p <= b1 for f0, _, b1 in out):
-            continue
-        alive = act & (a <= p) & (f > p)
-        if alive.any():
-            out.append((int(a[alive].min()), p, int(f[alive].max())))
+
+    def climb(lo: int, hi: int) -> None:
+        part = curve[lo:hi]
+        peaks, props = find_peaks(np.concatenate([[0], part, [0]]), prominence=0.3 * part.max(), plateau_size=1)
+        # The top is the plateau's last event: activations stop being made when the loss is done,
+        # but the first is freed only once backward runs (zero_grad's frees in between are not theirs).
+        peaks = lo + props["right_edges"] - 1
+        # Highest first: a lesser peak inside an accepted pass (a ripple of backward, the loss's
+        # spike) is part of that pass, not a pass of its own.
+        for p in peaks[np.argsort(-curve[peaks], kind="stable")].tolist():
+            if any(f0 <= p <= b1 for f0, _, b1 in out):
+                continue
+            alive = act & (a <= p) & (f > p)
+            if alive.any():
+                out.append((int(a[alive].min()), p, int(f[alive].max())))
+
+    climb(0, n)
+    if not fill:
+        return sorted(out)
+    # A pass far lower than the highest (the first step, before the loop holds its logits across
+    # steps) is no peak against the whole curve; look again, in each long stretch no pass covers.
+    long = 0.5 * (period_events or (np.median([b1 - f0 for f0, _, b1 in out]) if out else n))
+    edges = [-1] + [x for f0, _, b1 in sorted(out) for x in (f0, b1)] + [n]
+    for g0, g1 in zip(edges[0::2], edges[1::2]):
+        if g1 - g0 - 1 >= long and curve[g0 + 1:g1].max(initial=0) >= 0.1 * curve.max():
+            climb(g0 + 1, g1)
     return sorted(out)
 
 
@@ -337,20 +352,24 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
     # a layer's period is visible); then the next, then none.
     for period in candidate_periods(trace) + [None]:
         period_events = period * len(trace) / n_alloc if period else None
-        labels, starts, lengths = _label_passes(trace, tl, period_events)
+        labels, starts, lengths = _label_passes(trace, tl, period_events, fill=False)
         if lengths and (period_events is None or np.median(lengths) <= period_events):
-            return labels, starts
-        tries.append((labels, starts))
-    return tries[0]
+            break
+        tries.append(period_events)
+    else:
+        period_events = tries[0]
+    labels, starts, _ = _label_passes(trace, tl, period_events)
+    return labels, starts
 
 
-def _label_passes(trace: Trace, tl: Timeline, period_events: float | None) -> tuple[np.ndarray, list[int], list[int]]:
+def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
+                  fill: bool = True) -> tuple[np.ndarray, list[int], list[int]]:
     """Labels, step starts, and the length in events of each training pass found."""
     from .segment import P
 
     n = len(trace)
     labels = np.zeros(n, np.int8)
-    mts = mountains(trace, tl, period_events)
+    mts = mountains(trace, tl, period_events, fill)
     if not mts:
         return labels, [0], []
     mts = passes(trace, tl, mts)
