@@ -35,6 +35,7 @@ BURST = 8  # frees in a row, with no allocation between, that are not backward's
 # long backward, ~0.9; logits a loop keeps until the next step, ~1.1). 0.8/0.9/0.95/1.0 gave a
 # mean frameless accuracy of 0.821/0.838/0.840/0.835 on the real snapshots (docs/accuracy.md).
 SPAN = 0.95
+TAIL, STRAGGLE = 3, 0.15  # at most 3 frees, after a quiet stretch 15 % as long as the backward
 MIN_SAVED = 10  # activations alive at a pass's top before it can be a training pass
 
 
@@ -328,6 +329,8 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     burst = _burst_freed(trace)[f]
     keep = ~burst | (in_bwd[f] & ~in_bwd[a])
     a, f = a[keep], f[keep]
+    act = (f - a >= 16) & ~burst[keep]
+    act_a, act_f = a[act], f[act]
     bounds = [-1] + [top for _, top, _ in mts] + [n]
     starts, crossing = [], []
     for k in range(1, len(bounds) - 1):
@@ -338,9 +341,22 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     for k, c in enumerate(crossing):
         top = bounds[k + 1]
         nxt = starts[k + 1] if k + 1 < len(starts) else n
-        ends = f[c & (f < nxt)]
-        out.append((starts[k], top, int(ends.max()) if len(ends) else top))
+        out.append((starts[k], top, _backward_end(np.sort(f[c & (f < nxt)]), top, act_a, act_f)))
     return out
+
+
+def _backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndarray) -> int:
+    """The last of a pass's saved-activation frees (sorted), less a straggling few after a long
+    stretch in which no activations live and die: the loss or the batch a loop keeps until after
+    the optimizer is no activation backward frees. (A checkpointed backward's last block is a long
+    stretch between two such frees too, but full of its recompute's activations.)"""
+    if not len(frees):
+        return top
+    for k in range(min(TAIL, len(frees) - 1), 0, -1):
+        g0, g1 = frees[-k - 1], frees[-k]
+        if g1 - g0 > STRAGGLE * (g0 - top) and ((act_a > g0) & (act_f < g1)).sum() < MIN_SAVED:
+            return int(g0)
+    return int(frees[-1])
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
