@@ -36,7 +36,8 @@ BURST = 8  # frees in a row, with no allocation between, that are not backward's
 # mean frameless accuracy of 0.821/0.838/0.840/0.835 on the real snapshots (docs/accuracy.md).
 SPAN = 0.95
 TAIL, STRAGGLE = 3, 0.15  # at most 3 frees, after a quiet stretch 15 % as long as the backward
-MIN_SAVED = 10  # activations alive at a pass's top before it can be a training pass
+MIN_SAVED = 10
+CORE = 0.05  # a pass's core: its activations' allocations and frees less the first and last 5 %  # activations alive at a pass's top before it can be a training pass
 
 
 def _python(frames):
@@ -262,6 +263,7 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
     if not len(curve) or curve.max() <= 0:
         return []
     out: list[tuple[int, int, int]] = []
+    core: list[tuple[float, float]] = []
 
     def climb(lo: int, hi: int) -> None:
         part = curve[lo:hi]
@@ -271,12 +273,15 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
         peaks = lo + props["right_edges"] - 1
         # Highest first: a lesser peak inside an accepted pass (a ripple of backward, the loss's
         # spike) is part of that pass, not a pass of its own.
+        # Most of its activations, not all: one tensor a loop holds across passes (the last
+        # micro-batch's logits, kept through the optimizer) must not swallow the next pass.
         for p in peaks[np.argsort(-curve[peaks], kind="stable")].tolist():
-            if any(f0 <= p <= b1 for f0, _, b1 in out):
+            if any(q0 <= p <= q1 for q0, q1 in core):
                 continue
             alive = act & (a <= p) & (f > p)
             if alive.any():
                 out.append((int(a[alive].min()), p, int(f[alive].max())))
+                core.append((np.quantile(a[alive], CORE), np.quantile(f[alive], 1 - CORE)))
 
     climb(0, n)
     if not fill:
