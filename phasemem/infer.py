@@ -37,6 +37,7 @@ BURST = 8  # frees in a row, with no allocation between, that are not backward's
 SPAN = 0.95
 TAIL, STRAGGLE = 3, 0.15  # at most 3 frees, after a quiet stretch 15 % as long as the backward
 MIN_SAVED = 10
+TINY, LOOK, QUICK = 512, 4, 4  # a scalar's block; allocations before the top searched; freed at once
 CORE = 0.05  # a pass's core: its activations' allocations and frees less the first and last 5 %  # activations alive at a pass's top before it can be a training pass
 
 
@@ -350,6 +351,40 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     return out
 
 
+def loss_span(trace: Trace, free_of: np.ndarray, f0: int, top: int) -> tuple[int, int] | None:
+    """(first event of the loss, first of backward) in a training pass, from cross-entropy's trace.
+
+    The loss allocates the log-softmax of the model's output (after an fp32 copy, under autocast),
+    then the loss value, a tiny block or two; backward then allocates its seed (a tiny block) and
+    the log-softmax's gradient, the log-softmax's size. Found on every real trace with a
+    cross-entropy loss; any other loss leaves the pass without one (its forward runs to backward).
+    """
+    idx = f0 + np.flatnonzero(trace.action[f0:top + 1] == A["alloc"])
+    if len(idx) < 4:
+        return None
+    sz = trace.size[idx]
+    tiny = sz <= TINY
+    for j in range(len(idx) - 1, max(len(idx) - 1 - LOOK, 0), -1):
+        if tiny[j]:
+            continue
+        before = np.flatnonzero(~tiny[:j])
+        if not len(before):
+            return None
+        i = int(before[-1])
+        if sz[i] != sz[j] or j - i < 3:
+            continue
+        k = j - 1  # backward's seed, past a tiny block freed at once
+        if free_of[idx[k]] - idx[k] <= QUICK and k - 1 > i and tiny[k - 1]:
+            k -= 1
+        if k - 1 <= i:  # the loss value must come between
+            continue
+        # the fp32 copy made for the log-softmax and dropped at once
+        if i > 0 and not tiny[i - 1] and free_of[idx[i - 1]] - idx[i - 1] <= 2 * QUICK and sz[i - 1] == sz[i]:
+            i -= 1
+        return int(idx[i]), int(idx[k])
+    return None
+
+
 def _backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndarray) -> int:
     """The last of a pass's saved-activation frees (sorted), less a straggling few after a long
     stretch in which no activations live and die: the loss or the batch a loop keeps until after
@@ -397,6 +432,8 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     life = tl.lifetimes
     born = (life.alloc_event >= 0) & (life.free_event < n)
     la, lf = life.alloc_event[born], life.free_event[born]
+    free_of = np.full(n, n, np.int64)
+    free_of[la] = lf
     starts = [0]
     lengths = []
     burst = _burst_freed(trace)
@@ -418,6 +455,10 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         lengths.append(b1 - f0)
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
+        span = loss_span(trace, free_of, f0, top)
+        if span:
+            labels[span[0]:span[1]] = P["loss"]
+            labels[span[1]:top + 1] = P["backward"]
         # What follows backward up to the next forward is the optimizer, if it allocates at all.
         tail = np.arange(b1 + 1, nxt)
         if len(tail) and (trace.action[tail] == A["alloc"]).any():
