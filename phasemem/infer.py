@@ -437,11 +437,24 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     starts = [0]
     lengths = []
     burst = _burst_freed(trace)
+    # Temporaries made and freed in bursts: a foreach optimizer's (or zero_grad's frees).
+    made_here = np.zeros(n, bool)
+    made_here[lf[burst[lf]]] = True
+    first = mts[0][0]
+    if made_here[:first].sum() >= BURST:
+        # The trace starts inside a step (the ring buffer wrapped): its optimizer ends that step.
+        last = int(np.flatnonzero(made_here[:first])[-1])
+        labels[:last + 1] = P["optimizer"]
+        starts.append(first)
+    prev_end = -1
     for k, (f0, top, b1) in enumerate(mts):
         nxt = mts[k + 1][0] if k + 1 < len(mts) else n
-        # Passes closer together than a step are micro-batches of one step (accumulation).
-        if k and (period_events is None or f0 - starts[-1] >= 0.8 * period_events):
+        # Passes closer together than a step are micro-batches of one step (accumulation), unless
+        # an optimizer's bursts come between them (a step made longer by an evaluation loop).
+        if k and (period_events is None or f0 - starts[-1] >= 0.8 * period_events
+                  or burst[prev_end + 1:f0].sum() >= BURST):
             starts.append(f0)
+        prev_end = b1
         if not _has_backward(la, lf, f0, top):
             # No backward, so no optimizer either (inference) -- unless what follows frees in
             # bursts, as a foreach optimizer does after a backward the trace cannot see (a
