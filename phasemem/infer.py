@@ -37,7 +37,7 @@ BURST = 8  # frees in a row, with no allocation between, that are not backward's
 SPAN = 0.95
 TAIL, STRAGGLE = 3, 0.15  # at most 3 frees, after a quiet stretch 15 % as long as the backward
 MIN_SAVED = 10
-TINY, LOOK, QUICK = 512, 8, 4  # a scalar's block; allocations before the top searched; freed at once
+TINY, LOOK, QUICK = 512, 32, 4  # a scalar's block; allocations before the top searched; freed at once
 CORE = 0.05  # a pass's core: its activations' allocations and frees less the first and last 5 %  # activations alive at a pass's top before it can be a training pass
 
 
