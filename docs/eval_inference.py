@@ -44,7 +44,7 @@ def score(truth, got, loss_in_forward: bool) -> dict:
     if loss_in_forward:  # the shared snapshots' gt::forward spans the model and the loss
         got_codes[got_codes == P["loss"]] = P["forward"]
     ok = truth.label_codes == got_codes
-    peaks = []
+    peaks, within = [], []
     for name, ph in truth.phases.items():
         if name == "other" or ph.peak_bytes == 0:
             continue
@@ -53,7 +53,8 @@ def score(truth, got, loss_in_forward: bool) -> dict:
             g = max(g, got.phases["loss"], key=lambda p: p.peak_bytes) if g else got.phases["loss"]
         peaks.append(abs((g.peak_bytes if g else 0) - ph.peak_bytes) / ph.peak_bytes)
     return {"accuracy": float(ok.mean()), "steps": (len(got.steps), len(truth.steps)),
-            "peak_err": max(peaks) if peaks else 0.0}
+            "peak_err": max(peaks) if peaks else 0.0, "phases": len(peaks),
+            "phases_within": sum(p <= 0.02 for p in peaks)}
 
 
 def main(paths: list[str]) -> int:
@@ -74,8 +75,12 @@ def main(paths: list[str]) -> int:
     for label, k in (("frames", 0), ("no frames", 1)):
         acc = [r[k]["accuracy"] for r in rows]
         exact = sum(r[k]["steps"][0] == r[k]["steps"][1] for r in rows)
+        within = sum(r[k]["peak_err"] <= 0.02 for r in rows)
+        phases = sum(r[k]["phases"] for r in rows)
+        phases_within = sum(r[k]["phases_within"] for r in rows)
         print(f"\n{label}: mean accuracy {np.mean(acc):.3f}, min {np.min(acc):.3f}; "
-              f"step count exact in {exact}/{len(rows)}")
+              f"step count exact in {exact}/{len(rows)}; every phase's peak within 2 % in "
+              f"{within}/{len(rows)}; {phases_within} of {phases} phase peaks within 2 %")
     return 0
 
 

@@ -378,8 +378,9 @@ def loss_span(trace: Trace, free_of: np.ndarray, f0: int, top: int) -> tuple[int
             k -= 1
         if k - 1 <= i:  # the loss value must come between
             continue
-        # the fp32 copy made for the log-softmax and dropped at once
-        if i > 0 and not tiny[i - 1] and free_of[idx[i - 1]] - idx[i - 1] <= 2 * QUICK and sz[i - 1] == sz[i]:
+        # the fp32 copy of half-precision logits made for the log-softmax and dropped at once
+        if (i > 1 and sz[i - 1] == sz[i] and 2 * sz[i - 2] == sz[i]
+                and free_of[idx[i - 1]] - idx[i - 1] <= 2 * QUICK):
             i -= 1
         return int(idx[i]), int(idx[k])
     return None
