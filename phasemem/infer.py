@@ -37,7 +37,7 @@ BURST = 8  # frees in a row, with no allocation between, that are not backward's
 SPAN = 0.95
 TAIL, STRAGGLE = 3, 0.15  # at most 3 frees, after a quiet stretch 15 % as long as the backward
 MIN_SAVED = 10
-TINY, LOOK, QUICK = 512, 32, 4  # a scalar's block; allocations before the top searched; freed at once
+TINY, LOOK, PAST, QUICK = 512, 32, 4, 4  # a scalar's block; allocations before the top searched; freed at once
 CORE = 0.05  # a pass's core: its activations' allocations and frees less the first and last 5 %  # activations alive at a pass's top before it can be a training pass
 
 
@@ -360,11 +360,15 @@ def loss_span(trace: Trace, free_of: np.ndarray, f0: int, top: int) -> tuple[int
     cross-entropy loss; any other loss leaves the pass without one (its forward runs to backward).
     """
     idx = f0 + np.flatnonzero(trace.action[f0:top + 1] == A["alloc"])
+    # The top may fall just before backward's seed (the previous loss value freed as the new one
+    # is assigned): backward's first few allocations past it are searched too.
+    after = top + 1 + np.flatnonzero(trace.action[top + 1:] == A["alloc"])[:PAST]
+    idx = np.concatenate([idx, after])
     if len(idx) < 4:
         return None
     sz = trace.size[idx]
     tiny = sz <= TINY
-    for j in range(len(idx) - 1, max(len(idx) - 1 - LOOK, 0), -1):
+    for j in range(len(idx) - 1, max(len(idx) - 1 - LOOK - len(after), 0), -1):
         if tiny[j]:
             continue
         before = np.flatnonzero(~tiny[:j])
@@ -470,9 +474,9 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
         span = loss_span(trace, free_of, f0, top)
-        if span:
+        if span and span[1] <= b1:
             labels[span[0]:span[1]] = P["loss"]
-            labels[span[1]:top + 1] = P["backward"]
+            labels[span[1]:b1 + 1] = P["backward"]
         # What follows backward up to the next forward is the optimizer, if it allocates at all.
         tail = np.arange(b1 + 1, nxt)
         if len(tail) and (trace.action[tail] == A["alloc"]).any():
