@@ -35,7 +35,7 @@ BURST = 8  # frees in a row, with no allocation between, that are not backward's
 # long backward, ~0.9; logits a loop keeps until the next step, ~1.1). 0.8/0.9/0.95/1.0 gave a
 # mean frameless accuracy of 0.821/0.838/0.840/0.835 on the real snapshots (docs/accuracy.md).
 SPAN = 0.95
-TAIL, STRAGGLE = 3, 0.15  # at most 3 frees, after a quiet stretch 15 % as long as the backward
+TAIL, STRAGGLE = 3, 0.08  # at most 3 frees, after a quiet stretch 8 % as long as the backward
 MIN_SAVED = 10
 TINY, LOOK, PAST, QUICK = 512, 32, 4, 4  # a scalar's block; allocations before the top searched; freed at once
 CORE = 0.05  # a pass's core: its activations' allocations and frees less the first and last 5 %  # activations alive at a pass's top before it can be a training pass
