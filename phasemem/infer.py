@@ -35,7 +35,8 @@ BURST = 8  # frees in a row, with no allocation between, that are not backward's
 # long backward, ~0.9; logits a loop keeps until the next step, ~1.1). 0.8/0.9/0.95/1.0 gave a
 # mean frameless accuracy of 0.821/0.838/0.840/0.835 on the real snapshots (docs/accuracy.md).
 SPAN = 0.95
-TAIL, STRAGGLE = 3, 0.08  # at most 3 frees, after a quiet stretch 8 % as long as the backward
+TAIL, STRAGGLE, GAPS = 3, 0.08, 4  # at most 3 frees, after a quiet stretch 8 % as long as the backward
+# and 4 times the usual distance between its frees
 MIN_SAVED = 10
 TINY, LOOK, PAST, QUICK = 512, 32, 4, 4  # a scalar's block; allocations before the top searched; freed at once
 CORE = 0.05  # a pass's core: its activations' allocations and frees less the first and last 5 %  # activations alive at a pass's top before it can be a training pass
@@ -397,11 +398,17 @@ def _backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndar
     stretch between two such frees too, but full of its recompute's activations.)"""
     if not len(frees):
         return top
-    for k in range(min(TAIL, len(frees) - 1), 0, -1):
+    best, end = 0, int(frees[-1])
+    spacing = float(np.median(np.diff(frees))) if len(frees) > 2 else 0.0
+    for k in range(1, min(TAIL, len(frees) - 1) + 1):
         g0, g1 = frees[-k - 1], frees[-k]
-        if g1 - g0 > STRAGGLE * (g0 - top) and ((act_a > g0) & (act_f < g1)).sum() < MIN_SAVED:
-            return int(g0)
-    return int(frees[-1])
+        # long against the backward, against the usual distance between its frees, and empty of
+        # the activations a checkpointed block's recompute makes
+        quiet = (g1 - g0 > max(STRAGGLE * (g0 - top), GAPS * spacing)
+                 and ((act_a > g0) & (act_f < g1)).sum() < MIN_SAVED)
+        if quiet and g1 - g0 > best:  # the longest quiet stretch, not the first
+            best, end = g1 - g0, int(g0)
+    return end
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
