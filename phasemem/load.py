@@ -15,6 +15,7 @@ import io
 import lzma
 import os
 import pickle
+import zlib
 from typing import Any
 
 from .errors import RECORD_HINT, PhasememError
@@ -63,50 +64,99 @@ class _SnapshotUnpickler(pickle.Unpickler):
             ) from None
 
 
-def _decompress(raw: bytes, where: str) -> bytes:
-    # Sniff the content rather than trust the extension: users rename files.
-    try:
-        if raw[:2] == b"\x1f\x8b":
-            return gzip.decompress(raw)
-        if raw[:6] == b"\xfd7zXZ\x00":
-            return lzma.decompress(raw)
-        if raw[:3] == b"BZh":
-            return bz2.decompress(raw)
-    except (OSError, EOFError, lzma.LZMAError, ValueError) as e:
-        raise PhasememError(f"{where}: the compressed stream is truncated or corrupt ({e}); copy the file again") from None
-    return raw
+_MAGIC = {b"\x1f\x8b": lambda f: gzip.GzipFile(fileobj=f), b"\xfd7zXZ\x00": lzma.LZMAFile, b"BZh": bz2.BZ2File}
 
 
-def read_snapshot_file(path: str | os.PathLike, *, trusted: bool = False) -> dict:
-    """Load a pickled snapshot (plain, ``.gz``, ``.xz`` or ``.bz2``) and return the snapshot dict."""
+class _Decompressed(io.RawIOBase):
+    """A decompressing reader whose failures say so: the unpickler that reads it would otherwise
+    report a cut .xz as a corrupt pickle."""
+
+    def __init__(self, inner, file, where: str):
+        self.inner, self.file, self.where = inner, file, where
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        try:
+            return self.inner.readinto(b)
+        except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError) as e:
+            raise PhasememError(f"{self.where}: the compressed stream is truncated or corrupt ({e}); "
+                                "copy the file again") from None
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+            self.file.close()  # the decompressors leave a file object they were given open
+        finally:
+            super().close()
+
+
+def open_snapshot(path: str | os.PathLike) -> io.BufferedReader:
+    """Open a snapshot file for reading, decompressed, after checking that it holds a pickle.
+
+    The file is streamed rather than read whole: holding a 10-million-event pickle's bytes next to
+    what it unpickles to would add its whole size (0.8 GB) to the peak.
+    """
     where = os.fspath(path)
     try:
-        with open(where, "rb") as f:
-            raw = f.read()
+        f = open(where, "rb")
     except FileNotFoundError:
         raise PhasememError(f"{where}: no such file; {RECORD_HINT}") from None
     except IsADirectoryError:
         raise PhasememError(f"{where}: is a directory, not a snapshot file") from None
     except OSError as e:
         raise PhasememError(f"{where}: cannot be read ({e.strerror})") from None
-    if not raw:
-        raise PhasememError(f"{where}: the file is empty; {RECORD_HINT}")
-    data = _decompress(raw, where)
-    if data[:1] != b"\x80" and data[:1] not in (b"(", b"}", b"]"):
-        raise PhasememError(f"{where}: not a pickle (a snapshot is the file torch.cuda.memory._dump_snapshot writes); {RECORD_HINT}")
     try:
-        with no_gc():
-            if trusted:
-                obj = pickle.loads(data)
-            else:
-                up = _SnapshotUnpickler(io.BytesIO(data))
-                up.where = where
-                obj = up.load()
-    except PhasememError:
+        head = _peek(f, 6, where)
+        if not head:
+            raise PhasememError(f"{where}: the file is empty; {RECORD_HINT}")
+        # Sniff the content rather than trust the extension: users rename files.
+        for magic, kind in _MAGIC.items():
+            if head.startswith(magic):
+                f = io.BufferedReader(_Decompressed(kind(f), f, where), 1 << 20)
+                head = _peek(f, 1, where)
+                break
+        if head[:1] != b"\x80" and head[:1] not in (b"(", b"}", b"]"):
+            raise PhasememError(f"{where}: not a pickle (a snapshot is the file torch.cuda.memory._dump_snapshot "
+                                f"writes); {RECORD_HINT}")
+    except BaseException:
+        f.close()
         raise
-    except (EOFError, pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            ModuleNotFoundError, MemoryError) as e:
-        raise PhasememError(f"{where}: the pickle is truncated or corrupt ({type(e).__name__}); copy the file again or re-record it") from None
+    return f
+
+
+def _peek(f, n: int, where: str) -> bytes:
+    try:
+        return f.peek(n)[:n]
+    except OSError as e:
+        raise PhasememError(f"{where}: cannot be read ({e.strerror or e})") from None
+
+
+#: What unpickling a truncated or garbled file raises, besides UnpicklingError.
+UNPICKLE_ERRORS = (EOFError, pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+                   ModuleNotFoundError, MemoryError, OverflowError)
+
+
+def read_snapshot_file(path: str | os.PathLike, *, trusted: bool = False) -> dict:
+    """Load a pickled snapshot (plain, ``.gz``, ``.xz`` or ``.bz2``) and return the snapshot dict."""
+    where = os.fspath(path)
+    with open_snapshot(where) as f:
+        try:
+            with no_gc():
+                if trusted:
+                    obj = pickle.load(f)
+                else:
+                    up = _SnapshotUnpickler(f)
+                    up.where = where
+                    obj = up.load()
+        except PhasememError:
+            raise
+        except UNPICKLE_ERRORS as e:
+            raise PhasememError(f"{where}: the pickle is truncated or corrupt ({type(e).__name__}); "
+                                "copy the file again or re-record it") from None
+        except OSError as e:
+            raise PhasememError(f"{where}: cannot be read ({e.strerror or e})") from None
     return as_snapshot(obj, where)
 
 
