@@ -265,25 +265,31 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
     if not len(curve) or curve.max() <= 0:
         return []
     out: list[tuple[int, int, int]] = []
-    core: list[tuple[float, float]] = []
+    core = np.zeros(n, bool)  # events inside an accepted pass's core
 
     def climb(lo: int, hi: int) -> None:
         part = curve[lo:hi]
-        peaks, props = find_peaks(np.concatenate([[0], part, [0]]), prominence=0.3 * part.max(), plateau_size=1)
+        # One point per run of equal values: the same peaks, found without scanning every event.
+        first = np.flatnonzero(np.concatenate([[True], part[1:] != part[:-1]]))
+        last = np.concatenate([first[1:], [len(part)]]) - 1
+        peaks, _ = find_peaks(np.concatenate([[0], part[first], [0]]), prominence=0.3 * part.max())
         # The top is the plateau's last event: activations stop being made when the loss is done,
         # but the first is freed only once backward runs (zero_grad's frees in between are not theirs).
-        peaks = lo + props["right_edges"] - 1
+        peaks = lo + last[peaks - 1]
         # Highest first: a lesser peak inside an accepted pass (a ripple of backward, the loss's
         # spike) is part of that pass, not a pass of its own.
         # Most of its activations, not all: one tensor a loop holds across passes (the last
         # micro-batch's logits, kept through the optimizer) must not swallow the next pass.
         for p in peaks[np.argsort(-curve[peaks], kind="stable")].tolist():
-            if any(q0 <= p <= q1 for q0, q1 in core):
+            if core[p]:
                 continue
-            alive = act & (a <= p) & (f > p)
+            # allocations are in event order, and an activation lives less than max_span
+            lo, hi = np.searchsorted(a, p - max_span, "left"), np.searchsorted(a, p, "right")
+            alive = act[lo:hi] & (f[lo:hi] > p)
             if alive.any():
-                out.append((int(a[alive].min()), p, int(f[alive].max())))
-                core.append((np.quantile(a[alive], CORE), np.quantile(f[alive], 1 - CORE)))
+                pa, pf = a[lo:hi][alive], f[lo:hi][alive]
+                out.append((int(pa.min()), p, int(pf.max())))
+                core[int(np.quantile(pa, CORE)):int(np.quantile(pf, 1 - CORE)) + 1] = True
 
     climb(0, n)
     if not fill:
@@ -302,11 +308,12 @@ def _has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int) -> bool:
     """Backward frees the activations a forward saved, last made first freed: many alive at the top
     and freed in reverse order (rank correlation of alloc and free order < 0; -0.17 to -0.94 on the
     real training traces). Inference frees as it goes: a handful alive at its top (6 on a real GPT)."""
-    m = (a >= f0) & (a <= top) & (f > top)
+    lo, hi = np.searchsorted(a, f0, "left"), np.searchsorted(a, top, "right")  # a is in event order
+    m = f[lo:hi] > top
     if m.sum() < MIN_SAVED:
         return False
-    ra = np.argsort(np.argsort(a[m]))
-    rf = np.argsort(np.argsort(f[m]))
+    ra = np.argsort(np.argsort(a[lo:hi][m]))
+    rf = np.argsort(np.argsort(f[lo:hi][m]))
     return float(np.corrcoef(ra, rf)[0, 1]) < 0
 
 
@@ -339,20 +346,24 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     act = (f - a >= 16) & ~burst[keep]
     act_a, act_f = a[act], f[act]
     bounds = [-1] + [top for _, top, _ in mts] + [n]
+    # allocations are in event order: those made between two tops are one slice
+    cut = np.searchsorted(a, bounds, "right")
     starts, crossing = [], []
     for k in range(1, len(bounds) - 1):
-        c = (a > bounds[k - 1]) & (a <= bounds[k]) & (f > bounds[k]) & (f < bounds[k + 1])
-        crossing.append(c)
-        starts.append(int(a[c].min()) if c.any() else bounds[k])
+        fk = f[cut[k - 1]:cut[k]]
+        c = (fk > bounds[k]) & (fk < bounds[k + 1])
+        crossing.append(fk[c])
+        starts.append(int(a[cut[k - 1]:cut[k]][c][0]) if c.any() else bounds[k])
     out = []
-    for k, c in enumerate(crossing):
+    for k, fc in enumerate(crossing):
         top = bounds[k + 1]
         nxt = starts[k + 1] if k + 1 < len(starts) else n
-        out.append((starts[k], top, _backward_end(np.sort(f[c & (f < nxt)]), top, act_a, act_f)))
+        out.append((starts[k], top, _backward_end(np.sort(fc[fc < nxt]), top, act_a, act_f)))
     return out
 
 
-def loss_span(trace: Trace, free_of: np.ndarray, f0: int, top: int) -> tuple[int, int] | None:
+def loss_span(trace: Trace, free_of: np.ndarray, f0: int, top: int,
+              allocs: np.ndarray | None = None) -> tuple[int, int] | None:
     """(first event of the loss, first of backward) in a training pass, from cross-entropy's trace.
 
     The loss allocates the log-softmax of the model's output (after an fp32 copy, under autocast),
@@ -360,16 +371,18 @@ def loss_span(trace: Trace, free_of: np.ndarray, f0: int, top: int) -> tuple[int
     the log-softmax's gradient, the log-softmax's size. Found on every real trace with a
     cross-entropy loss; any other loss leaves the pass without one (its forward runs to backward).
     """
-    idx = f0 + np.flatnonzero(trace.action[f0:top + 1] == A["alloc"])
+    if allocs is None:
+        allocs = np.flatnonzero(trace.action == A["alloc"])
     # The top may fall just before backward's seed (the previous loss value freed as the new one
     # is assigned): backward's first few allocations past it are searched too.
-    after = top + 1 + np.flatnonzero(trace.action[top + 1:] == A["alloc"])[:PAST]
-    idx = np.concatenate([idx, after])
+    lo, mid = np.searchsorted(allocs, f0, "left"), np.searchsorted(allocs, top, "right")
+    idx = allocs[lo:mid + PAST]
+    n_after = len(idx) - (mid - lo)
     if len(idx) < 4:
         return None
     sz = trace.size[idx]
     tiny = sz <= TINY
-    for j in range(len(idx) - 1, max(len(idx) - 1 - LOOK - len(after), 0), -1):
+    for j in range(len(idx) - 1, max(len(idx) - 1 - LOOK - n_after, 0), -1):
         if tiny[j]:
             continue
         before = np.flatnonzero(~tiny[:j])
@@ -404,8 +417,9 @@ def _backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndar
         g0, g1 = frees[-k - 1], frees[-k]
         # long against the backward, against the usual distance between its frees, and empty of
         # the activations a checkpointed block's recompute makes
+        lo, hi = np.searchsorted(act_a, g0, "right"), np.searchsorted(act_a, g1, "left")
         quiet = (g1 - g0 > max(STRAGGLE * (g0 - top), GAPS * spacing)
-                 and ((act_a > g0) & (act_f < g1)).sum() < MIN_SAVED)
+                 and int((act_f[lo:hi] < g1).sum()) < MIN_SAVED)
         if quiet and g1 - g0 > best:  # the longest quiet stretch, not the first
             best, end = g1 - g0, int(g0)
     return end
@@ -446,6 +460,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     la, lf = life.alloc_event[born], life.free_event[born]
     free_of = np.full(n, n, np.int64)
     free_of[la] = lf
+    allocs = np.flatnonzero(trace.action == A["alloc"])
     starts = [0]
     lengths = []
     burst = _burst_freed(trace)
@@ -480,7 +495,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         lengths.append(b1 - f0)
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
-        span = loss_span(trace, free_of, f0, top)
+        span = loss_span(trace, free_of, f0, top, allocs)
         if span and span[1] <= b1:
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]
