@@ -79,6 +79,9 @@ class Trace:
     reserved_at_snapshot: int
     n_devices: int = 1
     meta: dict = field(default_factory=dict)
+    # Event 0 here is this event of the recorded trace: nonzero when only some steps were loaded
+    # (``phasemem.slicing``); every index elsewhere in the Trace counts from here.
+    first_event: int = 0
 
     def __len__(self) -> int:
         return len(self.action)
@@ -109,11 +112,21 @@ class Trace:
         n = len(events)
         # No default for the action: an entry without one is not an allocator event.
         action = np.fromiter(map(_CODES.__getitem__, map(itemgetter("action"), events)), dtype=np.int8, count=n)
-        addr = _int_column(events, "addr")
-        size = _int_column(events, "size")
-        stream = _int_column(events, "stream")
-        time_us = _int_column(events, "time_us")
         stack, stacks, frames = _intern_stacks(_column(events, "frames", None), n)
+        # OOM entries are rare; read their one extra field from the few of them.
+        ooms = np.flatnonzero(action == A["oom"]).tolist()
+        return cls.from_columns(
+            snapshot, device, n_devices, action=action, addr=_int_column(events, "addr"),
+            size=_int_column(events, "size"), stream=_int_column(events, "stream"),
+            time_us=_int_column(events, "time_us"), stack=stack, stacks=stacks, frames=frames,
+            oom_device_free={i: int(events[i].get("device_free", 0) or 0) for i in ooms},
+        )
+
+    @classmethod
+    def from_columns(cls, snapshot: dict, device: int, n_devices: int, **columns) -> "Trace":
+        """A Trace from one device's event columns (``action`` … ``oom_device_free``, as the fields
+        are named) and what the rest of the snapshot says: live blocks, reserved bytes, markers.
+        The streaming reader (``phasemem.stream``) builds the columns without a list of events."""
         live = [
             (b.get("address", 0), b.get("requested_size", b.get("size", 0)))
             for seg in snapshot.get("segments") or []
@@ -125,26 +138,15 @@ class Trace:
             int(seg.get("total_size", 0)) for seg in snapshot.get("segments") or []
             if seg.get("device", device) == device
         )
-        # OOM entries are rare; read their one extra field from the few of them.
-        ooms = np.flatnonzero(action == A["oom"]).tolist()
-        oom_free = {i: int(events[i].get("device_free", 0) or 0) for i in ooms}
         return cls(
             device=device,
-            action=action,
-            addr=addr,
-            size=size,
-            stream=stream,
-            time_us=time_us,
-            stack=stack,
-            stacks=stacks,
-            frames=frames,
             # Without event times (older snapshots) annotations cannot be placed among the events.
-            markers=_markers(snapshot, device) if time_us.any() else _markers({}, device),
+            markers=_markers(snapshot, device) if columns["time_us"].any() else _markers({}, device),
             live_blocks=np.array(live, dtype=np.int64).reshape(-1, 2),
-            oom_device_free=oom_free,
             reserved_at_snapshot=reserved,
             n_devices=n_devices,
             meta=dict(snapshot.get("phasemem") or {}),
+            **columns,
         )
 
 

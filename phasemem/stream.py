@@ -1,0 +1,276 @@
+"""Read a snapshot pickle's trace without holding millions of event dicts at once.
+
+``pickle.load`` of a 10-million-event snapshot builds 10 million dicts (about 400 bytes each, with
+their ints) before phasemem can turn them into columns: 4.4 GB at the peak. This reader lets
+Python's own C unpickler do the parsing, but hands it, in place of the list that holds the busiest
+device's events, an object whose ``extend`` receives the events in the batches of 1,000 the
+pickle stores them in (the unpickler calls ``extend`` for an ``APPENDS`` into anything but a
+list). Each batch is columnarised at once and its dicts emptied. What stays is what the
+unpickler's memo holds on to — each event's empty dict and frames list — about 120 bytes an event.
+
+To find that list, the beginning of the stream is walked opcode by opcode (``pickletools``) up to
+the ``device_traces`` key: only the ``segments`` come before it, a few thousand blocks whatever the
+trace's length. The list's one-byte ``EMPTY_LIST`` opcode is then replaced by a ``GLOBAL`` +
+``REDUCE`` that makes the collector (and the length of the protocol-4 frame around it is patched).
+
+Anything this path does not expect (another layout, another device being the busiest, a field
+that does not convert) makes it give up, and the file is read again the ordinary way, which
+either succeeds or says what is wrong: the Trace is the same either way, only the cost differs.
+"""
+from __future__ import annotations
+
+import array
+import io
+import os
+import pickle
+import pickletools
+from operator import itemgetter
+
+import numpy as np
+
+from .errors import PhasememError
+from .load import UNPICKLE_ERRORS, _SnapshotUnpickler, no_gc, open_snapshot, read_snapshot_file
+from .trace import A, Trace, _CODES, _frame_key
+
+_SENTINEL = ("phasemem.stream", "_Events")
+_SUBSTITUTE = b"c" + "\n".join(_SENTINEL).encode() + b"\n)R"  # GLOBAL module\nname\n, EMPTY_TUPLE, REDUCE
+_MEMO_OPS = {"MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT"}
+_STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
+#: Opcodes walked before giving up on finding the trace (a few seconds of pickletools).
+MAX_WALK = 3_000_000
+_OOM = A["oom"]
+
+
+def read_trace(path: str | os.PathLike, device: int | None = None, *, trusted: bool = False) -> Trace:
+    """The Trace of a snapshot file, as ``Trace.from_snapshot(load_snapshot(path), device)`` gives it,
+    streamed where the file allows.
+
+    Example:
+        >>> trace = read_trace("snapshot.pickle")
+    """
+    where = os.fspath(path)
+    try:
+        trace = _stream(where, device, trusted)
+    except PhasememError:
+        raise
+    except Exception:  # noqa: BLE001 - the ordinary reader below says what is wrong, or reads it
+        trace = None
+    if trace is None:
+        with no_gc():
+            snap = read_snapshot_file(where, trusted=trusted)
+            trace = Trace.from_snapshot(snap, device)
+            # freed while the collector is paused: see phasemem.analyze
+            del snap
+    return trace
+
+
+class _Mark(int):
+    """A stack id left in a frames list already read, so a later event sharing the list finds it."""
+
+
+class _Events:
+    """Stands in for one device's list of events: columns, filled a batch at a time."""
+
+    def __init__(self):
+        self.n = 0
+        self.action = array.array("b")
+        self.cols = {key: array.array("q") for key in ("addr", "size", "stream", "time_us")}
+        self.stack = array.array("i")
+        self.oom_device_free: dict[int, int] = {}
+        self.by_ids: dict[tuple, int] = {}
+        self.by_content: dict[tuple, int] = {}
+        self.marks: list[_Mark] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def extend(self, batch: list) -> None:
+        # Every conversion is the one Trace._columnarise makes; anything it would reject raises here
+        # and sends the whole file to the ordinary reader.
+        codes = list(map(_CODES.__getitem__, map(itemgetter("action"), batch)))
+        for key, col in self.cols.items():
+            try:
+                col.extend(map(itemgetter(key), batch))
+            except KeyError:
+                del col[self.n:]
+                col.extend(e.get(key) or 0 for e in batch)
+        try:
+            frames = list(map(itemgetter("frames"), batch))
+        except KeyError:
+            frames = [e.get("frames") for e in batch]
+        stack_of = self._stack_of
+        self.stack.extend([-1 if not fr else (fr[0] if fr[0].__class__ is _Mark else stack_of(fr)) for fr in frames])
+        if _OOM in codes:
+            for i, c in enumerate(codes):
+                if c == _OOM:
+                    self.oom_device_free[self.n + i] = int(batch[i].get("device_free", 0) or 0)
+        self.action.extend(codes)
+        self.n += len(batch)
+        # The unpickler's memo keeps every dict it made; emptied, one costs 64 bytes instead of ~400.
+        for e in batch:
+            e.clear()
+
+    def _stack_of(self, fr: list) -> int:
+        # As trace._intern_stacks: frame dicts are shared objects, so their identities name a stack
+        # more cheaply than their contents.
+        ids = tuple(map(id, fr))
+        sid = self.by_ids.get(ids)
+        if sid is None:
+            sid = self.by_ids[ids] = self.by_content.setdefault(tuple(map(_frame_key, fr)), len(self.by_content))
+        while len(self.marks) <= sid:
+            self.marks.append(_Mark(len(self.marks)))
+        fr[:] = (self.marks[sid],)  # the frame dicts stay (the memo has them); the list is done
+        return sid
+
+    def columns(self) -> dict:
+        frame_ids: dict[tuple, int] = {}
+        stacks = [tuple(frame_ids.setdefault(f, len(frame_ids)) for f in k) for k in self.by_content]
+        return dict(
+            action=np.frombuffer(self.action, dtype=np.int8) if self.n else np.zeros(0, np.int8),
+            **{key: np.frombuffer(col, dtype=np.int64) if self.n else np.zeros(0, np.int64)
+               for key, col in self.cols.items()},
+            stack=np.frombuffer(self.stack, dtype=np.int32) if self.n else np.zeros(0, np.int32),
+            stacks=stacks, frames=list(frame_ids), oom_device_free=dict(self.oom_device_free),
+        )
+
+
+class _StreamUnpickler(_SnapshotUnpickler):
+    def __init__(self, f, where: str, trusted: bool):
+        super().__init__(f)
+        self.where, self.trusted, self.events = where, trusted, None
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == _SENTINEL and self.events is None:
+            return self._new_events
+        if self.trusted:
+            return pickle.Unpickler.find_class(self, module, name)
+        return super().find_class(module, name)
+
+    def _new_events(self) -> _Events:
+        self.events = _Events()
+        return self.events
+
+
+class _Tee:
+    """Reads through to ``f`` and keeps every byte read, so the walked head can be replayed."""
+
+    def __init__(self, f):
+        self.f, self.seen = f, bytearray()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.seen += data
+        return data
+
+    def readline(self) -> bytes:
+        data = self.f.readline()
+        self.seen += data
+        return data
+
+    def tell(self) -> int:
+        return len(self.seen)
+
+
+class _Chain(io.RawIOBase):
+    """Bytes in memory, then the rest of a file."""
+
+    def __init__(self, head: bytes, f):
+        self.head, self.f = memoryview(head), f
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if len(self.head):
+            n = min(len(b), len(self.head))
+            b[:n] = self.head[:n]
+            self.head = self.head[n:]
+            return n
+        return self.f.readinto(b)
+
+
+def _find_events(f) -> tuple[bytearray, int, tuple[int, int] | None] | None:
+    """Walk to the first device list with events: (bytes walked, its EMPTY_LIST's position, the
+    protocol-4 frame around it as (position, length)); None when the layout is not the expected one."""
+    tee = _Tee(f)
+    frame = None
+    state, where = "key", None
+    for k, (op, arg, pos) in enumerate(pickletools.genops(tee)):
+        if k > MAX_WALK:
+            return None
+        name = op.name
+        if name == "FRAME":
+            frame = (pos, arg)
+            continue
+        if state == "key":  # the string "device_traces", then the outer list
+            if name in _STRINGS and arg == "device_traces":
+                state = "outer"
+        elif name in _MEMO_OPS:
+            continue
+        elif state == "outer":
+            # a string "device_traces" elsewhere (a frame's name, say) is not followed by a list
+            state = "devices" if name == "EMPTY_LIST" else "key"
+        elif state == "devices":  # MARK, then one list per device
+            if name == "MARK":
+                continue
+            if name != "EMPTY_LIST":
+                return None
+            state, where = "list", pos
+        elif state == "list":  # what follows a device's list tells whether it has events
+            if name == "EMPTY_LIST":  # the next device's: this one is empty
+                where = pos
+            elif name in ("APPEND", "APPENDS"):  # the end of device_traces: every list was empty
+                return None
+            else:
+                if frame is not None and not frame[0] < where < frame[0] + 9 + frame[1]:
+                    frame = None
+                return tee.seen, where, frame
+    return None
+
+
+def _stream(where: str, device: int | None, trusted: bool) -> Trace | None:
+    with open_snapshot(where) as f:
+        found = _find_events(f)
+        if found is None:
+            return None
+        seen, pos, frame = found
+        head = seen[:pos] + _SUBSTITUTE + seen[pos + 1:]
+        if frame is not None:  # the frame now holds the substitute's extra bytes
+            at, length = frame
+            head[at + 1:at + 9] = (length + len(_SUBSTITUTE) - 1).to_bytes(8, "little")
+        up = _StreamUnpickler(io.BufferedReader(_Chain(bytes(head), f), 1 << 20), where, trusted)
+        del seen, head
+        with no_gc():
+            try:
+                obj = up.load()
+            except PhasememError:
+                raise
+            except (UNPICKLE_ERRORS + (OSError,)):
+                return None
+            events = up.events
+            try:
+                return _trace(obj, events, device)
+            finally:
+                # The emptied dicts go while the collector is still paused (see phasemem.analyze).
+                del obj, up
+
+
+def _trace(obj, events: _Events | None, device: int | None) -> Trace | None:
+    if events is None:
+        return None
+    if isinstance(obj, dict) and "device_traces" not in obj and isinstance(obj.get("snapshot"), dict):
+        obj = obj["snapshot"]
+    traces = obj.get("device_traces") if isinstance(obj, dict) else None
+    if not isinstance(traces, list):
+        return None
+    mine = [i for i, t in enumerate(traces) if t is events]
+    if len(mine) != 1:
+        return None
+    sizes = [len(t) if isinstance(t, (list, _Events)) else 0 for t in traces]
+    if device is None:
+        device = int(np.argmax(sizes))
+    if device != mine[0]:
+        # Another device is asked for, or busier: its list was read whole, and the emptied dicts
+        # may be shared with it. The ordinary reader handles it.
+        return None
+    return Trace.from_columns(obj, device, len(traces), **events.columns())
