@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .columnar import is_columnar, load_trace
+from .columnar import is_columnar, load_steps, load_trace, read_doc, read_index
 from .errors import PhasememError
 from .load import load_snapshot, no_gc
 from .measure import TOP_K, measure
@@ -15,40 +15,103 @@ from .patterns import detect as detect_patterns
 from .patterns.context import Context
 from .report import OutOfMemory, Phase, Report
 from .segment import PHASES, segment
+from .slicing import StepIndex, build_index, can_slice, slice_in_memory
+from .stream import read_trace
 from .timeline import Timeline
 from .trace import Trace
 
+PARTIAL_NOTE = "some steps are partial (the trace starts or ends inside them)"
+
 
 def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
-            marker_prefix: str | None = None) -> Report:
-    """Analyse a memory snapshot: a path to a ``_dump_snapshot`` pickle (.pickle, .gz, .xz) or the dict.
+            marker_prefix: str | None = None, steps: str | int | None = None) -> Report:
+    """Analyse a memory snapshot: a path to a ``_dump_snapshot`` pickle (.pickle, .gz, .xz), the
+    columnar file ``phasemem convert`` writes (.npz), or the snapshot dict.
 
     ``device`` picks the trace (default: the one with most events). ``marker_prefix`` names the
     ``record_function`` markers that delimit phases (``<prefix>forward``, ``zero_grad``,
     ``backward``, ``optimizer``); by default the prefix the snapshot says it was recorded with
-    (``snapshot["phasemem"]["markers"]``), else ``phasemem::``.
+    (``snapshot["phasemem"]["markers"]``), else ``phasemem::``. ``steps`` ("3", "2-4", "2-", "-4",
+    by ``Step.number``) analyses only those steps when their phases come from markers, with the
+    numbers the whole analysis gives them (from a columnar file, only their events are read); the
+    report's notes say so. Otherwise (inferred phases) the whole trace is analysed.
 
     Example:
         >>> report = phasemem.analyze("snapshot.pickle")
         >>> report.phases["optimizer"].peak_bytes
+        >>> phasemem.analyze("big.npz", steps="100-102").steps[0].number
+        100
     """
     if isinstance(snapshot, (str, os.PathLike)) and is_columnar(snapshot):
-        trace = load_trace(snapshot)  # phasemem convert's output: no unpickling
-        if device is not None and device != trace.device:
-            raise PhasememError(f"{os.fspath(snapshot)} holds device {trace.device} only; convert the snapshot "
-                                f"again with --device {device}")
-        prefix = marker_prefix or str(trace.meta.get("markers") or "phasemem::")
-        with no_gc():
-            return analyze_trace(trace, marker_prefix=prefix)
+        return _analyze_columnar(os.fspath(snapshot), device, marker_prefix, steps)
     with no_gc():
-        snap = load_snapshot(snapshot, trusted=trusted)
-        trace = Trace.from_snapshot(snap, device)
+        if isinstance(snapshot, (str, os.PathLike)):
+            # Streamed: the events become columns as they are unpickled (phasemem/stream.py).
+            trace = read_trace(snapshot, device, trusted=trusted)
+        else:
+            trace = Trace.from_snapshot(load_snapshot(snapshot, trusted=trusted), device)
         if marker_prefix is None:
-            marker_prefix = str((snap.get("phasemem") or {}).get("markers") or "phasemem::")
-        # Free the millions of event dicts we loaded while the collector is still paused: freeing
-        # them also resets its allocation count, so re-enabling it does not set off a full pass.
-        del snap
-        return analyze_trace(trace, marker_prefix=marker_prefix)
+            marker_prefix = str(trace.meta.get("markers") or "phasemem::")
+        return _analyze_steps(trace, marker_prefix, steps)
+
+
+def _analyze_columnar(path: str, device: int | None, marker_prefix: str | None, steps) -> Report:
+    doc = read_doc(path)  # phasemem convert's output: no unpickling
+    if device is not None and device != int(doc["device"]):
+        raise PhasememError(f"{path} holds device {doc['device']} only; convert the snapshot "
+                            f"again with --device {device}")
+    index_prefix = (doc.get("steps") or {}).get("prefix")
+    # the prefix the file was converted with is the one its step index knows
+    prefix = marker_prefix or index_prefix or str((doc.get("meta") or {}).get("markers") or "phasemem::")
+    with no_gc():
+        if steps is not None and index_prefix == prefix and doc["steps"]["exact"]:
+            index = read_index(path)
+            k0, k1 = index.positions(steps)
+            a, b = index.bounds(k0, k1)
+            if b > a:
+                report = _sliced(load_steps(path, index, k0, k1), index, k0, k1, prefix)
+                if report is not None:
+                    return report
+        if index_prefix == prefix:  # the index says these steps cannot be sliced: no use building it again
+            return analyze_trace(load_trace(path), marker_prefix=prefix)
+        return _analyze_steps(load_trace(path), prefix, steps)
+
+
+def _analyze_steps(trace: Trace, prefix: str, steps) -> Report:
+    """The whole analysis, or with ``steps`` that of those steps' slice where it is exact."""
+    if steps is None or not can_slice(trace, prefix):
+        return analyze_trace(trace, marker_prefix=prefix)
+    index = build_index(trace, prefix)
+    k0, k1 = index.positions(steps)
+    a, b = index.bounds(k0, k1)
+    if index.exact and b > a:
+        report = _sliced(slice_in_memory(trace, index, k0, k1), index, k0, k1, prefix)
+        if report is not None:
+            return report
+    return analyze_trace(trace, marker_prefix=prefix)
+
+
+def _sliced(part: Trace, index: StepIndex, k0: int, k1: int, prefix: str) -> Report | None:
+    """The report of a slice, checked against the index: None if its steps are not the index's."""
+    report = analyze_trace(part, marker_prefix=prefix)
+    a = int(index.first[k0])
+    want = [(int(index.number[k]), int(index.first[k]) - a, int(index.stop[k]) - a - 1) for k in range(k0, k1 + 1)]
+    if [(s.number, s.start_event, s.end_event) for s in report.steps] != want:
+        return None  # never a silently different answer: the caller analyses the whole trace
+    # Steps before the slice count as lost to the ring buffer, which marks the first one partial;
+    # whether it is comes from the whole trace.
+    for s, k in zip(report.steps, range(k0, k1 + 1)):
+        s.complete = bool(index.complete[k])
+    report.notes = [n for n in report.notes if n != PARTIAL_NOTE]
+    if any(not s.complete for s in report.steps):
+        report.notes.append(PARTIAL_NOTE)
+    lo, hi = report.steps[0].number, report.steps[-1].number
+    which = f"step {lo}" if lo == hi else f"steps {lo}-{hi}"
+    report.notes.append(
+        f"only {which} of {len(index)} read: events {part.first_event:,}-{part.first_event + len(part) - 1:,} of "
+        f"{index.n_events:,}; event numbers here count from event {part.first_event:,}, and memory alive when "
+        f"step {lo} began counts as allocated before recording (categories and shapes see these steps alone)")
+    return report
 
 
 def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
@@ -68,7 +131,7 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
         notes.append("the trace has no event times (an older PyTorch); markers cannot be placed, "
                      "so phases were inferred")
     if any(not s.complete for s in steps):
-        notes.append("some steps are partial (the trace starts or ends inside them)")
+        notes.append(PARTIAL_NOTE)
     meta = trace.meta
     name = meta.get("device") or f"cuda:{trace.device}"
     report = Report(

@@ -3,7 +3,7 @@
     phasemem analyze SNAPSHOT -o memory.png [--json memory.json] [--device N] [--markers PREFIX] [--trust]
                               [--steps 2-4] [--by event|time] [--color category|stack|phase]
                               [--max-bands N] [--size WxH] [--dpi N]
-    phasemem convert SNAPSHOT -o trace.npz [--device N] [--trust]
+    phasemem convert SNAPSHOT -o trace.npz [--device N] [--markers PREFIX] [--trust]
     phasemem demo [-o demo.png] [--json demo.json] [--device cpu|cuda] [--steps 3] [picture options]
 
 Input phasemem cannot use is reported as one line, ``phasemem: error: ...``, with exit status 2 and
@@ -145,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--trust", action="store_true",
                    help="unpickle without restrictions (only for files you made yourself)")
     a.add_argument("--steps", metavar="RANGE", dest="zoom",
-                   help="draw only these steps (numbers as in the report): 3, 2-4, 2- or -4 (default: all)")
+                   help="analyse and draw only these steps (numbers as in the report): 3, 2-4, 2- or -4 "
+                        "(default: all); from a converted .npz only their events are read")
     _picture_options(a)
     a.set_defaults(run=_analyze)
 
@@ -157,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("snapshot", metavar="SNAPSHOT", help="the snapshot file")
     v.add_argument("-o", "--output", required=True, metavar="TRACE.npz", help="the columnar file to write")
     v.add_argument("--device", type=int, metavar="N", help="which device's trace (default: the busiest)")
+    v.add_argument("--markers", default=None, metavar="PREFIX",
+                   help="name prefix of the phase markers its step index is built for, and the default when "
+                        "analysing the file (default: the snapshot's own, else phasemem::)")
     v.add_argument("--trust", action="store_true",
                    help="unpickle without restrictions (only for files you made yourself)")
     v.set_defaults(run=_convert)
@@ -212,7 +216,7 @@ def _analyze(args) -> int:
 
     _check_outputs(args.output, args.json)
     parse_steps(args.zoom)  # a malformed range fails now, not after a long analysis
-    report = analyze(args.snapshot, args.device, trusted=args.trust, marker_prefix=args.markers)
+    report = analyze(args.snapshot, args.device, trusted=args.trust, marker_prefix=args.markers, steps=args.zoom)
     visible_range(report, args.zoom)  # steps the report does not have: say so instead of the report
     print(report)
     report.save_png(args.output, steps=args.zoom, **_picture_kwargs(args))
@@ -226,16 +230,21 @@ def _analyze(args) -> int:
 
 def _convert(args) -> int:
     from .columnar import save_trace
-    from .load import load_snapshot, no_gc
-    from .trace import Trace
+    from .load import no_gc
+    from .slicing import build_index
+    from .stream import read_trace
 
     if not args.output.endswith(".npz"):
         raise PhasememError(f"{args.output}: name the columnar file .npz")
     _check_outputs(args.output)
     with no_gc():
-        trace = Trace.from_snapshot(load_snapshot(args.snapshot, trusted=args.trust), args.device)
-    save_trace(trace, args.output)
-    print(f"wrote {args.output}: device {trace.device}, {len(trace):,} events; "
+        trace = read_trace(args.snapshot, args.device, trusted=args.trust)
+        prefix = args.markers if args.markers is not None else str(trace.meta.get("markers") or "phasemem::")
+        index = build_index(trace, prefix)
+    save_trace(trace, args.output, index)
+    steps = (f"{len(index)} step(s) indexed, so --steps reads only its steps" if index.exact
+             else f"--steps will analyse every step ({index.reason})")
+    print(f"wrote {args.output}: device {trace.device}, {len(trace):,} events; {steps}; "
           f"analyse it with: phasemem analyze {args.output}")
     return 0
 

@@ -1,24 +1,32 @@
 """The columnar trace saved to disk (.npz): analyse a huge snapshot again without unpickling it.
 
-Unpickling a 10-million-event snapshot takes tens of seconds and gigabytes of dicts; the columnar
-form of the same trace is ~50 bytes an event and loads in a second. ``phasemem convert`` writes it;
+Unpickling a 10-million-event snapshot takes seconds and a gigabyte or more; the columnar form of
+the same trace is ~40 bytes an event and loads in a second. ``phasemem convert`` writes it;
 ``phasemem.analyze`` reads it like a snapshot. It holds only numbers and one JSON document, and is
 read with ``allow_pickle=False``: loading it runs no code.
+
+It also holds a step index (``phasemem.slicing``) for the marker prefix it was converted with, so
+``analyze --steps`` reads only those steps' events. The members are stored uncompressed, so a
+range of one column is read straight from its offset in the file.
 """
 from __future__ import annotations
 
 import json
 import os
+import struct
 import zipfile
 
 import numpy as np
 
 from .errors import PhasememError
 from .output import atomic_write
+from .slicing import StepIndex, slice_trace
 from .trace import Markers, Trace
 
 FORMAT = "phasemem-trace/1"
 _ARRAYS = ("action", "addr", "size", "stream", "time_us", "stack", "live_blocks")
+_EVENTS = ("action", "addr", "size", "stream", "time_us", "stack")
+_INDEX = ("first", "stop", "number", "complete", "t_end", "reserved_end", "cross")
 
 
 def is_columnar(path: str | os.PathLike) -> bool:
@@ -30,11 +38,11 @@ def is_columnar(path: str | os.PathLike) -> bool:
         return False
 
 
-def save_trace(trace: Trace, path: str | os.PathLike) -> None:
-    """Write ``trace`` as an .npz, atomically.
+def save_trace(trace: Trace, path: str | os.PathLike, index: StepIndex | None = None) -> None:
+    """Write ``trace`` (and its step index, if given) as an .npz, atomically.
 
     Example:
-        >>> save_trace(Trace.from_snapshot(snapshot), "trace.npz")
+        >>> save_trace(trace, "trace.npz", build_index(trace, "phasemem::"))
     """
     offsets = np.cumsum([0] + [len(s) for s in trace.stacks], dtype=np.int64)
     flat = np.fromiter((f for s in trace.stacks for f in s), dtype=np.int32, count=int(offsets[-1]))
@@ -43,11 +51,15 @@ def save_trace(trace: Trace, path: str | os.PathLike) -> None:
         "reserved_at_snapshot": trace.reserved_at_snapshot, "meta": trace.meta,
         "frames": trace.frames, "marker_names": trace.markers.name,
         "oom_device_free": {str(k): v for k, v in trace.oom_device_free.items()},
+        "first_event": trace.first_event,
     }
     arrays = {name: getattr(trace, name) for name in _ARRAYS}
     arrays.update(stack_offsets=offsets, stack_frames=flat, marker_start=trace.markers.start,
-                  marker_time_us=trace.markers.time_us,
-                  doc=np.frombuffer(json.dumps(doc, default=str).encode(), dtype=np.uint8))
+                  marker_time_us=trace.markers.time_us)
+    if index is not None:
+        doc["steps"] = {"prefix": index.prefix, "exact": index.exact, "reason": index.reason}
+        arrays.update({f"steps_{name}": getattr(index, name) for name in _INDEX})
+    arrays["doc"] = np.frombuffer(json.dumps(doc, default=str).encode(), dtype=np.uint8)
 
     def write(tmp):
         with open(tmp, "wb") as f:
@@ -59,24 +71,119 @@ def save_trace(trace: Trace, path: str | os.PathLike) -> None:
 def load_trace(path: str | os.PathLike) -> Trace:
     """Read an .npz written by ``save_trace``."""
     where = os.fspath(path)
-    try:
+    with _reading(where):
         with np.load(where, allow_pickle=False) as z:
-            doc = json.loads(bytes(z["doc"]).decode())
-            if doc.get("format") != FORMAT:
-                raise PhasememError(f"{where}: a {doc.get('format')!r} file, not {FORMAT}; convert the snapshot again "
-                                    f"with this phasemem (phasemem convert)")
+            doc = _doc(z, where)
             arrays = {name: z[name] for name in _ARRAYS}
-            offsets, flat = z["stack_offsets"], z["stack_frames"].tolist()
-            markers = Markers(name=list(doc["marker_names"]), start=z["marker_start"], time_us=z["marker_time_us"])
-    except PhasememError:
-        raise
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as e:
-        raise PhasememError(f"{where}: not a readable phasemem trace file ({type(e).__name__}); "
-                            "convert the snapshot again with phasemem convert") from None
+            return _trace(z, doc, arrays)
+
+
+def read_doc(path: str | os.PathLike) -> dict:
+    """The file's JSON document (device, meta, the step index's prefix), without its columns."""
+    where = os.fspath(path)
+    with _reading(where):
+        with np.load(where, allow_pickle=False) as z:
+            return _doc(z, where)
+
+
+def read_index(path: str | os.PathLike) -> StepIndex | None:
+    """The step index stored with the trace, or None (a file converted before there was one)."""
+    where = os.fspath(path)
+    with _reading(where):
+        with np.load(where, allow_pickle=False) as z:
+            doc = _doc(z, where)
+            if "steps" not in doc:
+                return None
+            s = doc["steps"]
+            return StepIndex(prefix=str(s["prefix"]), exact=bool(s["exact"]), reason=str(s["reason"]),
+                             n_events=_length(where, "action"),
+                             **{name: z[f"steps_{name}"] for name in _INDEX})
+
+
+def load_steps(path: str | os.PathLike, index: StepIndex, k0: int, k1: int) -> Trace:
+    """The trace of steps k0..k1 (positions in ``index``), reading only their events."""
+    where = os.fspath(path)
+    a, b = index.bounds(k0, k1)
+    with _reading(where):
+        with np.load(where, allow_pickle=False) as z:
+            doc = _doc(z, where)
+            skeleton = _trace(z, doc, {name: np.zeros(0, np.int64) for name in _ARRAYS})
+        with open(where, "rb") as f:
+            columns = {name: _read_range(f, where, name, a, b) for name in _EVENTS}
+    return slice_trace(skeleton, index, k0, k1, columns)
+
+
+class _reading:
+    """Turns what a damaged or foreign file raises into one PhasememError."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if kind is None or issubclass(kind, PhasememError):
+            return False
+        if issubclass(kind, (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, json.JSONDecodeError,
+                             TypeError, struct.error)):
+            raise PhasememError(f"{self.where}: not a readable phasemem trace file ({kind.__name__}); "
+                                "convert the snapshot again with phasemem convert") from None
+        return False
+
+
+def _doc(z, where: str) -> dict:
+    doc = json.loads(bytes(z["doc"]).decode())
+    if doc.get("format") != FORMAT:
+        raise PhasememError(f"{where}: a {doc.get('format')!r} file, not {FORMAT}; convert the snapshot again "
+                            f"with this phasemem (phasemem convert)")
+    return doc
+
+
+def _trace(z, doc: dict, arrays: dict) -> Trace:
+    offsets, flat = z["stack_offsets"], z["stack_frames"].tolist()
+    markers = Markers(name=list(doc["marker_names"]), start=z["marker_start"], time_us=z["marker_time_us"])
     stacks = [tuple(flat[a:b]) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     return Trace(
         device=int(doc["device"]), stacks=stacks, frames=[tuple(f) for f in doc["frames"]], markers=markers,
         oom_device_free={int(k): int(v) for k, v in doc["oom_device_free"].items()},
         reserved_at_snapshot=int(doc["reserved_at_snapshot"]), n_devices=int(doc["n_devices"]),
-        meta=dict(doc["meta"]), **arrays,
+        meta=dict(doc["meta"]), first_event=int(doc.get("first_event", 0)), **arrays,
     )
+
+
+def _member(f, where: str, name: str) -> tuple[int, np.dtype, int]:
+    """Where column ``name``'s data starts in the file, its dtype and its length."""
+    with zipfile.ZipFile(f) as zf:
+        info = zf.getinfo(name + ".npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{name} is compressed")
+    # The local header repeats the name and has an extra field of its own length (zip64 sizes).
+    f.seek(info.header_offset)
+    local = f.read(30)
+    if local[:4] != b"PK\x03\x04":
+        raise ValueError("bad local header")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    f.seek(info.header_offset + 30 + name_len + extra_len)
+    version = np.lib.format.read_magic(f)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(f)
+    if fortran or len(shape) != 1:
+        raise ValueError(f"{name} is not one column")
+    return f.tell(), dtype, int(shape[0])
+
+
+def _length(where: str, name: str) -> int:
+    with open(where, "rb") as f:
+        return _member(f, where, name)[2]
+
+
+def _read_range(f, where: str, name: str, a: int, b: int) -> np.ndarray:
+    start, dtype, n = _member(f, where, name)
+    if not 0 <= a <= b <= n:
+        raise ValueError(f"events {a}..{b} are outside {name}'s {n}")
+    out = np.empty(b - a, dtype=dtype)
+    f.seek(start + a * dtype.itemsize)
+    if f.readinto(memoryview(out).cast("B")) != out.nbytes:
+        raise EOFError(f"{name} is cut short")
+    return out

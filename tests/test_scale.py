@@ -1,0 +1,296 @@
+"""Scale: the streaming pickle reader gives the ordinary reader's Trace, and ``steps=`` analyses only
+some steps with the numbers the whole analysis gives them."""
+import bz2
+import gzip
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import phasemem
+from phasemem import PhasememError
+from phasemem.cli import main
+from phasemem.columnar import load_steps, read_index, save_trace
+from phasemem.load import read_snapshot_file
+from phasemem.slicing import build_index
+from phasemem.stream import _find_events, _stream, read_trace
+from phasemem.trace import Trace
+
+from conftest import fixture_paths, load_snapshot, prefix_of, shared_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+PATHS = shared_paths() + fixture_paths()
+ids = lambda p: f"{p.parent.name}/{p.name.split('.')[0]}"  # noqa: E731
+
+
+def plain(path, device=None) -> Trace:
+    return Trace.from_snapshot(read_snapshot_file(path), device)
+
+
+def resolved(t: Trace) -> list:
+    """Each event's stack as frames: stack ids are numbered in whatever order a reader met them."""
+    st = [tuple(t.frames[f] for f in s) for s in t.stacks]
+    return [st[i] if i >= 0 else None for i in t.stack.tolist()]
+
+
+def assert_same_trace(a: Trace, b: Trace) -> None:
+    for k in ("action", "addr", "size", "stream", "time_us", "live_blocks"):
+        x, y = getattr(a, k), getattr(b, k)
+        assert x.dtype == y.dtype and np.array_equal(x, y), k
+    assert a.stack.dtype == b.stack.dtype
+    for k in ("device", "n_devices", "reserved_at_snapshot", "meta", "oom_device_free", "first_event"):
+        assert getattr(a, k) == getattr(b, k), k
+    assert a.markers.name == b.markers.name
+    assert np.array_equal(a.markers.start, b.markers.start) and np.array_equal(a.markers.time_us, b.markers.time_us)
+    assert resolved(a) == resolved(b)
+    assert sorted(a.frames) == sorted(b.frames) and len(a.stacks) == len(b.stacks)
+
+
+# -- the streaming reader ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS, ids=ids)
+def test_streamed_trace_equals_the_ordinary_readers(path):
+    streamed = _stream(str(path), None, False)  # the streaming path itself, not its fallback
+    assert streamed is not None
+    assert_same_trace(streamed, plain(path))
+
+
+def _write(tmp_path, name, obj, protocol=4, compress=None) -> Path:
+    data = pickle.dumps(obj, protocol=protocol)
+    if compress:
+        data = compress(data)
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+@pytest.mark.parametrize("protocol,compress", [(4, None), (5, gzip.compress), (2, bz2.compress), (3, None)])
+def test_streamed_across_pickle_protocols_and_compressions(tmp_path, protocol, compress):
+    snap = load_snapshot(PATHS[0])
+    p = _write(tmp_path, "s.pickle", snap, protocol, compress)
+    streamed = _stream(str(p), None, False)
+    assert streamed is not None  # protocols 2 and 3 (no frames, BINPUT) stream too
+    assert_same_trace(streamed, plain(p))
+
+
+def _variant(snap, kind):
+    ev = snap["device_traces"][0]
+    if kind == "second device busiest":  # the first list with events is not the one read
+        snap["device_traces"] = [ev[:40], ev]
+    elif kind == "first device empty":
+        snap["device_traces"] = [[], ev, []]
+    elif kind == "one event":  # a list of one item is APPEND, not APPENDS
+        snap["device_traces"] = [ev[:1]]
+    elif kind == "shared frame lists":  # as replicate_steps and torch's shared stacks make them
+        fr = next(e["frames"] for e in ev if e.get("frames"))
+        for e in ev[::3]:
+            e["frames"] = fr
+    elif kind == "older format":  # keys missing in some batches only
+        for e in ev[1500:2600]:
+            e.pop("time_us", None)
+            e.pop("stream", None)
+            e.pop("frames", None)
+    elif kind == "oom":
+        ev.append({"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0, "time_us": ev[-1]["time_us"],
+                   "device_free": 5 << 20, "frames": []})
+    elif kind == "device_traces as a frame name":
+        ev[0]["frames"] = [{"filename": "x.py", "line": 1, "name": "device_traces"}]
+        snap = {"junk": ["device_traces", 1], **snap}
+    return snap
+
+
+@pytest.mark.parametrize("kind", ["second device busiest", "first device empty", "one event", "shared frame lists",
+                                  "older format", "oom", "device_traces as a frame name"])
+def test_read_trace_equals_the_ordinary_reader_on_odd_layouts(tmp_path, kind):
+    p = _write(tmp_path, "s.pickle", _variant(load_snapshot(PATHS[0]), kind))
+    want = plain(p)
+    assert_same_trace(read_trace(p), want)
+    if kind not in ("second device busiest",):
+        assert _stream(str(p), None, False) is not None
+    if kind == "second device busiest":
+        assert_same_trace(read_trace(p, device=0), plain(p, 0))
+
+
+def test_trusted_streaming_reads_any_global(tmp_path):
+    snap = load_snapshot(PATHS[0])
+    snap["phasemem"] = {"note": Path("x")}  # a global the restricted reader refuses
+    p = _write(tmp_path, "s.pickle", snap)
+    with pytest.raises(PhasememError, match="names pathlib"):
+        read_trace(p)
+    assert _stream(str(p), None, True) is not None
+    assert_same_trace(read_trace(p, trusted=True), Trace.from_snapshot(read_snapshot_file(p, trusted=True)))
+
+
+def test_bad_events_still_give_the_ordinary_errors(tmp_path):
+    snap = load_snapshot(PATHS[0])
+    del snap["device_traces"][0][1200]["action"]
+    with pytest.raises(PhasememError, match="malformed"):
+        read_trace(_write(tmp_path, "a.pickle", snap))
+    with pytest.raises(PhasememError, match="device 3 is not in this snapshot"):
+        read_trace(_write(tmp_path, "b.pickle", load_snapshot(PATHS[0])), device=3)
+    raw = pickle.dumps(load_snapshot(PATHS[0]), protocol=4)
+    (tmp_path / "cut.pickle").write_bytes(raw[: len(raw) * 2 // 3])
+    with pytest.raises(PhasememError, match="truncated or corrupt"):
+        read_trace(tmp_path / "cut.pickle")
+    (tmp_path / "cut.pickle.gz").write_bytes(gzip.compress(raw)[:-5000])
+    with pytest.raises(PhasememError, match="compressed stream is truncated"):
+        read_trace(tmp_path / "cut.pickle.gz")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/phasemem-stream-pwned",))
+
+
+def test_a_global_among_the_events_is_refused_and_runs_nothing(tmp_path):
+    marker = Path("/tmp/phasemem-stream-pwned")
+    marker.unlink(missing_ok=True)
+    snap = load_snapshot(PATHS[0])
+    snap["device_traces"][0][2000]["frames"] = [_Evil()]
+    p = _write(tmp_path, "e.pickle", snap)
+    assert _find_events(open(p, "rb")) is not None  # the streaming path is the one that meets it
+    with pytest.raises(PhasememError, match="names (posix|os).system"):
+        read_trace(p)
+    assert not marker.exists()
+    # the file naming the collector itself: refused like any other global
+    from phasemem.stream import _Events
+
+    class Sneaky:
+        def __reduce__(self):
+            return (_Events, ())
+
+    snap["device_traces"][0][2000]["frames"] = [Sneaky()]
+    with pytest.raises(PhasememError, match="names phasemem.stream._Events"):
+        read_trace(_write(tmp_path, "twice.pickle", snap))
+
+
+# -- steps=: only some steps, the full analysis's numbers ------------------------------------------
+
+
+def _phase_fields(p, off):
+    def shift(e):
+        return None if e is None else e + off
+    return (p.name, p.peak_bytes, p.start_bytes, p.end_bytes, shift(p.start_event), shift(p.end_event),
+            shift(p.peak_event), p.n_events, p.source, p.confidence,
+            None if p.at_event is None else p.at_event + off)
+
+
+def assert_slice_matches(full, part):
+    off, n = part.trace.first_event, part.n_events
+    numbers = [s.number for s in part.steps]
+    mine = [s for s in full.steps if s.number in numbers]
+    assert [s.number for s in mine] == numbers and numbers
+    for s, f in zip(part.steps, mine):
+        assert s.complete == f.complete
+        assert (s.start_event + off, s.end_event + off, s.peak_event + off) == (f.start_event, f.end_event, f.peak_event)
+        assert (s.start_bytes, s.peak_bytes, s.end_bytes) == (f.start_bytes, f.peak_bytes, f.end_bytes)
+        assert list(s.phases) == list(f.phases)
+        for name, p in s.phases.items():
+            q = f.phases[name]
+            assert _phase_fields(p, off) == _phase_fields(q, 0), (s.number, name)
+            assert [(a.event + off, a.size, a.stack) for a in p.top_allocations] == \
+                   [(a.event, a.size, a.stack) for a in q.top_allocations]
+            for a, b in zip(p.top_allocations, q.top_allocations):
+                # freed after the last step read: not seen, so "still alive"
+                assert (a.free_event + off if a.free_event is not None else None) == \
+                       (b.free_event if b.free_event is not None and b.free_event < off + n else None)
+    a, b = off, off + n
+    assert a == mine[0].start_event and b == mine[-1].end_event + 1
+    assert part.peak_bytes == max(s.peak_bytes for s in mine)
+    assert np.array_equal(part.label_codes, full.label_codes[a:b])
+    assert np.array_equal(part.step_of + mine[0].index, full.step_of[a:b])
+    assert np.array_equal(part.timeline.active_after, full.timeline.active_after[a:b])
+    assert np.array_equal(part.timeline.reserved_after, full.timeline.reserved_after[a:b])
+    assert any(n.startswith("only step") for n in part.notes)
+
+
+def _specs(numbers):
+    lo, hi = numbers[0], numbers[-1]
+    out = [str(k) for k in numbers] + [f"{lo}-{lo + 1}", f"{hi - 1}-", f"-{lo}"]
+    return [s for s in out if s]
+
+
+@pytest.mark.parametrize("path", PATHS, ids=ids)
+def test_steps_analyse_only_those_steps_with_the_full_numbers(path, tmp_path):
+    prefix = prefix_of(path)
+    full = phasemem.analyze(path, marker_prefix=prefix)
+    trace = read_trace(path)
+    index = build_index(trace, prefix)
+    npz = tmp_path / "t.npz"
+    save_trace(trace, npz, index)
+    numbers = [s.number for s in full.steps]
+    assert index.number.tolist() == numbers if index.exact else True
+    for spec in _specs(numbers):
+        from_pickle = phasemem.analyze(path, marker_prefix=prefix, steps=spec)
+        from_npz = phasemem.analyze(npz, steps=spec)
+        if not index.exact:  # inferred phases (or no optimizer to cut at): the whole trace, as before
+            assert from_pickle.n_events == from_npz.n_events == full.n_events
+            continue
+        for part in (from_pickle, from_npz):
+            assert_slice_matches(full, part)
+        assert from_npz.to_dict() == from_pickle.to_dict()
+
+
+def test_slices_of_a_long_trace_equal_the_full_analysis(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_analyze import read_shared, replicate_steps
+
+    src = shared_paths()[1]
+    big = replicate_steps(read_shared(src), 12)  # 25 steps
+    full = phasemem.analyze(big, marker_prefix="gt::")
+    trace = Trace.from_snapshot(big)
+    npz = tmp_path / "big.npz"
+    save_trace(trace, npz, build_index(trace, "gt::"))
+    index = read_index(npz)
+    assert index.exact and len(index) == len(full.steps) == 25
+    for spec in ("0", "7", "11-13", "24", "20-"):
+        assert_slice_matches(full, phasemem.analyze(npz, steps=spec))
+    # only those events were read
+    k0, k1 = index.positions("11-13")
+    assert len(load_steps(npz, index, k0, k1)) == full.steps[13].end_event + 1 - full.steps[11].start_event
+
+
+def test_steps_on_a_file_converted_for_other_markers_or_before_the_index(tmp_path):
+    path = PATHS[0]
+    trace = read_trace(path)
+    old = tmp_path / "old.npz"
+    save_trace(trace, old)  # no step index: a file from an older phasemem
+    assert read_index(old) is None
+    full = phasemem.analyze(path, marker_prefix="gt::")
+    assert_slice_matches(full, phasemem.analyze(old, marker_prefix="gt::", steps="1"))
+    other = tmp_path / "other.npz"
+    save_trace(trace, other, build_index(trace, "phasemem::"))
+    assert_slice_matches(full, phasemem.analyze(other, marker_prefix="gt::", steps="1"))
+
+
+def test_cli_convert_then_steps(tmp_path, capsys):
+    path = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
+    npz, png, js = tmp_path / "t.npz", tmp_path / "m.png", tmp_path / "m.json"
+    assert main(["convert", str(path), "-o", str(npz)]) == 0
+    assert "3 step(s)" in capsys.readouterr().out
+    assert main(["analyze", str(npz), "--steps", "1-2", "-o", str(png), "--json", str(js)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "2 step(s)" in out and "only steps 1-2 of 3 read" in out
+    png.write_bytes(b"kept")
+    for bad in ("5", "3-", "2-1"):
+        assert main(["analyze", str(npz), "--steps", bad, "-o", str(png)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("phasemem: error: steps=") and err.count("\n") == 1
+    assert png.read_bytes() == b"kept"
+
+
+def test_damaged_columnar_file_is_one_line(tmp_path, capsys):
+    path = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
+    npz = tmp_path / "t.npz"
+    assert main(["convert", str(path), "-o", str(npz)]) == 0
+    data = npz.read_bytes()
+    (tmp_path / "cut.npz").write_bytes(data[: len(data) // 2])
+    capsys.readouterr()
+    for args in (["--steps", "1"], []):
+        assert main(["analyze", str(tmp_path / "cut.npz"), "-o", str(tmp_path / "m.png")] + args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("phasemem: error: ") and err.count("\n") == 1
