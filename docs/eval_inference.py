@@ -52,7 +52,9 @@ def score(truth, got, loss_in_forward: bool) -> dict:
         if loss_in_forward and name == "forward" and "loss" in got.phases:
             g = max(g, got.phases["loss"], key=lambda p: p.peak_bytes) if g else got.phases["loss"]
         peaks.append(abs((g.peak_bytes if g else 0) - ph.peak_bytes) / ph.peak_bytes)
-    return {"accuracy": float(ok.mean()), "steps": (len(got.steps), len(truth.steps)),
+    hits = {ph: (int(((got_codes == code) & ok).sum()), int((got_codes == code).sum()))
+            for ph, code in P.items() if ph != "other"}
+    return {"accuracy": float(ok.mean()), "steps": (len(got.steps), len(truth.steps)), "hits": hits,
             "peak_err": max(peaks) if peaks else 0.0, "phases": len(peaks),
             "phases_within": sum(p <= 0.02 for p in peaks)}
 
@@ -78,7 +80,11 @@ def main(paths: list[str]) -> int:
         within = sum(r[k]["peak_err"] <= 0.02 for r in rows)
         phases = sum(r[k]["phases"] for r in rows)
         phases_within = sum(r[k]["phases_within"] for r in rows)
-        print(f"\n{label}: mean accuracy {np.mean(acc):.3f}, min {np.min(acc):.3f}; "
+        prec = {ph: (sum(r[k]["hits"][ph][0] for r in rows), sum(r[k]["hits"][ph][1] for r in rows))
+                for ph in rows[0][k]["hits"]}
+        print(f"\n{label}: precision of each inferred phase (events labelled so that the markers agree with): "
+              + ", ".join(f"{ph} {h / t:.3f}" for ph, (h, t) in prec.items() if t))
+        print(f"{label}: mean accuracy {np.mean(acc):.3f}, min {np.min(acc):.3f}; "
               f"step count exact in {exact}/{len(rows)}; every phase's peak within 2 % in "
               f"{within}/{len(rows)}; {phases_within} of {phases} phase peaks within 2 %")
     return 0

@@ -9,6 +9,7 @@ import pytest
 
 import phasemem
 from phasemem import infer
+from phasemem import segment
 from phasemem.segment import P
 from phasemem.timeline import Timeline
 from phasemem.trace import A, Trace
@@ -37,6 +38,10 @@ def _stripped(path, frames: bool) -> dict:
 
 def _score(path, frames: bool) -> tuple[float, int, int]:
     """(share of events labelled as the markers say, steps found, steps marked)."""
+    return _scored(path, frames)[:3]
+
+
+def _scored(path, frames: bool):
     key = (path, frames)
     if key not in _scores:
         prefix = prefix_of(path)
@@ -45,7 +50,8 @@ def _score(path, frames: bool) -> tuple[float, int, int]:
         codes = got.label_codes.copy()
         if prefix == "gt::":  # the shared snapshots' gt::forward spans the model and the loss
             codes[codes == P["loss"]] = P["forward"]
-        _scores[key] = (float(np.mean(codes == truth.label_codes)), len(got.steps), len(truth.steps))
+        _scores[key] = (float(np.mean(codes == truth.label_codes)), len(got.steps), len(truth.steps),
+                        truth.label_codes, codes, got)
     return _scores[key]
 
 
@@ -101,3 +107,34 @@ def test_layer_period_is_not_taken_for_the_step():
     assert len(starts) == len(truth.steps) == 2
     bwd = np.flatnonzero(truth.label_codes == P["backward"])
     assert np.mean(labels[bwd] == P["backward"]) > 0.9
+
+
+@pytest.mark.parametrize("frames", [True, False], ids=["frames", "no-frames"])
+def test_confidence_is_the_measured_precision(frames):
+    """Each inferred phase's confidence is the share of its events the markers agree with, pooled over
+    the real traces; it must still be true of the inference as it is now."""
+    how = "frames" if frames else "lifetimes"
+    hits: dict = {}
+    for path in PATHS:
+        *_, truth, codes, got = _scored(path, frames)
+        for ph, code in P.items():
+            m = codes == code
+            h, t = hits.get(ph, (0, 0))
+            hits[ph] = (h + int((truth[m] == code).sum()), t + int(m.sum()))
+        assert all(0 < p.confidence < 1 for p in got.phases.values() if p.source == "inferred")
+    for ph, conf in segment.CONFIDENCE[how].items():
+        h, t = hits[ph]
+        assert t and conf - 0.05 <= h / t <= conf + 0.011, (ph, h / t, conf)
+
+
+@pytest.mark.parametrize("frames", [True, False], ids=["frames", "no-frames"])
+def test_partial_steps_as_the_markers_say(frames):
+    """A wrapped ring buffer starts inside a step: without markers that step is found partial too."""
+    for path in PATHS:
+        *_, got = _scored(path, frames)
+        truth = phasemem.analyze(load_snapshot(path), marker_prefix=prefix_of(path))
+        if len(got.steps) == len(truth.steps):
+            assert [s.complete for s in got.steps] == [s.complete for s in truth.steps], path.name
+    *_, got = _scored(FIXTURES / "gpt_wrapped.pkl.xz", frames)
+    assert [s.complete for s in got.steps] == [False, True]
+    assert "partial" in str(got)
