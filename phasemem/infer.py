@@ -121,9 +121,13 @@ def labels_from_frames(trace: Trace, tl: Timeline | None = None) -> np.ndarray:
 
 def finish(trace: Trace, tl: Timeline | None, labels: np.ndarray) -> np.ndarray:
     """Lifetime rules that hold whatever found the phases: zero_grad's frees, then the loss."""
+    from .segment import P
+
     if tl is not None:
         zero_grad_from_lifetimes(trace, tl, labels)
     _loss_between(labels)
+    if tl is not None and not (labels == P["forward"]).any():
+        graphed_loss(trace, tl, labels)
     return labels
 
 
@@ -439,9 +443,82 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
             break
         tries.append(period_events)
     else:
+        graphed = _graphed_steps(trace, tl)
+        if graphed is not None:
+            return graphed
         period_events = tries[0]
     labels, starts, _ = _label_passes(trace, tl, period_events)
     return labels, starts
+
+
+def _fingerprints(trace: Trace, tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    """Every place cross-entropy's fingerprint (see ``loss_span``) could be, anywhere in the trace:
+    the loss's first event and backward's. Only where nothing else tells the loss (no forward
+    events) is this trusted."""
+    n = len(trace)
+    life = tl.lifetimes
+    born = (life.alloc_event >= 0) & (life.free_event < n)
+    free_of = np.full(n, n, np.int64)
+    free_of[life.alloc_event[born]] = life.free_event[born]
+    allocs = np.flatnonzero(trace.action == A["alloc"])
+    tiny = trace.size[allocs] <= TINY
+    nt = np.flatnonzero(~tiny)
+    if len(nt) < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    i, j = nt[:-1], nt[1:]
+    k = j - 1
+    quick = (free_of[allocs[k]] - allocs[k] <= QUICK) & (k - 1 > i)
+    k = np.where(quick, k - 1, k)
+    ok = (trace.size[allocs[i]] == trace.size[allocs[j]]) & (j - i >= 3) & (k - 1 > i)
+    return allocs[i[ok]], allocs[k[ok]]
+
+
+def graphed_loss(trace: Trace, tl: Timeline, labels: np.ndarray) -> None:
+    """With frames, a loss is the 'other' between a forward and its backward; a CUDA-graphed
+    model's forward makes no events, so its loss is found by cross-entropy's fingerprint instead:
+    'other' right before a backward that begins where a fingerprint says it does."""
+    from .segment import P
+
+    for l0, b0 in zip(*_fingerprints(trace, tl)):
+        if labels[b0] == P["backward"] and (b0 == 0 or labels[b0 - 1] != P["backward"]) and (
+                labels[l0:b0] == P["other"]).all():
+            labels[l0:b0] = P["loss"]
+
+
+def _graphed_steps(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | None:
+    """Steps of a model whose forward and backward replay as CUDA graphs (``torch.compile``'s
+    reduce-overhead mode, ``make_graphed_callables``): they make no events, so there is no pass to
+    find, but the loss outside the graph leaves cross-entropy's fingerprint (see ``loss_span``) and
+    a foreach optimizer its bursts. Each fingerprint followed by an optimizer's bursts is a step:
+    loss, backward up to the optimizer's first burst-freed temporary, optimizer to its last."""
+    from .segment import P
+
+    n = len(trace)
+    life = tl.lifetimes
+    born = (life.alloc_event >= 0) & (life.free_event < n)
+    loss0, bwd0 = _fingerprints(trace, tl)
+    if not len(loss0):
+        return None
+    burst = _burst_freed(trace)
+    temp = np.zeros(n, bool)  # allocations freed in a burst: an optimizer's temporaries
+    temp[life.alloc_event[born][burst[life.free_event[born]]]] = True
+    labels = np.zeros(n, np.int8)
+    starts = [0]
+    ends = np.concatenate([loss0[1:], [n]])
+    steps = 0
+    for l0, b0, nxt in zip(loss0.tolist(), bwd0.tolist(), ends.tolist()):
+        t = np.flatnonzero(temp[b0:nxt])
+        f = np.flatnonzero(burst[b0:nxt])
+        if len(t) < BURST or len(f) < BURST:
+            continue  # no optimizer after it: not a training step's loss
+        o0, o1 = b0 + int(t[0]), b0 + int(f[-1])
+        labels[l0:b0] = P["loss"]
+        labels[b0:o0] = P["backward"]
+        labels[o0:o1 + 1] = P["optimizer"]
+        if steps:
+            starts.append(l0)
+        steps += 1
+    return (labels, starts) if steps else None
 
 
 def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
