@@ -124,9 +124,12 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
     level = tl.level
     peak_event = int(np.argmax(level))
     notes = []
-    if not seg.intervals:
-        notes.append("no phase markers or optimizer annotations in this trace: everything is 'other'; "
-                     "record with phasemem.instrument() to get phases")
+    if not seg.intervals and "inferred" not in seg.sources.values():
+        notes.append("no phase markers or optimizer annotations in this trace, and no phases could be "
+                     "inferred: everything is 'other'; record with phasemem.instrument() to get phases")
+    elif not seg.intervals:
+        notes.append("no phase markers or optimizer annotations in this trace: every phase was inferred "
+                     "from the trace itself; record with phasemem.instrument() for exact phases")
     if len(trace) and not trace.time_us.any():
         notes.append("the trace has no event times (an older PyTorch); markers cannot be placed, "
                      "so phases were inferred")

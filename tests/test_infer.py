@@ -143,3 +143,10 @@ def test_cuda_graphed_model_loss_backward_and_optimizer(frames):
     for ph in ("loss", "backward", "optimizer"):
         m = truth == P[ph]
         assert np.mean(codes[m] == P[ph]) > 0.8, ph
+
+
+def test_report_text_says_phases_were_inferred_not_missing():
+    *_, got = _scored(FIXTURES / "gpt_foreach.pkl.xz", False)
+    text = str(got)
+    assert "phases were inferred" in text and "every phase was inferred" in text
+    assert "everything is 'other'" not in text
