@@ -75,18 +75,26 @@ def _classify(frames) -> int:
     if out_nm == "apply" and out_fn.endswith("torch/autograd/function.py"):
         return BWD_PY
     # Otherwise the innermost telling frame decides: Lightning runs forward inside optimizer.step.
-    user_inside = False
-    for fn, _, nm in frames:
+    users = 0  # frames of the user's own code seen so far, innermost first
+    for k, (fn, _, nm) in enumerate(frames):
         if nm == "zero_grad":
             return ZG
         if "torch/optim/" in fn:
-            # user code between here and the optimizer is a closure (forward, loss) the optimizer called
-            return OTHER if user_inside else OPT
+            # User code inside the optimizer is a closure it called (Lightning's loss). But the frame
+            # right inside torch's generic step wrapper (optimizer.py) is a subclass's own step,
+            # wherever it lives (bitsandbytes, transformers, timm, the user's file), and a
+            # library's code under it is still the optimizer.
+            own = k > 0 and fn.endswith("torch/optim/optimizer.py") and _is_user(frames[k - 1][0])
+            return OTHER if users - own > 0 else OPT
         if nm == "_call_impl" and fn.endswith("torch/nn/modules/module.py"):
             return FWD
-        if "/torch/" not in fn and not fn.startswith("torch/"):
-            user_inside = True
+        users += _is_user(fn)
     return OTHER
+
+
+def _is_user(fn: str) -> bool:
+    fn = fn.replace("\\", "/")
+    return not ("/torch/" in fn or fn.startswith("torch/") or "site-packages/" in fn or "dist-packages/" in fn)
 
 
 def has_usable_frames(trace: Trace) -> bool:

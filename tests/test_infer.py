@@ -150,3 +150,32 @@ def test_report_text_says_phases_were_inferred_not_missing():
     text = str(got)
     assert "phases were inferred" in text and "every phase was inferred" in text
     assert "everything is 'other'" not in text
+
+
+SP = "/usr/lib/python3/site-packages/"
+
+
+@pytest.mark.parametrize("stack, want", [
+    # torch's own AdamW, foreach
+    ([(SP + "torch/optim/adamw.py", "_multi_tensor_adamw"), (SP + "torch/optim/adamw.py", "step"),
+      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], infer.OPT),
+    # bitsandbytes' 8-bit Adam: a torch.optim.Optimizer subclass living in another library
+    ([(SP + "bitsandbytes/functional.py", "optimizer_update_8bit"),
+      (SP + "bitsandbytes/optim/optimizer.py", "update_step"), (SP + "bitsandbytes/optim/optimizer.py", "step"),
+      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], infer.OPT),
+    # an optimizer written in the user's own file
+    ([("/home/u/myopt.py", "step"), (SP + "torch/optim/optimizer.py", "wrapper"),
+      ("/home/u/train.py", "main")], infer.OPT),
+    # a closure in the user's file, called by LBFGS's step: the loss is not the optimizer
+    ([("/home/u/train.py", "closure"), (SP + "torch/optim/lbfgs.py", "step"),
+      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], infer.OTHER),
+    # Lightning: the user's training_step computes the loss inside AdamW.step's closure
+    ([("/home/u/model.py", "training_step"), (SP + "lightning/pytorch/loops/automatic.py", "closure"),
+      (SP + "torch/optim/adamw.py", "step"), (SP + "torch/optim/optimizer.py", "wrapper")], infer.OTHER),
+    # ... and its forward there is forward
+    ([(SP + "torch/nn/modules/module.py", "_call_impl"), ("/home/u/model.py", "training_step"),
+      (SP + "torch/optim/adamw.py", "step")], infer.FWD),
+    ([("/home/u/train.py", "zero_grad")], infer.ZG),
+])
+def test_frame_classes_for_optimizers_from_anywhere(stack, want):
+    assert infer._classify([(fn, 1, nm) for fn, nm in stack]) == want
