@@ -154,6 +154,7 @@ def main(argv=None) -> int:
     from phasemem.measure import measure
     from phasemem.render import save
     from phasemem.segment import segment
+    from phasemem.stream import read_trace
     from phasemem.timeline import Timeline
     from phasemem.trace import Trace
 
@@ -196,6 +197,8 @@ def main(argv=None) -> int:
         # The same pipeline stage by stage, each best of N, under no_gc() as analyze() runs them.
         parts = {}
         with no_gc():
+            # What analyze() reads a pickle with; the two stages after it are the ordinary reader's.
+            parts["read_trace (streamed)"], _ = best_of(args.repeat, lambda: read_trace(path))
             parts["load_snapshot"], snap = best_of(args.repeat, lambda: load_snapshot(path))
             parts["Trace.from_snapshot"], trace = best_of(args.repeat, lambda: Trace.from_snapshot(snap))
             snap = None  # let the million event dicts go before timing the array stages
