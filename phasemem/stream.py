@@ -193,7 +193,7 @@ def _find_events(f) -> tuple[bytearray, int, tuple[int, int] | None] | None:
     """Walk to the first device list with events: (bytes walked, its EMPTY_LIST's position, the
     protocol-4 frame around it as (position, length)); None when the layout is not the expected one."""
     tee = _Tee(f)
-    frame = None
+    frame = framed = None
     state, where = "key", None
     for k, (op, arg, pos) in enumerate(pickletools.genops(tee)):
         if k > MAX_WALK:
@@ -215,16 +215,17 @@ def _find_events(f) -> tuple[bytearray, int, tuple[int, int] | None] | None:
                 continue
             if name != "EMPTY_LIST":
                 return None
-            state, where = "list", pos
+            state, where, framed = "list", pos, frame
         elif state == "list":  # what follows a device's list tells whether it has events
             if name == "EMPTY_LIST":  # the next device's: this one is empty
-                where = pos
+                where, framed = pos, frame
             elif name in ("APPEND", "APPENDS"):  # the end of device_traces: every list was empty
                 return None
             else:
-                if frame is not None and not frame[0] < where < frame[0] + 9 + frame[1]:
-                    frame = None
-                return tee.seen, where, frame
+                # the frame the list starts in (a new one may have begun since)
+                if framed is not None and not framed[0] < where < framed[0] + 9 + framed[1]:
+                    framed = None
+                return tee.seen, where, framed
     return None
 
 
@@ -235,6 +236,7 @@ def _stream(where: str, device: int | None, trusted: bool) -> Trace | None:
             return None
         seen, pos, frame = found
         head = seen[:pos] + _SUBSTITUTE + seen[pos + 1:]
+        del found
         if frame is not None:  # the frame now holds the substitute's extra bytes
             at, length = frame
             head[at + 1:at + 9] = (length + len(_SUBSTITUTE) - 1).to_bytes(8, "little")

@@ -115,6 +115,36 @@ def test_read_trace_equals_the_ordinary_reader_on_odd_layouts(tmp_path, kind):
         assert_same_trace(read_trace(p, device=0), plain(p, 0))
 
 
+def _reframed(data: bytes, cut: int) -> bytes:
+    """The same protocol-4 pickle in two frames, the second starting at ``cut`` (an opcode boundary)."""
+    import pickletools
+
+    frames = [pos for op, _, pos in pickletools.genops(data) if op.name == "FRAME"]
+    body = bytearray(data[2:])  # without PROTO
+    for pos in reversed(frames):
+        del body[pos - 2:pos - 2 + 9]
+        if pos - 2 < cut - 2:
+            cut -= 9
+    cut -= 2
+    parts = (bytes(body[:cut]), bytes(body[cut:]))
+    return data[:2] + b"".join(b"\x95" + len(x).to_bytes(8, "little") + x for x in parts)
+
+
+def test_a_frame_starting_between_the_list_and_its_first_event(tmp_path):
+    # A list of one event is EMPTY_LIST MEMOIZE then the event: a new frame may start between them,
+    # after the walk has seen the list; the frame to patch is the one the list is in.
+    snap = _variant(load_snapshot(PATHS[0]), "one event")
+    data = pickle.dumps(snap, protocol=4)
+    at = data.index(b"device_traces") + len(b"device_traces")
+    cut = data.index(b"]\x94]\x94", at) + 4  # after the inner list and its MEMOIZE
+    p = tmp_path / "s.pickle"
+    p.write_bytes(_reframed(data, cut))
+    assert pickle.loads(p.read_bytes()) == snap
+    streamed = _stream(str(p), None, False)
+    assert streamed is not None
+    assert_same_trace(streamed, plain(p))
+
+
 def test_trusted_streaming_reads_any_global(tmp_path):
     snap = load_snapshot(PATHS[0])
     snap["phasemem"] = {"note": Path("x")}  # a global the restricted reader refuses
