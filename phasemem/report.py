@@ -244,7 +244,10 @@ def format_report(r: Report) -> str:
                         "confidence; docs/accuracy.md says how accurate")
     src = sorted(set(r.sources.values()))
     if src:
-        lines.append("phases from " + ", ".join(f"{s} ({', '.join(p for p, v in r.sources.items() if v == s)})" for s in src))
+        said = {"markers": "from markers", "annotations": "from PyTorch's annotations",
+                "inferred": "inferred from the trace"}
+        lines.append("phases: " + "; ".join(
+            f"{', '.join(p for p, v in r.sources.items() if v == s)} {said.get(s, 'from ' + s)}" for s in src))
     lines += [f"note: {n}" for n in r.notes]
     head = f"{'step':>5} {'phase':<10} {'start':>11} {'peak':>11} {'end':>11} {'events':>13}"
     lines += ["", head, "-" * len(head)]
