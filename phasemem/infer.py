@@ -584,8 +584,16 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         if span and span[1] <= b1:
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]
-        # What follows backward up to the next forward is the optimizer, if it allocates at all.
+        # What follows backward up to the next forward is the optimizer, if it allocates at all --
+        # up to its last burst of frees when it has them (a foreach optimizer's temporaries, or
+        # zero_grad's); what allocates after that is a forward the loop ran with no backward (an
+        # evaluation), the rest 'other'.
         tail = np.arange(b1 + 1, nxt)
         if len(tail) and (trace.action[tail] == A["alloc"]).any():
-            labels[b1 + 1:nxt] = P["optimizer"]
+            bursts = np.flatnonzero(burst[tail])
+            end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
+            labels[b1 + 1:end + 1] = P["optimizer"]
+            rest = allocs[(allocs > end) & (allocs < nxt)]
+            if len(rest) >= MIN_SAVED:
+                labels[end + 1:nxt] = P["forward"]
     return labels, starts, lengths
