@@ -1,14 +1,19 @@
-"""Phase markers: ``record_function("phasemem::<phase>")`` ranges around the training loop's calls.
+"""Phase markers: user-scope profiler ranges named ``phasemem::<phase>`` around the training loop's calls.
 
 Every installer here returns an *undo* callable; ``instrument()`` runs them in reverse on exit.
 An undo never assumes it is the last one to have touched an attribute: when someone wrapped the
-same attribute after us (an LR scheduler wrapping ``optimizer.step``, a nested ``instrument()``),
-our wrapper is switched to pass-through instead of being pulled out from under theirs.
+same attribute after us (an LR scheduler wrapping ``optimizer.step``), our wrapper is switched to
+pass-through instead of being pulled out from under theirs.
+
+Installs are shared process-wide: a nested ``instrument()`` on the same model, optimizer or
+``backward`` finds the hooks already there and only takes a reference, so every phase call still
+gets exactly one range; the hooks go when the last run holding them exits.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import types
 from typing import Any, Callable
@@ -20,72 +25,147 @@ PREFIX = "phasemem::"
 Undo = Callable[[], None]
 
 
+# -- the ranges ----------------------------------------------------------------------------------
+# ``torch.profiler.record_function`` opens its range through a dispatched op
+# (``profiler::_record_function_enter_new``) and a Python object per range: ~4-9 us a range. The direct
+# bindings below open the same kind of range (a ``RecordFunction`` in ``USER_SCOPE``, which is what
+# the allocator's annotation callback and the CPU profiler listen to) without either: ~1 us. Not
+# ``torch._C._profiler._RecordFunctionFast``: it uses ``FUNCTION`` scope, only while the profiler
+# runs, so it never reaches ``external_annotations``.
+
+def _record_function_enter(name: str) -> Any:
+    rf = torch.profiler.record_function(name)
+    rf.__enter__()
+    return rf
+
+
+def _record_function_exit(rf: Any) -> None:
+    rf.__exit__(None, None, None)
+
+
+_fast_enter = getattr(torch.autograd, "_record_function_with_args_enter", None)
+_fast_exit = getattr(torch.autograd, "_record_function_with_args_exit", None)
+#: How a range is opened and closed; module attributes, looked up per call (the overhead benchmark
+#: swaps in the ``record_function`` pair to measure the difference).
+_range_enter: Callable[[str], Any] = _fast_enter if _fast_enter and _fast_exit else _record_function_enter
+_range_exit: Callable[[Any], None] = _fast_exit if _fast_enter and _fast_exit else _record_function_exit
+
+
 class Markers:
-    """The marker ranges currently open, so ``close_all`` can end whatever an exception left open."""
+    """The marker ranges currently open, so whatever an exception left open can be closed.
+
+    ``start`` returns an int token for ``end``. Tokens grow, so ``close_since(mark())`` closes only
+    what was opened after the mark: a nested run closes its own ranges, not the outer run's.
+    No lock: the dict operations used are atomic under the GIL (and thread-safe without it).
+    """
 
     def __init__(self, prefix: str = PREFIX) -> None:
         self.prefix = prefix
-        self._open: list[Any] = []
-        self._lock = threading.Lock()
+        self._open: dict[int, Any] = {}
+        self._ids = itertools.count(1)
 
-    def start(self, phase: str) -> Any:
-        rf = torch.profiler.record_function(self.prefix + phase)
-        rf.__enter__()
-        with self._lock:
-            self._open.append(rf)
-        return rf
+    def start(self, phase: str) -> int:
+        handle = _range_enter(self.prefix + phase)
+        token = next(self._ids)
+        self._open[token] = handle
+        return token
 
-    def end(self, rf: Any) -> None:
-        with self._lock:
-            # Search from the innermost: ranges normally close LIFO, but a range closed out of order
-            # (a hook raising between two others) must not take a neighbour with it.
-            for i in range(len(self._open) - 1, -1, -1):
-                if self._open[i] is rf:
-                    del self._open[i]
-                    break
-            else:
-                return
-        rf.__exit__(None, None, None)
+    def end(self, token: int) -> None:
+        handle = self._open.pop(token, None)
+        if handle is not None:  # already closed by close_since (an exception path): nothing to do
+            _range_exit(handle)
+
+    def mark(self) -> int:
+        return next(self._ids)
+
+    def close_since(self, mark: int) -> None:
+        """Close, innermost first, every range opened after ``mark``."""
+        for token in sorted((t for t in list(self._open) if t > mark), reverse=True):
+            self.end(token)
 
     def close_all(self) -> None:
-        with self._lock:
-            left, self._open = self._open, []
-        for rf in reversed(left):
-            rf.__exit__(None, None, None)
+        self.close_since(0)
 
     @property
     def open_count(self) -> int:
         return len(self._open)
 
 
+#: The one set of open ranges that every run's hooks write to (hooks are shared between nested runs).
+MARKERS = Markers(PREFIX)
+
+
+# -- shared installs -----------------------------------------------------------------------------
+_registry_lock = threading.Lock()
+_registry: dict[tuple, list] = {}  # key -> [references, undo, the object hooked (kept alive, compared)]
+
+
+def _shared(key: tuple, obj: Any, install: Callable[[], Undo]) -> Undo:
+    """Install once per (key, object); later callers take a reference. The returned release undoes
+    the install when the last reference goes, and does nothing when called again."""
+    with _registry_lock:
+        entry = _registry.get(key)
+        if entry is None or entry[2] is not obj:
+            entry = [0, install(), obj]
+            _registry[key] = entry
+        entry[0] += 1
+    released = [False]
+
+    def release() -> None:
+        with _registry_lock:
+            if released[0]:
+                return
+            released[0] = True
+            entry[0] -= 1
+            if entry[0] > 0:
+                return
+            if _registry.get(key) is entry:
+                del _registry[key]
+        entry[1]()
+
+    return release
+
+
 def _maybe_uncompiled(fn: Callable, module: torch.nn.Module) -> Callable:
     # ``module.compile()`` compiles ``_call_impl`` itself, hooks included; a hook traced into the graph
-    # would lose its record_function, so it is kept out of dynamo (a graph break at the frame's edges).
+    # would lose its range, so it is kept out of dynamo (a graph break at the frame's edges).
     if getattr(module, "_compiled_call_impl", None) is None:
         return fn
     return torch.compiler.disable(fn)
 
 
-def hook_forward(module: torch.nn.Module, markers: Markers) -> Undo:
+# -- installers ----------------------------------------------------------------------------------
+def hook_forward(module: torch.nn.Module, markers: Markers = MARKERS) -> Undo:
     """``forward`` range around every call of ``module`` (only this module, not its children).
 
-    For a ``torch.compile``d ``OptimizedModule`` pass the wrapper: its hooks run in eager before and
-    after the compiled frame, so the range encloses the compiled forward.
+    The instance's ``forward`` is wrapped (``wrap_method``), which ``Module.__call__`` calls on its
+    fast path: forward hooks would send every call through the slow path, 2-3 times the cost. For a
+    ``torch.compile``d ``OptimizedModule`` pass the wrapper: its ``forward`` (an instance attribute
+    that enters the compiled frame) gets wrapped, in eager, so the range encloses the compiled
+    forward. A module compiled in place (``module.compile()``) runs ``forward`` inside the compiled
+    ``_call_impl``, where a wrapper would be traced: it gets forward hooks kept out of dynamo instead.
     """
-    stack: list[Any] = []
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        return _shared(("forward", id(module)), module, lambda: _hook_forward(module, markers))
+    return wrap_method(module, "forward", "forward", markers)
+
+
+def _hook_forward(module: torch.nn.Module, markers: Markers) -> Undo:
+    stack: list[int] = []
     # A copy.deepcopy of the module made inside the block (an EMA copy, say) copies these hooks too;
     # the flag makes such strays inert after exit.
     active = [True]
+    start, end = markers.start, markers.end
 
     def pre(mod, args):
         if active[0]:
-            stack.append(markers.start("forward"))
+            stack.append(start("forward"))
 
     def post(mod, args, output):
         # always_call=True runs this also when forward raised; the stack keeps re-entrant calls
         # of the same module (recursion, a module called inside its own forward) paired.
         if stack:
-            markers.end(stack.pop())
+            end(stack.pop())
 
     pre, post = _maybe_uncompiled(pre, module), _maybe_uncompiled(post, module)
     # Prepended, so that no other pre-hook can raise before ours has opened the range that
@@ -93,7 +173,7 @@ def hook_forward(module: torch.nn.Module, markers: Markers) -> Undo:
     h_pre = module.register_forward_pre_hook(pre, prepend=True)
     try:
         h_post = module.register_forward_hook(post, always_call=True)
-    except TypeError:  # torch < 2.1: no always_call; an exception leaves the range to close_all
+    except TypeError:  # torch < 2.1: no always_call; an exception leaves the range to close_since
         h_post = module.register_forward_hook(post)
 
     def undo() -> None:
@@ -101,42 +181,50 @@ def hook_forward(module: torch.nn.Module, markers: Markers) -> Undo:
         h_pre.remove()
         h_post.remove()
         while stack:
-            markers.end(stack.pop())
+            end(stack.pop())
 
     return undo
 
 
-def wrap_method(obj: Any, name: str, phase: str, markers: Markers) -> Undo:
+def wrap_method(obj: Any, name: str, phase: str, markers: Markers = MARKERS) -> Undo:
     """Replace ``obj.<name>`` by a bound wrapper that runs the call inside a ``phase`` range.
 
     A bound method (not a plain function) on the instance, because ``LRScheduler`` re-wraps
     ``optimizer.step`` through ``opt.step.__func__``; and wrapping the instance (not hooks) closes
     the range in ``finally`` when the call raises, which ``register_step_post_hook`` would not.
     """
+    return _shared(("method", id(obj), name), obj, lambda: _wrap_method(obj, name, phase, markers))
+
+
+def _wrap_method(obj: Any, name: str, phase: str, markers: Markers) -> Undo:
     had_own = name in obj.__dict__
     own_before = obj.__dict__.get(name)
     inner = getattr(obj, name)
     active = [True]
+    start, end = markers.start, markers.end
     if isinstance(inner, types.MethodType) and inner.__self__ is obj:
         # Called on ``self``, not on ``obj``: a deepcopy of ``obj`` carries this wrapper bound to the
         # copy, and its zero_grad must clear the copy's grads.
         func = inner.__func__
 
-        def call(self, args, kwargs):
-            return func(self, *args, **kwargs)
+        def wrapper(self, *args, **kwargs):
+            if not active[0]:
+                return func(self, *args, **kwargs)
+            token = start(phase)
+            try:
+                return func(self, *args, **kwargs)
+            finally:
+                end(token)
     else:  # an instance-level function (an LRScheduler's wrapper) already knows its object
 
-        def call(self, args, kwargs):
-            return inner(*args, **kwargs)
-
-    def wrapper(self, *args, **kwargs):
-        if not active[0]:
-            return call(self, args, kwargs)
-        rf = markers.start(phase)
-        try:
-            return call(self, args, kwargs)
-        finally:
-            markers.end(rf)
+        def wrapper(self, *args, **kwargs):
+            if not active[0]:
+                return inner(*args, **kwargs)
+            token = start(phase)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                end(token)
 
     # Copies the inner function's attributes too: LRScheduler checks ``_wrapped_by_lr_sched`` on
     # ``opt.step`` and warns when a scheduler's wrapper seems to have been replaced.
@@ -155,7 +243,7 @@ def wrap_method(obj: Any, name: str, phase: str, markers: Markers) -> Undo:
     return undo
 
 
-def hook_optimizer(opt: torch.optim.Optimizer, markers: Markers) -> Undo:
+def hook_optimizer(opt: torch.optim.Optimizer, markers: Markers = MARKERS) -> Undo:
     """``zero_grad`` and ``optimizer`` ranges.
 
     ``GradScaler.step`` and Lightning's ``optimizer.step(closure)`` both call the instance's ``step``,
@@ -171,15 +259,22 @@ def hook_optimizer(opt: torch.optim.Optimizer, markers: Markers) -> Undo:
     return undo
 
 
-def patch_backward(markers: Markers) -> Undo:
-    """``backward`` range around ``Tensor.backward``, ``torch.autograd.backward`` and ``torch.autograd.grad``.
+def patch_backward(markers: Markers = MARKERS) -> Undo:
+    """``backward`` range around ``torch.autograd.backward`` and ``torch.autograd.grad``.
 
-    ``Tensor.backward`` calls ``torch.autograd.backward``, and reentrant checkpointing calls it again
-    from the autograd thread; a process-wide depth counter keeps that to one range per outer call.
+    ``Tensor.backward`` looks ``torch.autograd.backward`` up on every call, so it is covered without a
+    wrapper of its own (one Python call less per step). Reentrant checkpointing calls
+    ``torch.autograd.backward`` again from the autograd thread; a process-wide depth counter keeps
+    that to one range per outer call.
     """
+    return _shared(("backward",), torch.autograd, lambda: _patch_backward(markers))
+
+
+def _patch_backward(markers: Markers) -> Undo:
     lock = threading.Lock()
     depth = [0]
     active = [True]
+    start, end = markers.start, markers.end
 
     def make(fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -187,19 +282,18 @@ def patch_backward(markers: Markers) -> Undo:
             with lock:
                 outer = active[0] and depth[0] == 0
                 depth[0] += 1
-            rf = markers.start("backward") if outer else None
+            token = start("backward") if outer else None
             try:
                 return fn(*args, **kwargs)
             finally:
                 with lock:
                     depth[0] -= 1
-                if rf is not None:
-                    markers.end(rf)
+                if token is not None:
+                    end(token)
 
         return wrapped
 
     targets = [
-        (torch.Tensor, "backward"),
         (torch.autograd, "backward"),
         (torch.autograd, "grad"),
     ]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from . import cpu
-from .hooks import PREFIX, Markers, hook_forward, hook_optimizer, patch_backward, wrap_method
+from .hooks import MARKERS, PREFIX, hook_forward, hook_optimizer, patch_backward, wrap_method
 
 
 def _error(msg: str) -> Exception:
@@ -60,6 +60,13 @@ def _record_memory_history(enabled: str | None, **kwargs: Any) -> None:
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in params}
     mem._record_memory_history(enabled, **kwargs)
+
+
+# The phasemem CUDA runs now recording, outermost first. A run started while another records does not
+# touch the recorder (its settings stay the outer run's); the last one out turns recording off when
+# the first one in found it off.
+_CUDA_RUNS: list["Run"] = []
+_CUDA_TURN_OFF = [False]
 
 
 def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
@@ -120,7 +127,9 @@ class Run:
         self.device: str | None = None
         self.source: str | None = None
         self.snapshot: dict | None = None
-        self._markers = Markers(PREFIX)
+        self._markers = MARKERS  # shared by all runs, as the hooks are (hooks.py)
+        self._mark = 0
+        self.nested = False
         self._undo: list[Callable[[], None]] = []
         self._prof: Any = None
         self._was_recording: bool | None = None
@@ -165,6 +174,7 @@ class Run:
         self.source = "cuda" if dev.type == "cuda" else "cpu-profiler"
         try:
             self._t0_us = time.time_ns() // 1000
+            self._mark = self._markers.mark()
             if dev.type == "cuda":
                 self._start_cuda()
             else:
@@ -186,21 +196,42 @@ class Run:
     # -- recording -------------------------------------------------------------------------
     def _start_cuda(self) -> None:
         torch.cuda.init()
-        self._was_recording = _history_enabled()
+        self._was_recording = on = _history_enabled()
+        outer = _CUDA_RUNS[-1] if _CUDA_RUNS else None
+        _CUDA_RUNS.append(self)
+        if outer is not None and on is not False:
+            # Nested in another instrument() block: its recording goes on untouched (same settings,
+            # history not cleared), and the hooks it installed are shared, so no range is doubled.
+            self.nested = True
+            self.stacks, self.max_entries = outer.stacks, outer.max_entries
+            return
+        if len(_CUDA_RUNS) == 1 or not on:
+            _CUDA_TURN_OFF[0] = not on
         _record_memory_history(
             "all",
             context="all" if self.stacks else None,
             stacks=self.stacks or "python",
             max_entries=self.max_entries,
             # Clearing someone else's ongoing history would destroy their recording.
-            clear_history=not self._was_recording,
+            clear_history=not on,
             # Markers are also emitted off the main thread (Lightning, autograd reentrancy).
             global_record_annotations=self.global_annotations,
         )
 
+    def _leave_cuda(self) -> None:
+        """This run stops recording: the recorder is turned off once no phasemem run records and the
+        first of them found it off. (Otherwise it stays on: torch has no getter for the previous
+        settings, so a recording that was on before stays on with ours.)"""
+        if self in _CUDA_RUNS:
+            _CUDA_RUNS.remove(self)
+        if not _CUDA_RUNS and _CUDA_TURN_OFF[0]:
+            _CUDA_TURN_OFF[0] = False
+            _record_memory_history(None)
+
     def _start_cpu(self) -> None:
         if cpu.profiler_enabled():
-            raise _error("instrument() on CPU needs torch.profiler, which is already running")
+            raise _error("instrument() on CPU needs torch.profiler, which is already running "
+                         "(another instrument() block or a torch.profiler.profile): on CPU, blocks do not nest")
         self._prof = cpu.start_profiler()
 
     def _finish(self) -> dict:
@@ -209,9 +240,7 @@ class Run:
                 torch.cuda.synchronize(self.device)
                 snap = torch.cuda.memory._snapshot()
             finally:
-                if not self._was_recording:
-                    _record_memory_history(None)
-                # else: torch has no getter for the previous settings; recording stays on, with ours.
+                self._leave_cuda()
         else:
             prof, self._prof = self._prof, None
             cpu.stop_profiler(prof)
@@ -226,6 +255,7 @@ class Run:
             "max_entries": self.max_entries,
             "stacks": self.stacks,
             "recording_was_on": self._was_recording,
+            "nested": self.nested,
         }
         return snap
 
@@ -253,8 +283,8 @@ class Run:
                 errors.append(e)
                 return None
 
-        # ENDs first, so the snapshot holds them.
-        attempt(self._markers.close_all)
+        # ENDs first, so the snapshot holds them (only this run's: an outer run's ranges stay open).
+        attempt(lambda: self._markers.close_since(self._mark))
         if take_snapshot:
             self.snapshot = attempt(self._finish)
         else:
@@ -270,8 +300,8 @@ class Run:
         if self._prof is not None:
             prof, self._prof = self._prof, None
             cpu.stop_profiler(prof)
-        elif self.source == "cuda" and self._was_recording is not None and not self._was_recording:
-            _record_memory_history(None)
+        elif self.source == "cuda":
+            self._leave_cuda()
 
     # -- results ---------------------------------------------------------------------------
     def _need_snapshot(self) -> dict:
