@@ -366,9 +366,12 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     in_bwd = np.cumsum(in_bwd) > 0
     burst = _burst_freed(trace)[f]
     keep = ~burst | (in_bwd[f] & ~in_bwd[a])
+    size = life.size[born][keep]
     a, f = a[keep], f[keep]
     act = (f - a >= 16) & ~burst[keep]
+    # parameter-sized ones are an optimizer's temporaries (grad², the update), not a recompute's
     act_a, act_f = a[act], f[act]
+    act_p = np.isin(size[act], np.unique(life.size[life.alloc_event < 0]))
     bounds = [-1] + [top for _, top, _ in mts] + [n]
     # allocations are in event order: those made between two tops are one slice
     cut = np.searchsorted(a, bounds, "right")
@@ -382,7 +385,7 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     for k, fc in enumerate(crossing):
         top = bounds[k + 1]
         nxt = starts[k + 1] if k + 1 < len(starts) else n
-        out.append((starts[k], top, _backward_end(np.sort(fc[fc < nxt]), top, act_a, act_f)))
+        out.append((starts[k], top, _backward_end(np.sort(fc[fc < nxt]), top, act_a, act_f, act_p)))
     return out
 
 
@@ -428,7 +431,8 @@ def loss_span(trace: Trace, free_of: np.ndarray, f0: int, top: int,
     return None
 
 
-def _backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndarray) -> int:
+def _backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndarray,
+                  act_p: np.ndarray) -> int:
     """The last of a pass's saved-activation frees (sorted), less a straggling few after a long
     stretch in which no activations live and die: the loss or the batch a loop keeps until after
     the optimizer is no activation backward frees. (A checkpointed backward's last block is a long
@@ -442,8 +446,10 @@ def _backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndar
         # long against the backward, against the usual distance between its frees, and empty of
         # the activations a checkpointed block's recompute makes
         lo, hi = np.searchsorted(act_a, g0, "right"), np.searchsorted(act_a, g1, "left")
+        inside = act_f[lo:hi] < g1
+        recompute = int((inside & ~act_p[lo:hi]).sum())
         quiet = (g1 - g0 > max(STRAGGLE * (g0 - top), GAPS * spacing)
-                 and int((act_f[lo:hi] < g1).sum()) < MIN_SAVED)
+                 and (recompute < MIN_SAVED or recompute < int(inside.sum()) / 2))
         if quiet and g1 - g0 > best:  # the longest quiet stretch, not the first
             best, end = g1 - g0, int(g0)
     return end
