@@ -330,6 +330,30 @@ def _has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int) -> bool:
     return float(np.corrcoef(ra, rf)[0, 1]) < 0
 
 
+def _optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: int, end: int,
+                     labels: np.ndarray) -> int:
+    """Where the optimizer begins after a backward that ended at ``b1``.
+
+    An optimizer works on blocks the parameters' sizes (its temporaries, its state). Backward's
+    last gradients are such blocks too, right after its last activation is freed; then, in many
+    loops, user code that allocates only other sizes -- gradient clipping's norms, GradScaler's
+    unscale -- and only then the optimizer. Those last gradients are labelled backward here.
+    """
+    from .segment import P
+
+    ours = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, end, "right")]
+    if len(params) < 3 or not len(ours):
+        return b1 + 1
+    sized = np.isin(trace.size[ours], params)
+    if not sized.any():
+        return b1 + 1
+    other = np.flatnonzero(~sized)
+    if len(other) and sized[other[0]:].any():
+        labels[b1 + 1:ours[other[0]]] = P["backward"]
+        return int(ours[other[0] + np.argmax(sized[other[0]:])])
+    return int(ours[np.argmax(sized)])
+
+
 def _makes_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, top: int, b1: int) -> bool:
     """A backward allocates a gradient the size of each trainable parameter; a forward keeping a
     KV cache (generate()) frees last-made-first too, but makes no such blocks. Measured share of the
@@ -615,7 +639,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         if len(tail) and (trace.action[tail] == A["alloc"]).any():
             bursts = np.flatnonzero(burst[tail])
             end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
-            labels[b1 + 1:end + 1] = P["optimizer"]
+            labels[_optimizer_start(trace, allocs, params, b1, end, labels):end + 1] = P["optimizer"]
             rest = allocs[(allocs > end) & (allocs < nxt)]
             if len(rest) >= MIN_SAVED:
                 labels[end + 1:nxt] = P["forward"]

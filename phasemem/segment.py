@@ -24,7 +24,7 @@ MARKED = ("forward", "zero_grad", "backward", "optimizer")
 # rounded down to 0.99: never certain). Recompute it there when the inference changes.
 CONFIDENCE = {
     "frames": {"forward": 0.99, "loss": 0.99, "zero_grad": 0.99, "backward": 0.99, "optimizer": 0.99},
-    "lifetimes": {"forward": 0.95, "loss": 0.78, "zero_grad": 0.99, "backward": 0.99, "optimizer": 0.93},
+    "lifetimes": {"forward": 0.95, "loss": 0.78, "zero_grad": 0.99, "backward": 0.99, "optimizer": 0.95},
 }
 
 _TORCH_ANNOTATIONS = {
