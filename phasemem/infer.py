@@ -354,6 +354,15 @@ def _optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: i
     return int(ours[np.argmax(sized)])
 
 
+def _keeps_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
+                     top: int, b1: int, nxt: int) -> bool:
+    """Parameter-sized blocks made in this backward that outlive it (after the last pass: to the
+    trace's end, since what a loop frees on its way out is no gradient)."""
+    made = allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]
+    made = made[np.isin(trace.size[made], params)]
+    return int((free_of[made] > b1 if nxt < len(trace) else free_of[made] == nxt).sum()) >= 2
+
+
 def _makes_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, top: int, b1: int) -> bool:
     """A backward allocates a gradient the size of each trainable parameter; a forward keeping a
     KV cache (generate()) frees last-made-first too, but makes no such blocks. Measured share of the
@@ -593,6 +602,12 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     free_of[la] = lf
     allocs = np.flatnonzero(trace.action == A["alloc"])
     params = np.unique(life.size[life.alloc_event < 0])  # what existed before: the parameters
+    # A trace trains only if some backward leaves gradients behind: parameter-sized blocks made
+    # after a top that outlive its pass (until zero_grad, or for good). An inference loop's
+    # parameter-sized activations (a CNN's per-channel tensors) die within the pass.
+    nexts = [f0 for f0, _, _ in mts[1:]] + [n]
+    trains = len(params) < 3 or any(_keeps_gradients(trace, allocs, params, free_of, top, b1, nx)
+                                    for (_, top, b1), nx in zip(mts, nexts))
     starts = [0]
     lengths = []
     burst = _burst_freed(trace)
@@ -614,12 +629,14 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
                   or burst[prev_end + 1:f0].sum() >= BURST):
             starts.append(f0)
         prev_end = b1
-        if not (_has_backward(la, lf, f0, top) and _makes_gradients(trace, allocs, params, top, b1)):
-            # No backward, so no optimizer either (inference) -- unless what follows frees in
-            # bursts, as a foreach optimizer does after a backward the trace cannot see (a
-            # CUDA-graphed model's replay makes no events).
+        if not (trains and _has_backward(la, lf, f0, top) and _makes_gradients(trace, allocs, params, top, b1)):
+            # No backward, so no optimizer either (inference) -- unless what follows makes
+            # parameter-sized temporaries and frees them in bursts, as a foreach optimizer does
+            # after a backward the trace cannot see (a CUDA-graphed model's replay makes no events).
             tail = np.arange(b1 + 1, nxt)
-            opt = len(tail) and burst[tail].sum() >= BURST
+            made = allocs[(allocs > b1) & (allocs < nxt)]
+            temps = made[burst[np.minimum(free_of[made], n - 1)] & (free_of[made] < nxt)]
+            opt = len(temps) >= BURST and (len(params) < 3 or np.isin(params, trace.size[temps]).mean() >= GRAD_SHARE)
             labels[f0:nxt] = P["forward"]
             if opt:
                 labels[b1 + 1:nxt] = P["optimizer"]
