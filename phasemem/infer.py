@@ -506,6 +506,16 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
         if graphed is not None:
             return graphed
         period_events = tries[0]
+    if period_events is None:
+        # No regular period (batches of varying length): the tops' usual spacing stands in for
+        # it, so that what a loop holds for a whole step (the loss, kept for logging) is not
+        # taken for an activation.
+        tops = [top for _, top, _ in mountains(trace, tl, None, False)]
+        if len(tops) >= 3:
+            est = float(np.median(np.diff(tops)))
+            labels2, starts2, lengths2 = _label_passes(trace, tl, est, fill=False)
+            if lengths2 and np.median(lengths2) <= est:
+                period_events = est
     labels, starts, _ = _label_passes(trace, tl, period_events)
     return labels, starts
 
