@@ -1,0 +1,72 @@
+"""Steps and phases for snapshots recorded without phasemem's markers.
+
+Two sources of evidence, used in this order:
+
+1. **Stack frames** (``frames.py``; the default ``_record_memory_history`` records them).
+2. **Lifetimes alone** (``lifetimes.py``, built from ``passes.py``, ``loss.py``, ``gradients.py``
+   and ``bursts.py``): snapshots recorded with ``context=None``, or stripped.
+
+Then the rules that hold whatever found the phases (``finish``): zero_grad's frees, the loss
+between a forward and its backward. PyTorch's own ``Optimizer.step#…``/``Optimizer.zero_grad#…``
+annotations, when present, already gave the optimizer and zero_grad phases (and the steps) before
+this package runs. docs/accuracy.md says how accurate each source is.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..segment import P, runs
+from ..timeline import Timeline
+from ..trace import A, Trace
+from .frames import FWD, OPT, OTHER, ZG, _classify, has_usable_frames, labels_from_frames
+from .lifetimes import labels_from_lifetimes
+from .loss import graphed_loss
+from .passes import candidate_periods, step_period
+
+__all__ = ["has_usable_frames", "labels_from_frames", "labels_from_lifetimes", "finish", "step_period",
+           "candidate_periods", "FWD", "OPT", "OTHER", "ZG", "_classify"]
+
+ZERO_GRAD_MIN = 4  # gradients freed together before it counts as zero_grad
+
+
+def finish(trace: Trace, tl: Timeline | None, labels: np.ndarray) -> np.ndarray:
+    """Lifetime rules that hold whatever found the phases: zero_grad's frees, then the loss."""
+    if tl is not None:
+        zero_grad_from_lifetimes(trace, tl, labels)
+    _loss_between(labels)
+    if tl is not None and not (labels == P["forward"]).any():
+        graphed_loss(trace, tl, labels)
+    return labels
+
+
+def zero_grad_from_lifetimes(trace: Trace, tl: Timeline, labels: np.ndarray) -> None:
+    """Frees of gradients outside backward are zero_grad(set_to_none=True): a gradient is made in a
+    backward run and outlives it. Needs no frames (gradients never have any)."""
+    life = tl.lifetimes
+    n = len(trace)
+    born = (life.alloc_event >= 0) & (life.free_event < n)
+    a, f = life.alloc_event[born], life.free_event[born]
+    first, last, code, _ = runs(labels, np.zeros(n, np.int32))
+    run_of = np.searchsorted(first, np.arange(n), "right") - 1
+    grad = (labels[a] == P["backward"]) & (run_of[f] != run_of[a]) & (labels[f] != P["backward"])
+    fz = np.sort(f[grad])
+    # zero_grad frees many gradients together; a lone free after backward (the loss's own
+    # gradient, a hook's buffer) is not it.
+    cluster = np.concatenate([[0], np.cumsum(np.diff(fz) > 8)]) if len(fz) else np.zeros(0, np.int64)
+    sizes = np.bincount(cluster) if len(fz) else np.zeros(0, np.int64)
+    fz = fz[sizes[cluster] >= ZERO_GRAD_MIN] if len(fz) else fz
+    labels[fz] = P["zero_grad"]
+    # the free_requested that announced each of those frees
+    req = fz - 1
+    ok = (req >= 0) & (trace.action[np.maximum(req, 0)] == A["free_requested"]) & (trace.addr[np.maximum(req, 0)] == trace.addr[fz])
+    labels[req[ok]] = P["zero_grad"]
+
+
+def _loss_between(labels: np.ndarray) -> None:
+    """Relabel 'other' runs that sit between a forward run and the next backward run as loss."""
+    first, last, code, _ = runs(labels, np.zeros(len(labels), np.int32))
+    telling = np.flatnonzero((code != P["zero_grad"]) & (code != P["other"]))
+    for k in np.flatnonzero(code == P["other"]).tolist():
+        j = np.searchsorted(telling, k)
+        if 0 < j < len(telling) and code[telling[j - 1]] == P["forward"] and code[telling[j]] == P["backward"]:
+            labels[first[k]:last[k] + 1] = P["loss"]

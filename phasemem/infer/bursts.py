@@ -1,0 +1,26 @@
+"""Frees in bursts: many frees with no allocation between them.
+
+zero_grad(set_to_none=True) frees every gradient at once and a foreach optimizer drops its
+temporaries at once; backward frees activations one or two at a time between the gradients it
+allocates. So a burst free marks what is (usually) not an activation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..trace import A, Trace
+
+BURST = 8  # frees in a row, with no allocation between, that are not backward's
+
+
+def burst_freed(trace: Trace) -> np.ndarray:
+    """Per event: a free inside a burst of at least BURST frees with no allocation between them.
+
+    zero_grad(set_to_none=True) frees every gradient at once and a foreach optimizer drops its
+    temporaries at once; backward frees activations one or two at a time between the gradients it
+    allocates. So burst frees mark what is not an activation.
+    """
+    is_free = (trace.action == A["free_completed"]) | (trace.action == A["free"])
+    group = np.cumsum(trace.action == A["alloc"])
+    count = np.bincount(group, weights=is_free)
+    return is_free & (count[group] >= BURST)

@@ -1,0 +1,119 @@
+"""Phases from stack frames: which code made each allocation.
+
+Backward runs on the autograd engine's thread, whose events carry no Python frames, except Python
+run there: activation-checkpoint recompute (``unpack_hook``/``recompute_fn``), a custom or compiled
+Function's backward, and the loss's first gradient (``_make_grads``). The optimizer's events run
+under ``torch/optim/``, zero_grad under a ``zero_grad`` frame, the model's forward under
+``nn.Module._call_impl``; everything else with frames (data, logging, the loss outside the model)
+is 'other'.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..segment import P
+from ..timeline import Timeline
+from ..trace import A, Trace
+
+# Event classes from frames.
+NONE, FWD, OPT, ZG, BWD_PY, OTHER = range(6)
+FRAMES_USABLE = 0.3  # below this share of events with frames, the frames are not the default context
+
+
+def _python(frames):
+    # stacks="all" (torch's default) adds C++ frames to every event, the autograd thread's too; the
+    # thread is told by its Python frames alone.
+    return [f for f in frames if f[0].endswith(".py")]
+
+
+def frame_classes(trace: Trace) -> np.ndarray:
+    """A class per event from its stack (one Python pass over the distinct stacks, not the events)."""
+    per_stack = np.empty(len(trace.stacks) + 1, np.int8)
+    per_stack[-1] = NONE  # stack id -1
+    for sid, frame_ids in enumerate(trace.stacks):
+        py = _python([trace.frames[f] for f in frame_ids])
+        per_stack[sid] = _classify(py) if py else NONE
+    return per_stack[trace.stack]
+
+
+def has_python(trace: Trace) -> np.ndarray:
+    """Per event: does its stack hold a Python frame."""
+    per_stack = np.zeros(len(trace.stacks) + 1, bool)
+    for sid, frame_ids in enumerate(trace.stacks):
+        per_stack[sid] = any(trace.frames[f][0].endswith(".py") for f in frame_ids)
+    return per_stack[trace.stack]
+
+
+def _classify(frames) -> int:
+    # Python run by the autograd engine: checkpoint recompute, a custom or compiled Function's
+    # backward, the loss's first gradient.
+    if any(nm in ("unpack_hook", "recompute_fn", "_make_grads") for _, _, nm in frames):
+        return BWD_PY
+    out_fn, _, out_nm = frames[-1]  # the engine calls a Function's backward with nothing above it
+    if out_nm == "apply" and out_fn.endswith("torch/autograd/function.py"):
+        return BWD_PY
+    # Otherwise the innermost telling frame decides: Lightning runs forward inside optimizer.step.
+    users = 0  # frames of the user's own code seen so far, innermost first
+    for k, (fn, _, nm) in enumerate(frames):
+        if nm == "zero_grad":
+            return ZG
+        if "torch/optim/" in fn:
+            # User code inside the optimizer is a closure it called (Lightning's loss). But the frame
+            # right inside torch's generic step wrapper (optimizer.py) is a subclass's own step,
+            # wherever it lives (bitsandbytes, transformers, timm, the user's file), and a
+            # library's code under it is still the optimizer.
+            own = k > 0 and fn.endswith("torch/optim/optimizer.py") and _is_user(frames[k - 1][0])
+            return OTHER if users - own > 0 else OPT
+        if nm == "_call_impl" and fn.endswith("torch/nn/modules/module.py"):
+            return FWD
+        users += _is_user(fn)
+    return OTHER
+
+
+def _is_user(fn: str) -> bool:
+    fn = fn.replace("\\", "/")
+    return not ("/torch/" in fn or fn.startswith("torch/") or "site-packages/" in fn or "dist-packages/" in fn)
+
+
+def has_usable_frames(trace: Trace) -> bool:
+    return len(trace) > 0 and float(np.mean(has_python(trace))) >= FRAMES_USABLE
+
+
+def labels_from_frames(trace: Trace, tl: Timeline | None = None) -> np.ndarray:
+    """Phase codes (segment.P order) per event from frames; ``tl``: the trace's timeline, if already made."""
+    cls = frame_classes(trace)
+    lut = np.array([P["backward"], P["forward"], P["optimizer"], P["zero_grad"], P["backward"], P["other"]], np.int8)
+    labels = lut[cls]
+    # Recorded with context="alloc", frees carry no frames of their own: a free then takes the
+    # phase of the allocations around it when they agree, else 'other'.
+    is_alloc = trace.action == A["alloc"]
+    if is_alloc.any() and frees_say_nothing(trace, tl):
+        known = np.flatnonzero(is_alloc)
+        idx = np.arange(len(labels))
+        prev = np.searchsorted(known, idx, "right") - 1
+        nxt = prev + 1
+        lp = np.where(prev >= 0, labels[known[np.maximum(prev, 0)]], -1)
+        ln = np.where(nxt < len(known), labels[known[np.minimum(nxt, len(known) - 1)]], -2)
+        # A free's frames are then its allocation's: what was freed, not who freed it. Between two
+        # phases it stays with the earlier one if it frees that phase's own allocation (the
+        # optimizer's temporaries released after its last alloc).
+        own = labels  # the class its (allocation's) frames give
+        around = np.where(lp == ln, lp, np.where(own == lp, lp, P["other"]))
+        labels = np.where(is_alloc, labels, around).astype(np.int8)
+    return labels
+
+
+def frees_say_nothing(trace: Trace, tl: Timeline | None) -> bool:
+    """True when free events carry no thread evidence: recorded with context="alloc", a free has no
+    frames or repeats its allocation's frames."""
+    is_alloc = trace.action == A["alloc"]
+    frees = ~is_alloc & np.isin(trace.action, [A["free_requested"], A["free_completed"], A["free"]])
+    if not frees.any():
+        return False
+    if float(np.mean(has_python(trace)[frees])) < 0.05:
+        return True
+    life = (tl or Timeline.from_trace(trace)).lifetimes
+    pair = (life.alloc_event >= 0) & (life.free_event < len(trace))
+    a, f = life.alloc_event[pair], life.free_event[pair]
+    framed = trace.stack[a] >= 0
+    return bool(framed.any()) and float(np.mean(trace.stack[a][framed] == trace.stack[f][framed])) > 0.9

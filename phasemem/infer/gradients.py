@@ -1,0 +1,56 @@
+"""Gradients and the optimizer, told by the parameters' sizes.
+
+The blocks alive before the trace began are (mostly) the parameters. A backward allocates a
+gradient of each trainable parameter's size; an optimizer's temporaries and state are those sizes
+too. Inference, gradient clipping's norms and GradScaler's checks allocate other sizes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..segment import P
+from ..trace import Trace
+
+GRAD_SHARE = 0.25  # of the parameters' distinct sizes a backward must allocate
+
+
+def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: int, end: int,
+                     labels: np.ndarray) -> int:
+    """Where the optimizer begins after a backward that ended at ``b1``.
+
+    An optimizer works on blocks the parameters' sizes (its temporaries, its state). Backward's
+    last gradients are such blocks too, right after its last activation is freed; then, in many
+    loops, user code that allocates only other sizes -- gradient clipping's norms, GradScaler's
+    unscale -- and only then the optimizer. Those last gradients are labelled backward here.
+    """
+    ours = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, end, "right")]
+    if len(params) < 3 or not len(ours):
+        return b1 + 1
+    sized = np.isin(trace.size[ours], params)
+    if not sized.any():
+        return b1 + 1
+    other = np.flatnonzero(~sized)
+    if len(other) and sized[other[0]:].any():
+        labels[b1 + 1:ours[other[0]]] = P["backward"]
+        return int(ours[other[0] + np.argmax(sized[other[0]:])])
+    return int(ours[np.argmax(sized)])
+
+
+def keeps_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
+                     top: int, b1: int, nxt: int) -> bool:
+    """Parameter-sized blocks made in this backward that outlive it (after the last pass: to the
+    trace's end, since what a loop frees on its way out is no gradient)."""
+    made = allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]
+    made = made[np.isin(trace.size[made], params)]
+    return int((free_of[made] > b1 if nxt < len(trace) else free_of[made] == nxt).sum()) >= 2
+
+
+def makes_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, top: int, b1: int) -> bool:
+    """A backward allocates a gradient the size of each trainable parameter; a forward keeping a
+    KV cache (generate()) frees last-made-first too, but makes no such blocks. Measured share of the
+    parameters' distinct sizes met after the top: training 0.33 (LoRA) to 1.0, inference 0 to 0.14.
+    Without parameters made before the trace there is nothing to compare: no objection."""
+    if len(params) < 3:
+        return True
+    made = trace.size[allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]]
+    return float(np.isin(params, made).mean()) >= GRAD_SHARE
