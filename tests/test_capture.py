@@ -354,8 +354,8 @@ def test_report_needs_finished_run():
 
 
 FIXTURES = sorted((Path(__file__).parent.parent / "fixtures").glob("*.pkl.xz"))
-# The held-out recordings (fixtures/heldout/, for evaluating marker-free inference) are checked here only.
-FIXTURES += sorted((Path(__file__).parent.parent / "fixtures" / "heldout").glob("*.pkl.xz"))
+# The held-out recordings (fixtures/heldout*/, for evaluating marker-free inference) are checked here only.
+FIXTURES += sorted((Path(__file__).parent.parent / "fixtures").glob("heldout*/*.pkl.xz"))
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name.split(".")[0])
