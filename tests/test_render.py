@@ -339,6 +339,7 @@ def test_plot_returns_a_figure_with_what_the_report_says(snapshot):
     title = " ".join(t.get_text() for t in fig.texts)
     assert report.device in title and format_bytes(report.peak_bytes) in title
     assert f"{report.n_events:,} events" in title and f"{len(report.steps)} steps" in title
+    assert ("phases inferred" in title) == ("inferred" in report.sources.values())
     # every step numbered, the overall peak named with its size
     assert [w for w in words if w.startswith("step ")] == [f"step {s.number}" for s in report.steps]
     assert f"peak {format_bytes(report.peak_bytes)}" in words
@@ -529,3 +530,13 @@ def test_fifty_steps_render_without_overlapping_text(tmp_path):
     out = tmp_path / "fifty.png"
     report.save_png(out)
     assert png_size(out) == (1600, 900)
+
+
+def test_picture_of_inferred_phases_says_so():
+    """A picture passed on without its report must still say its phases were inferred."""
+    from conftest import FIXTURES, load_snapshot
+
+    snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")
+    snap["external_annotations"] = []
+    fig = phasemem.analyze(snap).plot()
+    assert "phases inferred (no markers)" in " ".join(t.get_text() for t in fig.texts)

@@ -595,6 +595,9 @@ def _title(fig, lay, report, shown, width, height):
         where = f" in step {st.number} {PHASES[int(report.label_codes[report.peak_event])]}"
     left = f"{report.device} — peak {format_bytes(report.peak_bytes)} allocated{where}"
     right = f"{report.n_events:,} events · {len(report.steps)} step{'s' * (len(report.steps) != 1)}"
+    inferred = sorted(ph for ph, src in report.sources.items() if src == "inferred")
+    if inferred:  # a picture passed on without its report must still say its phases are guesses
+        right = f"phases inferred (no markers) · {right}"
     if len(shown) != len(report.steps):
         right += f" (showing {len(shown)})"
     y = 1 - lay.px(TITLE_PT) * 0.5 / height
