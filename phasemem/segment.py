@@ -99,10 +99,12 @@ def find_intervals(trace: Trace, prefix: str = "phasemem::") -> tuple[list[Inter
     found = [Interval(ph, t0, t1, "markers") for ph, t0, t1 in _pair(trace.markers, ours_of)]
     have = {iv.phase for iv in found}
     sources = {ph: "markers" for ph in have}
-    fallback = [Interval(ph, t0, t1, "annotations") for ph, t0, t1 in _pair(trace.markers, torch_of) if ph not in have]
-    for iv in fallback:
-        sources[iv.phase] = "annotations"
-    return found + fallback, sources
+    # PyTorch's own ranges count beside ours: instrument() leaves a torch.optim optimizer's step and
+    # zero_grad to them, while still marking model.zero_grad(); one nested in ours is the same call.
+    torch_ranges = [Interval(ph, t0, t1, "annotations") for ph, t0, t1 in _pair(trace.markers, torch_of)]
+    for iv in torch_ranges:
+        sources.setdefault(iv.phase, "annotations")
+    return found + torch_ranges, sources
 
 
 def _outermost(ivs: list[Interval]) -> list[Interval]:

@@ -75,13 +75,22 @@ def train(model, opt, batches, fail_at: int | None = None) -> list[float]:
     return losses
 
 
+TORCH_RANGES = {"Optimizer.step#": "optimizer", "Optimizer.zero_grad#": "zero_grad"}
+
+
 def markers(snap: dict) -> list[tuple[str, str, int]]:
+    """Phase ranges in the snapshot: ours, and torch.optim's own where we left a phase to them
+    (instrument() does not mark a torch.optim optimizer's step and zero_grad a second time)."""
     prefix = snap.get("phasemem", {}).get("markers", "phasemem::")  # the plain_* fixtures use gt::
-    return [
+    ours = [
         (a["name"].removeprefix(prefix), a["stage"], a["time_us"])
         for a in snap["external_annotations"]
         if a["name"].startswith(prefix) and not a["name"].startswith(prefix + "step")
     ]
+    have = {name for name, _, _ in ours}
+    theirs = [(ph, a["stage"], a["time_us"]) for a in snap["external_annotations"]
+              for start, ph in TORCH_RANGES.items() if a["name"].startswith(start) and ph not in have]
+    return sorted(ours + theirs, key=lambda m: m[2]) if theirs else ours
 
 
 def recording_on() -> bool:

@@ -244,13 +244,20 @@ def _wrap_method(obj: Any, name: str, phase: str, markers: Markers) -> Undo:
 
 
 def hook_optimizer(opt: torch.optim.Optimizer, markers: Markers = MARKERS) -> Undo:
-    """``zero_grad`` and ``optimizer`` ranges.
+    """``zero_grad`` and ``optimizer`` ranges -- where PyTorch does not already record them.
 
-    ``GradScaler.step`` and Lightning's ``optimizer.step(closure)`` both call the instance's ``step``,
-    so they are covered; with a closure, forward/zero_grad/backward nest inside ``optimizer``.
+    A ``torch.optim.Optimizer`` wraps its class's ``step`` in a ``record_function`` range
+    (``Optimizer.step#AdamW.step``) and its ``zero_grad`` opens one too; with global annotations on,
+    both reach the snapshot on every call, so a second range of ours would only cost time (two
+    ranges and two Python wrappers a step). Other optimizers get ours. ``GradScaler.step`` and
+    Lightning's ``optimizer.step(closure)`` both call ``step``, so they are covered either way; with
+    a closure, forward/zero_grad/backward nest inside the optimizer's range.
     """
-    undo_zero = wrap_method(opt, "zero_grad", "zero_grad", markers)
-    undo_step = wrap_method(opt, "step", "optimizer", markers)
+    noop: Undo = lambda: None  # noqa: E731
+    torch_marks_step = bool(getattr(type(opt).step, "hooked", False))
+    torch_marks_zero = type(opt).zero_grad is torch.optim.Optimizer.zero_grad
+    undo_zero = noop if torch_marks_zero else wrap_method(opt, "zero_grad", "zero_grad", markers)
+    undo_step = noop if torch_marks_step else wrap_method(opt, "step", "optimizer", markers)
 
     def undo() -> None:
         undo_step()
