@@ -235,7 +235,9 @@ def run_block(mode, model, opt, step, dev, warmup, steps, counter):
     if isinstance(snap, dict):
         info["events"] = max((len(t) for t in snap.get("device_traces") or []), default=0)
         names = [a["name"] for a in snap.get("external_annotations") or [] if a.get("stage") == "START"]
-        info["marker_starts"] = {p: sum(n == "phasemem::" + p for n in names)
+        # instrument() leaves a torch.optim optimizer's step and zero_grad to torch's own ranges
+        torch_name = {"optimizer": "Optimizer.step#", "zero_grad": "Optimizer.zero_grad#"}
+        info["marker_starts"] = {p: sum(n == "phasemem::" + p or n.startswith(torch_name.get(p, "\0")) for n in names)
                                  for p in ("forward", "zero_grad", "backward", "optimizer")}
     del ctx, snap
     return wall, host, host_cpu, info
