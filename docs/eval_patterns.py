@@ -24,7 +24,7 @@ from phasemem.segment import P
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "gradients",
          "gradients(release)", "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries",
-         "amp_unscale", "leak")
+         "amp_unscale", "grad_clip", "leak")
 
 # The shared snapshots carry no dimensions in their metadata; these come from their README.
 SHARED_META = {
@@ -98,10 +98,12 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
         if len(bwd) >= 2 and meta.get("micro_batches", 1) > 1:
             out["gradient_accumulation", k] += 1
         opt = [(x0, x1) for x0, x1, ph in runs if ph == "optimizer"]
-        if bwd and opt:  # GradScaler.unscale_ between the last backward and the optimizer, by its frames
-            gap = a[(a > bwd[-1][1]) & (a < opt[0][0])]
-            if sum(frames(int(i), "torch/amp/grad_scaler.py") for i in gap) >= 2:
-                out["amp_unscale", k] += 1
+        if bwd:  # between the last backward and the optimizer (the step's end if it made no events)
+            gap = a[(a > bwd[-1][1]) & (a < (opt[0][0] if opt else st.end_event + 1))]
+            if sum(frames(int(i), "torch/nn/utils/clip_grad.py") for i in gap) >= 2:
+                out["grad_clip", k] += 1  # clip_grad_norm_, by its frames (GradScaler's check among them)
+            elif sum(frames(int(i), "torch/amp/grad_scaler.py") for i in gap) >= 2:
+                out["amp_unscale", k] += 1  # GradScaler.unscale_, by its frames
         if not has_frames:  # recorded without stacks: the optimizer's set-up says what it must do
             name = str(meta.get("optimizer") or "")
             stateful = "Adam" in name or "momentum" in name

@@ -3,6 +3,8 @@
 Ground truth comes from how the snapshots were recorded (../shared/gpu-snapshots/README.md and
 each file's meta), never from the detectors.
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -248,3 +250,22 @@ def test_odd_traces_streams_cudagraph_expandable():
             assert state and _close(state[0].bytes, 2 * snap["phasemem"]["meta"]["param_bytes"])
         else:
             assert report.patterns_of("logits") and report.patterns_of("gradients")
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "fixtures").glob("**/*.pkl.xz")),
+                         ids=lambda p: p.name.split(".")[0])
+def test_gradient_clipping_and_gradscaler_told_apart(path):
+    """Both leave one-element tensors between backward and the optimizer; the recorded frames say
+    which ran (torch/nn/utils/clip_grad.py, torch/amp/grad_scaler.py). Named without frames."""
+    snap = load_snapshot(path)
+    events = snap["device_traces"][0]
+
+    def ran(where):
+        return any(where in f["filename"] for e in events if e["action"] == "alloc" for f in e.get("frames") or [])
+
+    clip, scaler = ran("clip_grad.py"), ran("grad_scaler.py")
+    for e in events:
+        e["frames"] = []
+    report = phasemem.analyze(snap, marker_prefix=snap["phasemem"].get("markers", "phasemem::"))
+    assert bool(report.patterns_of("grad_clip")) == clip
+    assert bool(report.patterns_of("amp_unscale")) == (scaler and not clip)

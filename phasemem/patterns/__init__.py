@@ -7,10 +7,10 @@ from . import gradients, leak, logits, optimizer, recompute, runtime
 from .context import Context
 
 KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "gradients",
-         "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries", "amp_unscale", "workspace",
+         "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries", "amp_unscale", "grad_clip", "workspace",
          "leak")
 
-_PER_STEP = (logits.detect, recompute.detect, gradients.detect, optimizer.detect, runtime.amp_unscale)
+_PER_STEP = (logits.detect, recompute.detect, gradients.detect, optimizer.detect, runtime.before_step)
 
 
 def detect(ctx: Context) -> list[Pattern]:
