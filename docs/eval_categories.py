@@ -5,7 +5,7 @@ peak, the most gradient bytes alive at any event, and the optimizer state alive 
 trace, against the model's parameter bytes (from the recording script) and the optimizer's known
 state size (AdamW 2×, momentum SGD 1×). Prints the table for docs/categories.md.
 
-    python3 docs/eval_categories.py
+    python3 docs/eval_categories.py [SNAPSHOT ...]     # e.g. fixtures/heldout*/*.pkl.xz
 """
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ def state_multiple(optimizer: str | None) -> int | None:
     return None
 
 
-def main() -> int:
+def main(paths: list[str]) -> int:
     print("| snapshot | optimizer | parameters (model) | parameter | gradient (max alive) | optimizer state (end) "
           "| expected state | worst error |")
     print("|---|---|---|---|---|---|---|---|")
     errors = []
-    for path in sorted((ROOT / "fixtures").glob("*.pkl.xz")):
+    for path in [Path(x) for x in paths] or sorted((ROOT / "fixtures").glob("*.pkl.xz")):
         snap = pickle.loads(lzma.decompress(path.read_bytes()))
         meta = snap["phasemem"]["meta"]
         r = phasemem.analyze(snap)
@@ -69,4 +69,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
