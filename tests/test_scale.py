@@ -267,10 +267,11 @@ def test_steps_analyse_only_those_steps_with_the_full_numbers(path, tmp_path):
 
 def test_slices_of_a_long_trace_equal_the_full_analysis(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_analyze import read_shared, replicate_steps
+    from bench_analyze import replicate_steps
 
-    src = shared_paths()[1]
-    big = replicate_steps(read_shared(src), 12)  # 25 steps
+    # a fixture, not ../shared: a clean checkout (CI) has only the repository
+    src = ROOT / "fixtures" / "plain_gpt_foreach.pkl.xz"  # marked with gt::, as the shared ones are
+    big = replicate_steps(load_snapshot(src), 12)  # 25 steps
     full = phasemem.analyze(big, marker_prefix="gt::")
     trace = Trace.from_snapshot(big)
     npz = tmp_path / "big.npz"
@@ -285,7 +286,7 @@ def test_slices_of_a_long_trace_equal_the_full_analysis(tmp_path):
 
 
 def test_steps_on_a_file_converted_for_other_markers_or_before_the_index(tmp_path):
-    path = PATHS[0]
+    path = ROOT / "fixtures" / "plain_gpt_foreach.pkl.xz"  # gt:: markers; in every checkout
     trace = read_trace(path)
     old = tmp_path / "old.npz"
     save_trace(trace, old)  # no step index: a file from an older phasemem
