@@ -66,6 +66,16 @@ class Timeline:
         """The highest active bytes while each event ran: after an alloc, before a free."""
         return np.maximum(self.active_after, self.active_before)
 
+    @cached_property
+    def freed_at(self) -> np.ndarray:
+        """Per event: the event that frees what it allocated (``len(trace)`` while still alive, and
+        for events that allocate nothing)."""
+        n = len(self.delta)
+        out = np.full(n, n, np.int64)
+        made = self.lifetimes.alloc_event >= 0
+        out[self.lifetimes.alloc_event[made]] = self.lifetimes.free_event[made]
+        return out
+
     @classmethod
     def from_trace(cls, trace: Trace) -> "Timeline":
         n = len(trace)

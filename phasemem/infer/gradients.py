@@ -9,9 +9,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..segment import P
+from ..timeline import Timeline
 from ..trace import Trace
 
 GRAD_SHARE = 0.25  # of the parameters' distinct sizes a backward must allocate
+
+
+def parameter_sizes(tl: Timeline) -> np.ndarray:
+    """The distinct sizes of the blocks alive before the trace began: the parameters' (mostly)."""
+    life = tl.lifetimes
+    return np.unique(life.size[life.preexisting])
 
 
 def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: int, end: int,

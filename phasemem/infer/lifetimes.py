@@ -12,7 +12,7 @@ from ..segment import P
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import BURST, burst_freed
-from .gradients import GRAD_SHARE, keeps_gradients, makes_gradients, optimizer_start
+from .gradients import GRAD_SHARE, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
@@ -61,10 +61,9 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     life = tl.lifetimes
     born = (life.alloc_event >= 0) & (life.free_event < n)
     la, lf = life.alloc_event[born], life.free_event[born]
-    free_of = np.full(n, n, np.int64)
-    free_of[la] = lf
+    free_of = tl.freed_at
     allocs = np.flatnonzero(trace.action == A["alloc"])
-    params = np.unique(life.size[life.alloc_event < 0])  # what existed before: the parameters
+    params = parameter_sizes(tl)
     # A trace trains only if some backward leaves gradients behind: parameter-sized blocks made
     # after a top that outlive its pass (until zero_grad, or for good). An inference loop's
     # parameter-sized activations (a CNN's per-channel tensors) die within the pass.

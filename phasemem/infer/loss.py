@@ -12,7 +12,7 @@ from ..segment import P
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import BURST, burst_freed
-from .gradients import GRAD_SHARE
+from .gradients import GRAD_SHARE, parameter_sizes
 
 TINY, LOOK, PAST, QUICK = 512, 32, 4, 4  # a scalar's block; allocations before the top searched; freed at once
 
@@ -63,11 +63,7 @@ def fingerprints(trace: Trace, tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
     """Every place cross-entropy's fingerprint (see ``loss_span``) could be, anywhere in the trace:
     the loss's first event and backward's. Only where nothing else tells the loss (no forward
     events) is this trusted."""
-    n = len(trace)
-    life = tl.lifetimes
-    born = (life.alloc_event >= 0) & (life.free_event < n)
-    free_of = np.full(n, n, np.int64)
-    free_of[life.alloc_event[born]] = life.free_event[born]
+    free_of = tl.freed_at
     allocs = np.flatnonzero(trace.action == A["alloc"])
     tiny = trace.size[allocs] <= TINY
     nt = np.flatnonzero(~tiny)
@@ -104,7 +100,7 @@ def graphed_steps(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | 
     if not len(loss0):
         return None
     burst = burst_freed(trace)
-    params = np.unique(life.size[life.alloc_event < 0])
+    params = parameter_sizes(tl)
     temp = np.zeros(n, bool)  # allocations freed in a burst: an optimizer's temporaries
     temp[life.alloc_event[born][burst[life.free_event[born]]]] = True
     labels = np.zeros(n, np.int8)

@@ -7,6 +7,7 @@ from scipy.signal import find_peaks
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import burst_freed
+from .gradients import parameter_sizes
 
 K = 8  # allocation sizes in a k-gram
 # An activation lives less than this share of a step (checkpointed block inputs live through the
@@ -169,7 +170,7 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     act = (f - a >= 16) & ~burst[keep]
     # parameter-sized ones are an optimizer's temporaries (grad², the update), not a recompute's
     act_a, act_f = a[act], f[act]
-    act_p = np.isin(size[act], np.unique(life.size[life.alloc_event < 0]))
+    act_p = np.isin(size[act], parameter_sizes(tl))
     bounds = [-1] + [top for _, top, _ in mts] + [n]
     # allocations are in event order: those made between two tops are one slice
     cut = np.searchsorted(a, bounds, "right")
