@@ -73,13 +73,14 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     starts = [0]
     lengths = []
     burst = burst_freed(trace)
-    # Temporaries made and freed in bursts: a foreach optimizer's (or zero_grad's frees).
-    made_here = np.zeros(n, bool)
-    made_here[lf[burst[lf]]] = True
+    # Burst frees of what the trace itself allocated: a foreach optimizer's temporaries (or
+    # gradients zero_grad frees); pre-existing blocks freed at the start say nothing of a step.
+    freed_in_burst = np.zeros(n, bool)
+    freed_in_burst[lf[burst[lf]]] = True
     first = mts[0][0]
-    if made_here[:first].sum() >= BURST:
+    if freed_in_burst[:first].sum() >= BURST:
         # The trace starts inside a step (the ring buffer wrapped): its optimizer ends that step.
-        last = int(np.flatnonzero(made_here[:first])[-1])
+        last = int(np.flatnonzero(freed_in_burst[:first])[-1])
         labels[:last + 1] = P["optimizer"]
         starts.append(first)
     prev_end = -1
@@ -95,8 +96,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             # No backward, so no optimizer either (inference) -- unless what follows makes
             # parameter-sized temporaries and frees them in bursts, as a foreach optimizer does
             # after a backward the trace cannot see (a CUDA-graphed model's replay makes no events).
-            tail = np.arange(b1 + 1, nxt)
-            made = allocs[(allocs > b1) & (allocs < nxt)]
+            made = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, nxt, "left")]
             temps = made[burst[np.minimum(free_of[made], n - 1)] & (free_of[made] < nxt)]
             opt = len(temps) >= BURST and (len(params) < 3 or np.isin(params, trace.size[temps]).mean() >= GRAD_SHARE)
             labels[f0:nxt] = P["forward"]
@@ -119,7 +119,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             bursts = np.flatnonzero(burst[tail])
             end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
             labels[optimizer_start(trace, allocs, params, b1, end, labels):end + 1] = P["optimizer"]
-            rest = allocs[(allocs > end) & (allocs < nxt)]
-            if len(rest) >= MIN_SAVED:
+            rest = np.searchsorted(allocs, nxt, "left") - np.searchsorted(allocs, end, "right")
+            if rest >= MIN_SAVED:
                 labels[end + 1:nxt] = P["forward"]
     return labels, starts, lengths
