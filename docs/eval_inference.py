@@ -44,7 +44,7 @@ def score(truth, got, loss_in_forward: bool) -> dict:
     if loss_in_forward:  # the shared snapshots' gt::forward spans the model and the loss
         got_codes[got_codes == P["loss"]] = P["forward"]
     ok = truth.label_codes == got_codes
-    peaks, within = [], []
+    peaks = []
     for name, ph in truth.phases.items():
         if name == "other" or ph.peak_bytes == 0:
             continue
