@@ -65,24 +65,14 @@ def before_step(ctx: Context, step: int) -> list[Pattern]:
     # one per gradient (17-79 on the held-out traces that clip).
     grads = len(gradient_allocs(ctx, step)) or len(gradient_allocs(ctx, 0))
     if len(scalars) >= max(CLIP_MIN, grads // 2):
-        return [Pattern(
-            kind="grad_clip", step=step, phase="other", start_event=first, end_event=last, peak_event=last,
-            bytes=int(ctx.size[idx].sum()),
-            explanation=(
-                f"Gradient clipping between backward and optimizer.step: {len(scalars)} one-element tensors, "
-                f"one norm per gradient and then their total and the clip coefficient (clip_grad_norm_); the "
-                f"gradients are scaled in place. Negligible memory; GradScaler's unscale, if the loop uses "
-                f"one, is among them."
-            ),
-            details={"count": int(len(scalars))},
-        )]
-    return [Pattern(
-        kind="amp_unscale", step=step, phase="other", start_event=first, end_event=last, peak_event=last,
-        bytes=int(ctx.size[scalars].sum()),
-        explanation=(
-            f"AMP's GradScaler checking the gradients before the update: {len(scalars)} one-element tensors "
-            f"(the inf/NaN flag and the inverse scale, per device) between backward and optimizer.step. "
-            f"Negligible memory; it unscales the gradients in place, so no gradient-sized copies appear."
-        ),
-        details={"count": int(len(scalars))},
-    )]
+        kind, nbytes = "grad_clip", int(ctx.size[idx].sum())
+        why = (f"Gradient clipping between backward and optimizer.step: {len(scalars)} one-element tensors, one "
+               f"norm per gradient and then their total and the clip coefficient (clip_grad_norm_); the gradients "
+               f"are scaled in place. Negligible memory; GradScaler's unscale, if the loop uses one, is among them.")
+    else:
+        kind, nbytes = "amp_unscale", int(ctx.size[scalars].sum())
+        why = (f"AMP's GradScaler checking the gradients before the update: {len(scalars)} one-element tensors "
+               f"(the inf/NaN flag and the inverse scale, per device) between backward and optimizer.step. "
+               f"Negligible memory; it unscales the gradients in place, so no gradient-sized copies appear.")
+    return [Pattern(kind=kind, step=step, phase="other", start_event=first, end_event=last, peak_event=last,
+                    bytes=nbytes, explanation=why, details={"count": int(len(scalars))})]
