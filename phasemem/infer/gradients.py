@@ -15,6 +15,12 @@ from ..trace import Trace
 GRAD_SHARE = 0.25  # of the parameters' distinct sizes a backward must allocate
 
 
+def covers_parameters(params: np.ndarray, sizes: np.ndarray) -> bool:
+    """Do these blocks come in enough of the parameters' sizes to be gradients, or an optimizer's
+    temporaries? With fewer than 3 parameter sizes known there is nothing to compare: yes."""
+    return len(params) < 3 or float(np.isin(params, sizes).mean()) >= GRAD_SHARE
+
+
 def parameter_sizes(tl: Timeline) -> np.ndarray:
     """The distinct sizes of the blocks alive before the trace began: the parameters' (mostly)."""
     life = tl.lifetimes
@@ -57,7 +63,5 @@ def makes_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, top: i
     KV cache (generate()) frees last-made-first too, but makes no such blocks. Measured share of the
     parameters' distinct sizes met after the top: training 0.33 (LoRA) to 1.0, inference 0 to 0.14.
     Without parameters made before the trace there is nothing to compare: no objection."""
-    if len(params) < 3:
-        return True
     made = trace.size[allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]]
-    return float(np.isin(params, made).mean()) >= GRAD_SHARE
+    return covers_parameters(params, made)

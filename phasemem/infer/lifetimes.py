@@ -12,7 +12,7 @@ from ..segment import P
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import BURST, burst_freed
-from .gradients import GRAD_SHARE, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes
+from .gradients import covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
@@ -26,7 +26,7 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
     # a layer's period is visible); then the next, then none.
     for period in candidate_periods(trace) + [None]:
         period_events = period * len(trace) / n_alloc if period else None
-        labels, starts, lengths = _label_passes(trace, tl, period_events, fill=False)
+        labels, starts, lengths, tops = _label_passes(trace, tl, period_events, fill=False)
         if lengths and (period_events is None or np.median(lengths) <= period_events):
             break
         tries.append(period_events)
@@ -38,25 +38,24 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
     if period_events is None:
         # No regular period (batches of varying length): the tops' usual spacing stands in for
         # it, so that what a loop holds for a whole step (the loss, kept for logging) is not
-        # taken for an activation.
-        tops = [top for _, top, _ in mountains(trace, tl, None, False)]
+        # taken for an activation. (The last trial was the one without a period: its tops.)
         if len(tops) >= 3:
             est = float(np.median(np.diff(tops)))
-            _, _, lengths2 = _label_passes(trace, tl, est, fill=False)
+            lengths2 = _label_passes(trace, tl, est, fill=False)[2]
             if lengths2 and np.median(lengths2) <= est:
                 period_events = est
-    labels, starts, _ = _label_passes(trace, tl, period_events)
+    labels, starts = _label_passes(trace, tl, period_events)[:2]
     return labels, starts
 
 
 def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
-                  fill: bool = True) -> tuple[np.ndarray, list[int], list[int]]:
-    """Labels, step starts, and the length in events of each training pass found."""
+                  fill: bool = True) -> tuple[np.ndarray, list[int], list[int], list[int]]:
+    """Labels, step starts, the length in events of each training pass found, and every pass's top."""
     n = len(trace)
     labels = np.zeros(n, np.int8)
     mts = mountains(trace, tl, period_events, fill)
     if not mts:
-        return labels, [0], []
+        return labels, [0], [], []
     mts = passes(trace, tl, mts)
     life = tl.lifetimes
     born = (life.alloc_event >= 0) & (life.free_event < n)
@@ -98,7 +97,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             # after a backward the trace cannot see (a CUDA-graphed model's replay makes no events).
             made = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, nxt, "left")]
             temps = made[burst[np.minimum(free_of[made], n - 1)] & (free_of[made] < nxt)]
-            opt = len(temps) >= BURST and (len(params) < 3 or np.isin(params, trace.size[temps]).mean() >= GRAD_SHARE)
+            opt = len(temps) >= BURST and covers_parameters(params, trace.size[temps])
             labels[f0:nxt] = P["forward"]
             if opt:
                 labels[b1 + 1:nxt] = P["optimizer"]
@@ -122,4 +121,4 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             rest = np.searchsorted(allocs, nxt, "left") - np.searchsorted(allocs, end, "right")
             if rest >= MIN_SAVED:
                 labels[end + 1:nxt] = P["forward"]
-    return labels, starts, lengths
+    return labels, starts, lengths, [top for _, top, _ in mts]

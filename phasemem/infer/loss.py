@@ -12,7 +12,7 @@ from ..segment import P
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import BURST, burst_freed
-from .gradients import GRAD_SHARE, parameter_sizes
+from .gradients import covers_parameters, parameter_sizes
 
 TINY, LOOK, PAST, QUICK = 512, 32, 4, 4  # a scalar's block; allocations before the top searched; freed at once
 
@@ -114,7 +114,7 @@ def graphed_steps(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | 
             continue  # no optimizer after it: not a training step's loss
         o0, o1 = b0 + int(t[0]), b0 + int(f[-1])
         # an optimizer's temporaries are the parameters' sizes (a generate() loop's bursts are not)
-        if len(params) >= 3 and np.isin(params, trace.size[b0 + t]).mean() < GRAD_SHARE:
+        if not covers_parameters(params, trace.size[b0 + t]):
             continue
         labels[l0:b0] = P["loss"]
         labels[b0:o0] = P["backward"]
