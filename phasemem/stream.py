@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import PhasememError
 from .load import UNPICKLE_ERRORS, _SnapshotUnpickler, no_gc, open_snapshot, read_snapshot_file
-from .trace import A, Trace, _CODES, _frame_key
+from .trace import A, Trace, _CODES, _frame_key, _stack_table
 
 _SENTINEL = ("phasemem.stream", "_Events")
 _SUBSTITUTE = b"c" + "\n".join(_SENTINEL).encode() + b"\n)R"  # GLOBAL module\nname\n, EMPTY_TUPLE, REDUCE
@@ -123,14 +123,13 @@ class _Events:
         return sid
 
     def columns(self) -> dict:
-        frame_ids: dict[tuple, int] = {}
-        stacks = [tuple(frame_ids.setdefault(f, len(frame_ids)) for f in k) for k in self.by_content]
+        stacks, frames = _stack_table(self.by_content)
         return dict(
             action=np.frombuffer(self.action, dtype=np.int8) if self.n else np.zeros(0, np.int8),
             **{key: np.frombuffer(col, dtype=np.int64) if self.n else np.zeros(0, np.int64)
                for key, col in self.cols.items()},
             stack=np.frombuffer(self.stack, dtype=np.int32) if self.n else np.zeros(0, np.int32),
-            stacks=stacks, frames=list(frame_ids), oom_device_free=dict(self.oom_device_free),
+            stacks=stacks, frames=frames, oom_device_free=dict(self.oom_device_free),
         )
 
 

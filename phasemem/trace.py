@@ -189,9 +189,16 @@ def _intern_stacks(frame_lists: list, n: int):
                                          return_index=True, return_inverse=True)
     per_list = np.fromiter((stack_of(frame_lists[i]) for i in first.tolist()), dtype=np.int32, count=len(first))
     stack = per_list[inverse.reshape(-1)]
+    stacks, frames = _stack_table(by_content)
+    return stack, stacks, frames
+
+
+def _stack_table(by_content: dict) -> tuple[list[tuple[int, ...]], list[tuple]]:
+    """Distinct stacks (keyed by their frames' contents, in id order) as tuples of frame ids, and
+    the distinct frames those ids name."""
     frame_ids: dict[tuple, int] = {}
     stacks = [tuple(frame_ids.setdefault(f, len(frame_ids)) for f in k) for k in by_content]
-    return stack, stacks, list(frame_ids)
+    return stacks, list(frame_ids)
 
 
 def _blocks_with_addresses(seg: dict):
