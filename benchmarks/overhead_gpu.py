@@ -332,6 +332,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per block")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per block")
     ap.add_argument("--rounds", default="40", help="rounds, one number or per workload: mlp=60,gpt=30")
+    ap.add_argument("--seconds", default="", help="stop a workload's rounds before this many seconds: mlp=480,gpt=520 "
+                    "(a whole round is never cut; the table counts the rounds run)")
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from {ALL_MODES}")
     ap.add_argument("--gpt-modes", default="", help="modes for the gpt workload, if other than --modes")
     ap.add_argument("--cpus", default="", help="pin the process to these cores, e.g. 2-5")
@@ -371,6 +373,10 @@ def main(argv=None) -> int:
     for part in a.rounds.split(","):
         name, _, val = part.rpartition("=")
         rounds[name or "*"] = int(val)
+    budget = {}
+    for part in filter(None, a.seconds.split(",")):
+        name, _, val = part.rpartition("=")
+        budget[name or "*"] = float(val)
     os.makedirs(a.out, exist_ok=True)
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(dev) if cuda else platform.processor() or "cpu",
            "python": sys.version.split()[0], "warmup": a.warmup, "steps": a.steps, "rounds": rounds,
@@ -393,6 +399,7 @@ def main(argv=None) -> int:
           "; ".join(f"{k}: {v:.2f} us" for k, v in comp.items()), ""]
     for wname in [w for w in a.workloads.split(",") if w]:
         R = rounds.get(wname, rounds.get("*", 40))
+        limit = budget.get(wname, budget.get("*", math.inf))
         modes = gmodes if wname == "gpt" else wmodes
         base = "record" if "record" in modes else "none"
         desc, model, opt, step = build(wname, dev, a.tiny)
@@ -407,6 +414,10 @@ def main(argv=None) -> int:
         infos: dict[str, list] = {m: [] for m in modes}
         t_start = time.perf_counter()
         for r in range(R):
+            elapsed = time.perf_counter() - t_start
+            if r and elapsed * (r + 1) / r > limit:  # the next round would end past the budget
+                R = r
+                break
             for m in order_for(modes, r):
                 try:
                     wall, host, host_cpu, info = run_block(m, model, opt, step, dev, a.warmup, a.steps, counter)
