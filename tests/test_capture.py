@@ -261,6 +261,43 @@ def test_raise_inside_forward_and_backward_closes_markers(device):
     assert_clean(model, opt)
 
 
+
+def test_fsdp2_dtensor_parameters_are_recorded():
+    """FSDP2 (``fully_shard``) turns parameters, gradients and AdamW's state into DTensors, which have
+    no storage of their own: the pre-existing segments must come from their local shards, and
+    leaving the block must not fail (it once raised "invalid python storage" on exit)."""
+    dist = torch.distributed
+    if not dist.is_available():
+        pytest.skip("torch.distributed not built")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model, _, batches = make()
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        with instrument(model, opt, device="cpu") as run:
+            for x, y in batches:
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        local = [t.to_local() for p in model.parameters()
+                 for t in (p, p.grad, *opt.state[p].values()) if t is not None and t.dim()]
+        want = {t.untyped_storage().data_ptr() for t in local}
+        got = {s["address"] for s in run.snapshot["segments"]}
+        assert want <= got
+        assert [n for n, s, _ in markers(run.snapshot)].count("backward") == 2 * len(batches)
+        report = run.report()
+        assert report.phases["optimizer"].peak_bytes > 0
+    finally:
+        if created:
+            dist.destroy_process_group()
+    assert "forward" not in model.__dict__  # our wrapper gone; FSDP's own hooks stay, as they should
+
 def test_inference_without_optimizer():
     model, _, batches = make()
     with torch.no_grad(), instrument(model, device="cpu") as run:
@@ -354,6 +391,32 @@ def test_module_compiled_in_place_gets_markers():
     assert seq == [("forward", "START"), ("forward", "END")] * 2
     assert_clean(model)
 
+
+
+def test_failed_snapshot_warns_instead_of_killing_the_job(monkeypatch):
+    """The block's training has finished when the snapshot is taken: a failure there is a warning
+    (the job goes on to its next line), the hooks are still removed, and report() says why."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("converter broke")
+
+    monkeypatch.setattr(capture_cpu, "snapshot_from_profiler", broken)
+    model, opt, batches = make()
+    with pytest.warns(RuntimeWarning, match="could not be finished.*converter broke"):
+        with instrument(model, opt, device="cpu") as run:
+            train(model, opt, batches[:1])
+    assert run.snapshot is None
+    assert_clean(model, opt)
+    with pytest.raises(phasemem.PhasememError, match="converter broke"):
+        run.report()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(capture_cpu, "snapshot_from_profiler", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with instrument(model, opt, device="cpu"):
+            train(model, opt, batches[:1])
+    assert_clean(model, opt)
 
 def test_report_needs_finished_run():
     run = instrument(TinyLM(), device="cpu")

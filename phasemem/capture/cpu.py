@@ -124,15 +124,39 @@ def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> 
     }
 
 
+def _plain_tensors(t: torch.Tensor, depth: int = 0) -> Iterable[torch.Tensor]:
+    """The tensors that own memory behind ``t``: ``t`` itself, or the inner tensors of a wrapper
+    subclass (FSDP2's ``DTensor`` parameters hold their shard in ``_local_tensor`` and have no storage
+    of their own)."""
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None or depth > 4:
+        yield t
+        return
+    try:
+        names, _ = flatten()
+    except Exception:  # noqa: BLE001 -- an odd subclass is skipped, never a failed recording
+        return
+    for name in names:
+        inner = getattr(t, name, None)
+        if isinstance(inner, torch.Tensor):
+            yield from _plain_tensors(inner, depth + 1)
+
+
 def _segments(live: Iterable[torch.Tensor]) -> list[dict]:
     seen: dict[int, int] = {}
-    for t in live:
-        if t is None or t.device.type != "cpu" or t.is_sparse:
+    for outer in live:
+        if outer is None:
             continue
-        storage = t.untyped_storage()
-        ptr, nbytes = storage.data_ptr(), storage.nbytes()
-        if ptr and nbytes:
-            seen[ptr] = max(nbytes, seen.get(ptr, 0))
+        for t in _plain_tensors(outer):
+            if t.device.type != "cpu" or t.is_sparse:
+                continue
+            try:
+                storage = t.untyped_storage()
+                ptr, nbytes = storage.data_ptr(), storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # no real storage (meta-like, freed, functional)
+                continue
+            if ptr and nbytes:
+                seen[ptr] = max(nbytes, seen.get(ptr, 0))
     return [
         {
             "device": CPU_DEVICE,
