@@ -127,6 +127,7 @@ class Run:
         self.device: str | None = None
         self.source: str | None = None
         self.snapshot: dict | None = None
+        self._failure = ""  # why the snapshot could not be taken, when it could not
         self._markers = MARKERS  # shared by all runs, as the hooks are (hooks.py)
         self._mark = 0
         self.nested = False
@@ -135,8 +136,8 @@ class Run:
         self._was_recording: bool | None = None
         self._t0_us = 0
         self._state = "new"
-        # Record every thread's record_function ranges, not only this thread's. Costs ~3 % on a
-        # launch-bound step (benchmarks/results/overhead_h200.md); see docs/capture.md.
+        # Record every thread's record_function ranges, not only this thread's; measured no dearer
+        # than the calling thread's alone (docs/performance.md, run 4), see docs/capture.md.
         self.global_annotations = True
 
     # -- context manager -------------------------------------------------------------------
@@ -191,7 +192,14 @@ class Run:
             return
         errors = self._teardown(take_snapshot=True)
         if errors and not failed:
-            raise errors[0]
+            first = errors[0]
+            if not isinstance(first, Exception):  # KeyboardInterrupt/SystemExit are the user's: pass them on
+                raise first
+            # The training inside the block has finished by now; raising here would kill the job at
+            # its next line (often the checkpoint save) over a recording problem.
+            self._failure = f"{type(first).__name__}: {first}"
+            warnings.warn(f"phasemem: the recording could not be finished ({self._failure}); the training run "
+                          "is unaffected, but this block has no snapshot or report", RuntimeWarning, stacklevel=3)
 
     # -- recording -------------------------------------------------------------------------
     def _start_cuda(self) -> None:
@@ -306,6 +314,8 @@ class Run:
     # -- results ---------------------------------------------------------------------------
     def _need_snapshot(self) -> dict:
         if self.snapshot is None:
+            if self._failure:
+                raise _error(f"no snapshot: the recording could not be finished ({self._failure})")
             raise _error("no snapshot: the instrument() block has not finished (or capture failed)")
         return self.snapshot
 
