@@ -144,8 +144,13 @@ def hook_forward(module: torch.nn.Module, markers: Markers = MARKERS) -> Undo:
     that enters the compiled frame) gets wrapped, in eager, so the range encloses the compiled
     forward. A module compiled in place (``module.compile()``) runs ``forward`` inside the compiled
     ``_call_impl``, where a wrapper would be traced: it gets forward hooks kept out of dynamo instead.
+
+    A module that already has forward hooks of its own (FSDP2's ``fully_shard`` all-gathers the
+    root's parameters in a pre-hook and frees them in a post-hook) takes the slow path anyway: it gets
+    hooks too, ours outermost (pre-hook prepended, post-hook last), so the range holds that work.
     """
-    if getattr(module, "_compiled_call_impl", None) is not None:
+    if (getattr(module, "_compiled_call_impl", None) is not None
+            or getattr(module, "_forward_pre_hooks", None) or getattr(module, "_forward_hooks", None)):
         return _shared(("forward", id(module)), module, lambda: _hook_forward(module, markers))
     return wrap_method(module, "forward", "forward", markers)
 
