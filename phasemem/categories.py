@@ -85,6 +85,11 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
         return cat
     gsizes = ctx.size[grads]
     idx = np.flatnonzero(alive)
+    # Gradients in flat buffers (FSDP2, contiguous gradient buffers) pair with no parameter: then
+    # size says nothing about which block is which, and the blocks stay parameters.
+    paired = np.isin(gsizes, sizes[idx])
+    if int(gsizes[paired].sum()) < int(gsizes.sum()) // 2:
+        return cat
     order = idx[np.argsort(sizes[idx], kind="stable")]
     srt = sizes[order]
     # rank of each block among the blocks of its size

@@ -262,6 +262,7 @@ def test_raise_inside_forward_and_backward_closes_markers(device):
 
 
 
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")  # TinyLM returns a view; nothing is done in place
 def test_fsdp2_dtensor_parameters_are_recorded():
     """FSDP2 (``fully_shard``) turns parameters, gradients and AdamW's state into DTensors, which have
     no storage of their own: the pre-existing segments must come from their local shards, and
@@ -298,6 +299,12 @@ def test_fsdp2_dtensor_parameters_are_recorded():
         assert first_alloc >= next(t for n, st, t in marks if n == "forward" and st == "START")
         report = run.report()
         assert report.phases["optimizer"].peak_bytes > 0
+        # FSDP2 reduce-scatters each group's gradients into one flat buffer, the size of no single
+        # parameter: still gradients, as many bytes as the local gradient shards
+        grad_bytes = sum({p.grad.to_local().untyped_storage().data_ptr(): p.grad.to_local().untyped_storage().nbytes()
+                          for p in model.parameters()}.values())
+        made = [q.bytes for q in report.patterns if q.kind == "gradients" and q.phase == "backward"]
+        assert made == [grad_bytes] * len(batches)
     finally:
         if created:
             dist.destroy_process_group()
