@@ -2,7 +2,8 @@
 
 Backward runs on the autograd engine's thread, whose events carry no Python frames, except Python
 run there: activation-checkpoint recompute (``unpack_hook``/``recompute_fn``), a custom or compiled
-Function's backward, and the loss's first gradient (``_make_grads``). The optimizer's events run
+Function's backward, backward hooks and callbacks (FSDP2's all-gathers and reduce-scatters), and
+the loss's first gradient (``_make_grads``). The optimizer's events run
 under ``torch/optim/``, zero_grad under a ``zero_grad`` frame, the model's forward under
 ``nn.Module._call_impl``; everything else with frames (data, logging, the loss outside the model)
 is 'other'.
@@ -51,6 +52,11 @@ def _classify(frames) -> int:
         return BWD_PY
     out_fn, _, out_nm = frames[-1]  # the engine calls a Function's backward with nothing above it
     if out_nm == "apply" and out_fn.endswith("torch/autograd/function.py"):
+        return BWD_PY
+    # ... or a backward hook, or a callback queued for backward's end (FSDP2's ``_pre_backward``
+    # all-gathers, ``_root_post_backward_final_callback`` reduce-scatters): on the main thread the
+    # outermost frame is the script's ``<module>`` (or a thread's bootstrap), never one of those.
+    if "backward" in out_nm.lower():
         return BWD_PY
     # Otherwise the innermost telling frame decides: Lightning runs forward inside optimizer.step.
     users = 0  # frames of the user's own code seen so far, innermost first
