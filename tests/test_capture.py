@@ -461,7 +461,8 @@ def test_recorded_fixture_markers_pair(path):
     assert count["forward"] == meta.get("forwards", steps)  # gpt_train_eval adds evaluation forwards
     if meta["optimizer"] is not None:
         assert count["backward"] == steps
-        assert count["optimizer"] == count["zero_grad"] == meta["nsteps"]
+        assert count["optimizer"] == meta["nsteps"]
+        assert count["zero_grad"] == meta.get("zero_grads", meta["nsteps"])  # the HF Trainer clears once more
     assert snap["device_traces"][0]
 
 
