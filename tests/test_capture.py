@@ -281,11 +281,7 @@ def test_fsdp2_dtensor_parameters_are_recorded():
         fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         with instrument(model, opt, device="cpu") as run:
-            for x, y in batches:
-                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+            train(model, opt, batches)
         local = [t.to_local() for p in model.parameters()
                  for t in (p, p.grad, *opt.state[p].values()) if t is not None and t.dim()]
         want = {t.untyped_storage().data_ptr() for t in local}
@@ -301,8 +297,8 @@ def test_fsdp2_dtensor_parameters_are_recorded():
         assert report.phases["optimizer"].peak_bytes > 0
         # FSDP2 reduce-scatters each group's gradients into one flat buffer, the size of no single
         # parameter: still gradients, as many bytes as the local gradient shards
-        grad_bytes = sum({p.grad.to_local().untyped_storage().data_ptr(): p.grad.to_local().untyped_storage().nbytes()
-                          for p in model.parameters()}.values())
+        shards = [p.grad.to_local().untyped_storage() for p in model.parameters()]
+        grad_bytes = sum({s.data_ptr(): s.nbytes() for s in shards}.values())
         made = [q.bytes for q in report.patterns if q.kind == "gradients" and q.phase == "backward"]
         assert made == [grad_bytes] * len(batches)
     finally:
