@@ -540,3 +540,14 @@ def test_picture_of_inferred_phases_says_so():
     snap["external_annotations"] = []
     fig = phasemem.analyze(snap).plot()
     assert "phases inferred (no markers)" in " ".join(t.get_text() for t in fig.texts)
+
+
+def test_pattern_markers_are_filled_shapes():
+    """Markers are drawn white with a dark edge; an unfilled one ("1", "+") has no face and makes
+    matplotlib warn on every picture that shows it."""
+    from matplotlib.markers import MarkerStyle
+
+    from phasemem.render.labels import PATTERN_MARKERS
+
+    assert all(MarkerStyle(m).is_filled() for m in PATTERN_MARKERS.values())
+    assert len(set(PATTERN_MARKERS.values())) == len(PATTERN_MARKERS)

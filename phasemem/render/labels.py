@@ -31,7 +31,7 @@ PATTERN_MARKERS = {
     "optimizer_state_init": "*",
     "optimizer_temporaries": "p",
     "amp_unscale": "d",
-    "grad_clip": "1",
+    "grad_clip": ">",
     "workspace": "8",
     "leak": "h",
 }
