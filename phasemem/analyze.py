@@ -13,8 +13,8 @@ from .measure import TOP_K, measure
 from .categories import CATEGORIES, CategoryCurves
 from .patterns import detect as detect_patterns
 from .patterns.context import Context
-from .report import OutOfMemory, Phase, Report
-from .segment import PHASES, segment
+from .report import DeviceSummary, OutOfMemory, Phase, Report
+from .segment import P, PHASES, segment
 from .slicing import StepIndex, build_index, can_slice, slice_in_memory
 from .stream import read_trace
 from .timeline import Timeline
@@ -42,6 +42,16 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
         >>> phasemem.analyze("big.npz", steps="100-102").steps[0].number
         100
     """
+    report = _analyze_one(snapshot, device, trusted, marker_prefix, steps)
+    # An out-of-memory on another device is the first thing to say, with its step and phase there.
+    for other in report.other_devices:
+        if other.ooms:
+            sub = _analyze_one(snapshot, other.index, trusted, marker_prefix, None)
+            report.ooms += [o for o in sub.ooms]
+    return report
+
+
+def _analyze_one(snapshot, device, trusted, marker_prefix, steps) -> Report:
     if isinstance(snapshot, (str, os.PathLike)) and is_columnar(snapshot):
         return _analyze_columnar(os.fspath(snapshot), device, marker_prefix, steps)
     with no_gc():
@@ -135,6 +145,12 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
                      "so phases were inferred")
     if any(not s.complete for s in steps):
         notes.append(PARTIAL_NOTE)
+    if seg.sources.get("forward") == "inferred" and not (seg.labels == P["backward"]).any() and not (
+            seg.labels == P["optimizer"]).any():
+        n_fwd = int((np.diff(np.concatenate([[0], (seg.labels == P["forward"]).astype(np.int8)])) == 1).sum())
+        notes.append(f"no backward and no optimizer in this trace: forward passes only (inference, a forward-only "
+                     f"benchmark or a calibration); its {n_fwd} forward run(s) are reported as one step, since "
+                     f"nothing in the trace tells which of them make up one call of the model")
     meta = trace.meta
     name = meta.get("device") or f"cuda:{trace.device}"
     report = Report(
@@ -155,13 +171,18 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
         timeline=tl,
         segmentation=seg,
         category_curves=curves,
+        other_devices=[DeviceSummary(device=f"cuda:{d['device']}", index=d["device"], events=d["events"],
+                                     allocated_bytes=d["allocated_bytes"], reserved_bytes=d["reserved_bytes"],
+                                     ooms=len(d["ooms"]))
+                       for d in trace.other_devices if d["events"] or d["allocated_bytes"]],
     )
     _attach_categories(report, curves, tl)
     report.ooms = [
         OutOfMemory(
             event=e, step=int(seg.step_of[e]) if seg.step_of[e] >= 0 else None, phase=PHASES[int(seg.labels[e])],
             requested_bytes=int(trace.size[e]), device_free_bytes=free, allocated_bytes=int(tl.active_after[e]),
-            by_category=dict(zip(CATEGORIES, curves.at([e + 1])[0].tolist())),
+            by_category=dict(zip(CATEGORIES, curves.at([e + 1])[0].tolist())), device=str(name),
+            step_number=steps[int(seg.step_of[e])].number if seg.step_of[e] >= 0 else None,
         )
         for e, free in sorted(trace.oom_device_free.items())
     ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .patterns.context import Context
+from .infer.frames import weight_moves
 from .segment import P
 
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input", "other")
@@ -67,6 +68,8 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     # Made before the first step's forward and kept to the end: weights created after recording began.
     first_fwd = fwd_starts[0] if len(fwd_starts) else n
     cat[other & (f >= n) & (a < first_fwd) & (s_at <= 0)] = C["parameter"]
+    # Weights the stack says a module placed on the device (model.to(), load_state_dict).
+    cat[other & weight_moves(ctx.trace)[a]] = C["parameter"]
     return pre_cat, cat
 
 

@@ -17,6 +17,7 @@ import os
 import sys
 
 from .errors import PhasememError
+from .output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -75,8 +76,8 @@ def _size(text: str) -> tuple[int, int]:
         w, h = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give the picture size as WIDTHxHEIGHT in pixels, e.g. 1600x900") from None
-    if not (64 <= w <= 20000 and 64 <= h <= 20000):
-        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be between 64 and 20000 pixels")
+    if not (MIN_PICTURE[0] <= w <= MAX_PICTURE and MIN_PICTURE[1] <= h <= MAX_PICTURE):
+        raise argparse.ArgumentTypeError(f"{text!r}: {PICTURE_SIZES}")
     return w, h
 
 

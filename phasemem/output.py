@@ -7,6 +7,13 @@ from typing import Callable
 
 from .errors import PhasememError
 
+#: Pictures smaller than this cannot hold the strip, the curve and the legends legibly (a 100x100
+#: picture was accepted and unreadable); the CLI and render.plot check the same numbers.
+MIN_PICTURE = (480, 270)
+MAX_PICTURE = 20000
+PICTURE_SIZES = (f"the picture must be at least {MIN_PICTURE[0]}x{MIN_PICTURE[1]} and at most "
+                 f"{MAX_PICTURE}x{MAX_PICTURE} pixels")
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)``, then move the result over ``path``; on failure ``path`` is untouched."""

@@ -69,6 +69,9 @@ class Pattern:
     bytes: int
     explanation: str
     details: dict = field(default_factory=dict)
+    #: How sure: that of the phase it sits in (1 where markers or PyTorch's annotations placed it;
+    #: an inferred phase's measured precision otherwise, docs/accuracy.md).
+    confidence: float = 1.0
 
 
 @dataclass
@@ -76,12 +79,27 @@ class OutOfMemory:
     """An ``oom`` event: where the allocator gave up, what was asked, and what was holding memory."""
 
     event: int
-    step: int | None  # position in Report.steps
+    step: int | None  # position in Report.steps of the device's own analysis
     phase: str
     requested_bytes: int
     device_free_bytes: int
     allocated_bytes: int
     by_category: dict[str, int] = field(default_factory=dict)
+    device: str = ""  # where it happened: the report's device, or another one of the snapshot
+    step_number: int | None = None  # the step's number (Step.number) on that device
+
+
+@dataclass
+class DeviceSummary:
+    """Another device of the snapshot, which this report did not analyse: enough to know whether
+    it should be (``phasemem analyze --device N``, or ``--device all``)."""
+
+    device: str
+    index: int  # its position in snapshot["device_traces"]: what --device takes
+    events: int  # memory events in its trace
+    allocated_bytes: int  # at the moment the snapshot was taken
+    reserved_bytes: int
+    ooms: int
 
 
 @dataclass
@@ -123,8 +141,9 @@ class Report:
     sources: dict[str, str]
     patterns: list[Pattern] = field(default_factory=list)
     by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at the overall peak
-    ooms: list[OutOfMemory] = field(default_factory=list)
+    ooms: list[OutOfMemory] = field(default_factory=list)  # every device's, this one's first
     notes: list[str] = field(default_factory=list)
+    other_devices: list[DeviceSummary] = field(default_factory=list)
     # The arrays the picture is drawn from; not part of to_dict().
     label_codes: np.ndarray = field(default=None, repr=False)
     step_of: np.ndarray = field(default=None, repr=False)
@@ -150,7 +169,7 @@ class Report:
     def to_dict(self) -> dict:
         """Everything in the report as JSON-ready Python values."""
         def plain(obj):
-            if isinstance(obj, (Phase, Step, Allocation, Pattern, OutOfMemory)):
+            if isinstance(obj, (Phase, Step, Allocation, Pattern, OutOfMemory, DeviceSummary)):
                 return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
             if isinstance(obj, dict):
                 return {k: plain(v) for k, v in obj.items()}
@@ -222,7 +241,8 @@ class Report:
 
 
 def format_report(r: Report) -> str:
-    lines = [
+    lines = [_oom_line(r, o) for o in r.ooms]
+    lines += [
         f"phasemem report — {r.device}, {r.n_events:,} events, {len(r.steps)} step(s)",
         f"peak allocated {format_bytes(r.peak_bytes)} at event {r.peak_event}"
         f" (step {_step_at(r, r.peak_event)}, {_phase_at(r, r.peak_event)}); "
@@ -231,17 +251,17 @@ def format_report(r: Report) -> str:
     if r.by_category:
         names = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
                  "activation": "activations", "temporary": "temporaries", "input": "inputs", "other": "other"}
-        parts = [f"{names[k]} {format_bytes(v)}" for k, v in r.by_category.items() if v]
-        lines.insert(2, "  made of " + ", ".join(parts))
-    for o in r.ooms:
-        where = f"step {r.steps[o.step].number}, {o.phase}" if o.step is not None else o.phase
-        held = ", ".join(f"{k} {format_bytes(v)}" for k, v in o.by_category.items() if v)
-        lines.insert(1, f"OUT OF MEMORY at event {o.event} ({where}): asked for {format_bytes(o.requested_bytes)} with "
-                        f"{format_bytes(o.device_free_bytes)} free on the device; {format_bytes(o.allocated_bytes)} "
-                        f"allocated ({held})")
+        parts = [f"{names.get(k, k)} {format_bytes(v)}" for k, v in r.by_category.items() if v]
+        lines.append("  made of " + ", ".join(parts))
+    if r.other_devices:
+        lines.append("other devices: " + "; ".join(
+            f"{d.device} {d.events:,} events, {format_bytes(d.allocated_bytes)} allocated at the end"
+            + (f", {d.ooms} out-of-memory" if d.ooms else "") for d in r.other_devices)
+            + " (analyse one with --device N, each with --device all)")
     if "inferred" in r.sources.values():
-        lines.insert(2, "phases were inferred (no phasemem markers in this snapshot): see each phase's source and "
-                        "confidence; docs/accuracy.md says how accurate")
+        low = sorted({p for p, v in r.sources.items() if v == "inferred"})
+        lines.append("phases were inferred (no phasemem markers in this snapshot): " + ", ".join(
+            f"{p} {_conf(r, p)}" for p in low) + " sure; docs/accuracy.md says how accurate")
     src = sorted(set(r.sources.values()))
     if src:
         said = {"markers": "from markers", "annotations": "from PyTorch's annotations",
@@ -251,28 +271,58 @@ def format_report(r: Report) -> str:
     lines += [f"note: {n}" for n in r.notes]
     head = f"{'step':>5} {'phase':<10} {'start':>11} {'peak':>11} {'end':>11} {'events':>13}"
     lines += ["", head, "-" * len(head)]
+    pieces = _pieces(r)
     for st in r.steps:
         tag = "" if st.complete else " (partial)"
         for ph in st.phases.values():
             ev = f"{ph.start_event}-{ph.end_event}" if ph.n_events else "—"
+            k = pieces.get((st.index, ph.name), 1)
+            more = f" in {k} runs" if k > 1 else ""
             lines.append(f"{st.number:>5} {ph.name:<10} {format_bytes(ph.start_bytes):>11} "
-                         f"{format_bytes(ph.peak_bytes):>11} {format_bytes(ph.end_bytes):>11} {ev:>13}")
+                         f"{format_bytes(ph.peak_bytes):>11} {format_bytes(ph.end_bytes):>11} {ev:>13}{more}")
         lines.append(f"{'':>5} {'step' + tag:<10} {format_bytes(st.start_bytes):>11} "
                      f"{format_bytes(st.peak_bytes):>11} {format_bytes(st.end_bytes):>11} "
                      f"{f'{st.start_event}-{st.end_event}':>13}")
+    if any(k > 1 for k in pieces.values()):
+        lines.append("(a phase 'in N runs' ran in N separate stretches between its first and last event)")
     lines += ["", "all steps (peak = highest over every occurrence):"]
     for ph in r.phases.values():
-        lines.append(f"      {ph.name:<10} peak {format_bytes(ph.peak_bytes):>11} at event {ph.peak_event}")
+        at = f"at event {ph.peak_event}" if ph.peak_event is not None else "(it ran but allocated and freed nothing)"
+        lines.append(f"      {ph.name:<10} peak {format_bytes(ph.peak_bytes):>11} {at}")
     if r.patterns:
         lines += ["", "shapes found:"]
         seen = set()
         for p in r.patterns:
             where = f"step {r.steps[p.step].number} {p.phase}, events {p.start_event}-{p.end_event}"
-            lines.append(f"  {p.kind:<22} {format_bytes(p.bytes):>11}  ({where})")
+            sure = f"; {p.confidence:.0%} sure: its phase was inferred" if p.confidence < 1 else ""
+            lines.append(f"  {p.kind:<22} {format_bytes(p.bytes):>11}  ({where}{sure})")
             if p.kind not in seen:  # explain each kind once, at its first occurrence
                 seen.add(p.kind)
                 lines.append("      " + p.explanation)
     return "\n".join(lines)
+
+
+def _oom_line(r: Report, o: OutOfMemory) -> str:
+    where = f"step {o.step_number}, {o.phase}" if o.step_number is not None else o.phase
+    held = ", ".join(f"{k} {format_bytes(v)}" for k, v in o.by_category.items() if v)
+    return (f"OUT OF MEMORY on {o.device or r.device} at event {o.event} ({where}): asked for "
+            f"{format_bytes(o.requested_bytes)} with {format_bytes(o.device_free_bytes)} free on the device; "
+            f"{format_bytes(o.allocated_bytes)} allocated" + (f" ({held})" if held else ""))
+
+
+def _conf(r: Report, phase: str) -> str:
+    ph = r.phases.get(phase)
+    return f"{ph.confidence:.0%}" if ph is not None else "?"
+
+
+def _pieces(r: Report) -> dict[tuple[int, str], int]:
+    """How many separate runs each (step, phase) has."""
+    if r.label_codes is None:
+        return {}
+    out: dict[tuple[int, str], int] = {}
+    for _, _, ph, s in r.label_runs():
+        out[s, ph] = out.get((s, ph), 0) + 1
+    return out
 
 
 def _step_at(r: Report, event: int | None):

@@ -25,7 +25,7 @@ MARKED = ("forward", "zero_grad", "backward", "optimizer")
 # Recompute it there when the inference changes; tests/test_infer.py checks it.
 CONFIDENCE = {
     "frames": {"forward": 0.99, "loss": 0.99, "zero_grad": 0.99, "backward": 0.99, "optimizer": 0.99},
-    "lifetimes": {"forward": 0.88, "loss": 0.69, "zero_grad": 0.99, "backward": 0.98, "optimizer": 0.64},
+    "lifetimes": {"forward": 0.88, "loss": 0.69, "zero_grad": 0.99, "backward": 0.98, "optimizer": 0.66},
 }
 
 _TORCH_ANNOTATIONS = {
@@ -187,13 +187,17 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
         how = "lifetimes"
     else:
         return labels, "none", None
-    keep = labels != P["other"]  # PyTorch's own optimizer/zero_grad annotations stay authoritative
+    # PyTorch's own optimizer/zero_grad annotations stay authoritative, except for the phases they
+    # nest: optimizer.step(closure) (Lightning, LBFGS) runs zero_grad, forward, the loss and backward
+    # inside torch's Optimizer.step range, and those win there, as nested markers do.
+    nested = (labels == P["optimizer"]) & np.isin(inferred, [P["forward"], P["backward"], P["zero_grad"]])
+    keep = (labels != P["other"]) & ~nested
     merged = np.where(keep, labels, inferred).astype(np.int8)
     infer.finish(trace, timeline, merged)
     # ... for the phases they cover: none of those outside them
     for ph in annotated:
-        merged[(merged == P[ph]) & ~keep] = P["other"]
-    merged[keep] = labels[keep]
+        merged[(merged == P[ph]) & ~keep & ~nested] = P["other"]
+    merged[keep & (merged != P["loss"])] = labels[keep & (merged != P["loss"])]
     return merged, how, starts
 
 
@@ -205,6 +209,8 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
     n = len(labels)
     big = int(np.iinfo(np.int64).max)
     first, last, code, _ = runs(labels, np.zeros(n, np.int32))
+    if not (code == P["backward"]).any():
+        starts = None  # no training step to find (see below), whatever the lifetimes' passes say
     if starts is None:
         bwd_runs = np.flatnonzero(code == P["backward"]).tolist()
         transitions = []
@@ -218,8 +224,11 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
             transitions.append((cut, bool(len(opt) or (between == P["zero_grad"]).any())))
         regular = sum(t for _, t in transitions) >= 2
         cuts = [c for c, t in transitions if t or not regular]
-        if not bwd_runs:  # inference: each forward is a step
-            cuts = [int(first[j]) for j in np.flatnonzero(code == P["forward"]).tolist()[1:]]
+        if not bwd_runs:
+            # No backward: inference, a forward-only benchmark, or a layer-by-layer calibration
+            # (sqattn_cuda in ../shared/wild runs 28 layers twice each). Nothing tells which forward
+            # runs make up one call of the model, so the trace is one step, not one per forward.
+            cuts = []
         starts = [0] + sorted(set(cuts))
     bounds = sorted(set(starts)) + [n]
     bounds = [b for b in bounds if 0 <= b <= n]

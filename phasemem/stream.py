@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import PhasememError
 from .load import UNPICKLE_ERRORS, _SnapshotUnpickler, no_gc, open_snapshot, read_snapshot_file
-from .trace import A, Trace, _CODES, _frame_key, _stack_table
+from .trace import A, Trace, _CODES, _frame_key, _stack_table, busiest_device
 
 _SENTINEL = ("phasemem.stream", "_Events")
 _SUBSTITUTE = b"c" + "\n".join(_SENTINEL).encode() + b"\n)R"  # GLOBAL module\nname\n, EMPTY_TUPLE, REDUCE
@@ -267,9 +267,8 @@ def _trace(obj, events: _Events | None, device: int | None) -> Trace | None:
     mine = [i for i, t in enumerate(traces) if t is events]
     if len(mine) != 1:
         return None
-    sizes = [len(t) if isinstance(t, (list, _Events)) else 0 for t in traces]
     if device is None:
-        device = int(np.argmax(sizes))
+        device = busiest_device(obj)
     if device != mine[0]:
         # Another device is asked for, or busier: its list was read whole, and the emptied dicts
         # may be shared with it. The ordinary reader handles it.

@@ -79,6 +79,9 @@ class Trace:
     reserved_at_snapshot: int
     n_devices: int = 1
     meta: dict = field(default_factory=dict)
+    #: The snapshot's other devices, a few numbers each (``device_activity``): what the report names
+    #: so that work or an out-of-memory on another GPU is never silently left out.
+    other_devices: list = field(default_factory=list)
     # Event 0 here is this event of the recorded trace: nonzero when only some steps were loaded
     # (``phasemem.slicing``); every index elsewhere in the Trace counts from here.
     first_event: int = 0
@@ -90,8 +93,7 @@ class Trace:
     def from_snapshot(cls, snapshot: dict, device: int | None = None) -> "Trace":
         traces = snapshot.get("device_traces") or []
         if device is None:
-            # The busiest device is the one worth reading; users with one GPU never notice.
-            device = int(np.argmax([len(t) if isinstance(t, list) else 0 for t in traces]))
+            device = busiest_device(snapshot)
         if not 0 <= device < len(traces):
             raise PhasememError(
                 f"device {device} is not in this snapshot (it has devices 0..{len(traces) - 1}); pick one with --device"
@@ -140,6 +142,7 @@ class Trace:
         )
         return cls(
             device=device,
+            other_devices=[device_activity(snapshot, d) for d in range(n_devices) if d != device],
             # Without event times (older snapshots) annotations cannot be placed among the events.
             markers=_markers(snapshot, device) if columns["time_us"].any() else _markers({}, device),
             live_blocks=np.array(live, dtype=np.int64).reshape(-1, 2),
@@ -148,6 +151,48 @@ class Trace:
             meta=dict(snapshot.get("phasemem") or {}),
             **columns,
         )
+
+
+_MEMORY_EVENTS = frozenset(("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
+                            "segment_map", "segment_unmap", "oom"))
+
+
+def _live_bytes(snapshot: dict) -> dict[int, int]:
+    """Bytes allocated per device when the snapshot was taken, from its segments."""
+    out: dict[int, int] = {}
+    for seg in snapshot.get("segments") or []:
+        if not isinstance(seg, dict):
+            continue
+        d = seg.get("device", 0)
+        out[d] = out.get(d, 0) + sum(int(b.get("requested_size", b.get("size", 0)) or 0) for b in seg.get("blocks") or []
+                                     if b.get("state") in ("active_allocated", "active_pending_free"))
+    return out
+
+
+def busiest_device(snapshot: dict) -> int:
+    """The device with the most recorded activity: memory events, then (legacy snapshots hold one
+    entry per device) the bytes its segments hold. layoutedit_dump in ../shared/wild has one entry on
+    each of two devices and every segment on cuda:1; the first device would say 'peak 0 B'."""
+    traces = snapshot.get("device_traces") or []
+    live = _live_bytes(snapshot)
+    counts = [len(t) if hasattr(t, "__len__") else 0 for t in traces]
+    # a list of one entry is a legacy recording's marker, not activity
+    key = [(c if c > 1 else 0, live.get(d, 0)) for d, c in enumerate(counts)]
+    return max(range(len(key)), key=lambda d: (key[d], -d)) if key else 0
+
+
+def device_activity(snapshot: dict, device: int) -> dict:
+    """A few numbers about one device of a snapshot: its memory events, its out-of-memory events
+    (event index, bytes asked, bytes the device had free), the bytes allocated and reserved at the end."""
+    events = (snapshot.get("device_traces") or [])[device]
+    events = events if isinstance(events, list) else []
+    n = sum(1 for e in events if isinstance(e, dict) and e.get("action") in _MEMORY_EVENTS)
+    ooms = [(i, int(e.get("size", 0) or 0), int(e.get("device_free", 0) or 0))
+            for i, e in enumerate(events) if isinstance(e, dict) and e.get("action") == "oom"]
+    reserved = sum(int(seg.get("total_size", 0) or 0) for seg in snapshot.get("segments") or []
+                   if isinstance(seg, dict) and seg.get("device", 0) == device)
+    return {"device": device, "events": n, "ooms": ooms, "allocated_bytes": _live_bytes(snapshot).get(device, 0),
+            "reserved_bytes": reserved}
 
 
 def _int_column(events: list, key: str) -> np.ndarray:
@@ -198,7 +243,9 @@ def _stack_table(by_content: dict) -> tuple[list[tuple[int, ...]], list[tuple]]:
     the distinct frames those ids name."""
     frame_ids: dict[tuple, int] = {}
     stacks = [tuple(frame_ids.setdefault(f, len(frame_ids)) for f in k) for k in by_content]
-    return stacks, list(frame_ids)
+    # Windows writes C:\...\torch\nn\modules\module.py; every rule on file names reads '/'
+    # (magma27_cs336 in ../shared/wild was recorded on Windows).
+    return stacks, [(str(fn).replace("\\", "/"), line, name) for fn, line, name in frame_ids]
 
 
 def _blocks_with_addresses(seg: dict):

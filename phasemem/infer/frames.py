@@ -18,7 +18,12 @@ from ..trace import A, Trace
 
 # Event classes from frames.
 NONE, FWD, OPT, ZG, BWD_PY, OTHER = range(6)
-FRAMES_USABLE = 0.3  # below this share of events with frames, the frames are not the default context
+#: Below this share of allocations with Python frames, the frames are not the default context.
+#: Counted over allocations, not events: recorded with context="alloc" (and, on Windows, by
+#: magma27_cs336 in ../shared/wild) frees carry no frames, and backward's allocations never do, so
+#: a forward + backward trace with every main-thread allocation framed had 0.275 of its events
+#: framed but 0.38 of its allocations.
+FRAMES_USABLE = 0.3
 
 
 def _python(frames):
@@ -72,6 +77,10 @@ def _classify(frames) -> int:
             return OTHER if users - own > 0 else OPT
         if nm == "_call_impl" and fn.endswith("torch/nn/modules/module.py"):
             return FWD
+        # A model that calls its blocks' forward() directly skips _call_impl (silmont_memory_forward_*
+        # in ../shared/wild: every block's events had only forward frames above the script).
+        if nm == "forward" and _is_user(fn):
+            return FWD
         users += _is_user(fn)
     return OTHER
 
@@ -82,7 +91,10 @@ def _is_user(fn: str) -> bool:
 
 
 def has_usable_frames(trace: Trace) -> bool:
-    return len(trace) > 0 and float(np.mean(has_python(trace))) >= FRAMES_USABLE
+    allocs = trace.action == A["alloc"]
+    if not allocs.any():
+        return False
+    return float(np.mean(has_python(trace)[allocs])) >= FRAMES_USABLE
 
 
 def labels_from_frames(trace: Trace, tl: Timeline | None = None) -> np.ndarray:
@@ -123,3 +135,19 @@ def frees_say_nothing(trace: Trace, tl: Timeline | None) -> bool:
     a, f = life.alloc_event[pair], life.free_event[pair]
     framed = trace.stack[a] >= 0
     return bool(framed.any()) and float(np.mean(trace.stack[a][framed] == trace.stack[f][framed])) > 0.9
+
+
+#: Frames under which an allocation is a module's weights being placed on the device:
+#: ``model.to()``/``.cuda()`` (``Module._apply``) and ``load_state_dict``.
+_WEIGHT_FRAMES = ("_apply", "load_state_dict", "_load_from_state_dict")
+
+
+def weight_moves(trace: Trace) -> np.ndarray:
+    """Per event: does its stack say it places a module's weights on the device (see _WEIGHT_FRAMES)?
+    sqattn_cuda in ../shared/wild moves each decoder layer to the GPU before running it; without
+    this those weights looked like the batch ('input')."""
+    per_stack = np.zeros(len(trace.stacks) + 1, bool)
+    for sid, frame_ids in enumerate(trace.stacks):
+        per_stack[sid] = any(trace.frames[f][2] in _WEIGHT_FRAMES and trace.frames[f][0].endswith(
+            "torch/nn/modules/module.py") for f in frame_ids)
+    return per_stack[trace.stack]

@@ -21,6 +21,19 @@ def covers_parameters(params: np.ndarray, sizes: np.ndarray) -> bool:
     return len(params) < 3 or float(np.isin(params, sizes).mean()) >= GRAD_SHARE
 
 
+def sized_like_an_optimizer(params: np.ndarray, grads: np.ndarray, sizes: np.ndarray) -> bool:
+    """Do blocks of these sizes look like an optimizer's work? Its temporaries and state have the
+    parameters' sizes (else, with no parameter made before the trace, the gradients'). Without either
+    there is no evidence, and no optimizer is claimed: a forward + backward benchmark with no
+    optimizer (magma27_cs336 in ../shared/wild) allocates other sizes after its backward."""
+    ref = params if len(params) else np.unique(grads)
+    if not len(ref) or not len(sizes):
+        return False
+    if len(ref) < 3:  # an MLP of equal layers has two sizes: one must recur
+        return bool(np.isin(ref, sizes).any())
+    return float(np.isin(ref, sizes).mean()) >= GRAD_SHARE
+
+
 def parameter_sizes(tl: Timeline) -> np.ndarray:
     """The distinct sizes of the blocks alive before the trace began: the parameters' (mostly)."""
     life = tl.lifetimes

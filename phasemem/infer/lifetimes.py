@@ -12,7 +12,8 @@ from ..segment import P
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import BURST, burst_freed
-from .gradients import covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes
+from .gradients import (covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
+                        sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
@@ -114,7 +115,10 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         # zero_grad's); what allocates after that is a forward the loop ran with no backward (an
         # evaluation), the rest 'other'.
         tail = np.arange(b1 + 1, nxt)
-        if len(tail) and (trace.action[tail] == A["alloc"]).any():
+        tail_allocs = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, nxt, "left")]
+        made = allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]
+        grads = trace.size[made[free_of[made] > b1]]
+        if len(tail_allocs) and sized_like_an_optimizer(params, grads, trace.size[tail_allocs]):
             bursts = np.flatnonzero(burst[tail])
             end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
             labels[optimizer_start(trace, allocs, params, b1, end, labels):end + 1] = P["optimizer"]

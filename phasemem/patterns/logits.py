@@ -20,6 +20,13 @@ VOCAB_SHARE = 0.45
 #: body (the first LATE share of the forward's allocations) and come after that body.
 ABOVE_ACTIVATIONS = 1.5
 LATE = 0.5
+#: A loss consumes the logits when backward's gradient of them, vocabulary-sized, is among backward's
+#: first LOSS_GRAD_WITHIN allocations above TINY bytes (the loss's seed and scalars come first). A
+#: CNN's classifier output is small, so its backward starts small (heldout2_convnext_eval without
+#: frames), and a forward with no backward (inference, ../shared/wild's no_grad benchmarks, a
+#: cellular automaton) consumes nothing: neither may be called logits.
+LOSS_GRAD_WITHIN = 6
+TINY = 512
 
 
 def microbatches(ctx: Context, step: int) -> list[tuple[int, int, tuple[int, int] | None]]:
@@ -44,8 +51,11 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     for first, last, bwd in microbatches(ctx, step):
         idx = ctx.allocs_between(first, last)
         idx = idx[np.isin(ctx.phase_at_alloc[idx], [1, 2])]  # forward, loss
-        if step == 0:  # the first step's workspaces (made by the first matmul, never freed) are no tensors
-            idx = idx[ctx.free[idx] < ctx.n]
+        if step == 0:
+            # The first step's workspaces (made by the first matmul, never freed) are no tensors; they
+            # come early. Logits a script still holds at the end are late (magma27_cs336 keeps them).
+            early = np.arange(len(idx)) < LATE * len(idx)
+            idx = idx[(ctx.free[idx] < ctx.n) | ~early]
         if len(idx) < 4:
             continue
         sizes = ctx.size[idx]
@@ -61,6 +71,8 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         if k < LATE * len(idx) or (len(body) and body.max() * ABOVE_ACTIVATIONS > sizes[k]):
             continue
         vocab = idx[is_vocab]
+        if not consumed_by_loss(ctx, bwd, VOCAB_SHARE * big):
+            continue
         logits = vocab[0]
         out.append(_logits(ctx, step, logits, vocab, big, last))
         spike = _spike(ctx, step, vocab, bwd)
@@ -71,6 +83,16 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             if rel:
                 out.append(rel)
     return out
+
+
+def consumed_by_loss(ctx: Context, bwd, vocab_bytes: float) -> bool:
+    """Evidence that a loss consumed a vocabulary-sized output: its backward begins with a gradient
+    of that size (see LOSS_GRAD_WITHIN)."""
+    if bwd is None:
+        return False
+    idx = ctx.allocs_between(bwd[0], bwd[1])
+    first = idx[ctx.size[idx] > TINY][:LOSS_GRAD_WITHIN]
+    return bool(len(first)) and bool((ctx.size[first] >= vocab_bytes).any())
 
 
 def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, region_last: int) -> Pattern:
@@ -113,16 +135,19 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
     height = int(ctx.level[p] - ctx.timeline.active_after[end])
     if height <= 0:
         return None
+    r = int(np.searchsorted(ctx.run_first, p, "right")) - 1  # the phase run the spike's top is in
+    sets = int(ctx.level[p]) >= int(ctx.level[ctx.run_first[r]:ctx.run_last[r] + 1].max())
+    sets_text = " It sets the peak of the phase it is in." if sets else ""
     return Pattern(
         kind="softmax_spike", step=step, phase="forward", start_event=start, end_event=end, peak_event=p,
         bytes=height,
         explanation=(
             f"The spike at the top of forward: while the logits are alive, the loss makes another "
             f"vocabulary-sized tensor (an fp32 upcast or the log-softmax), so for a moment both exist, "
-            f"{format_bytes(height)} above where memory settles. It sets this phase's peak. A fused or "
+            f"{format_bytes(height)} above where memory settles.{sets_text} A fused or "
             f"chunked cross-entropy, or dropping the logits before the loss, removes it."
         ),
-        details={"tensors": int(len(transient)) + 1},
+        details={"tensors": int(len(transient)) + 1, "sets_phase_peak": sets},
     )
 
 

@@ -24,6 +24,60 @@ def optimizer_class(ctx: Context) -> str | None:
     return None
 
 
+#: State that replaces freed blocks of its own sizes (an optimizer that rebinds ``state["m"] = ...``
+#: every step, as the hand-written AdamW of wedsonlin_medium512_train and bcrafton_cs336 in
+#: ../shared/wild do) is a steady step, not state created: when at least this share of the kept
+#: bytes matches, size for size, blocks the same optimizer run freed that were made before it.
+REPLACED = 0.5
+
+
+def state_sizes(ctx: Context) -> np.ndarray:
+    """Sizes optimizer state can have: the parameters' (blocks alive from before recording to the
+    end) and the gradients' (Adam keeps two of each, momentum SGD one)."""
+    def compute():
+        grads = [gradient_allocs(ctx, k) for k in range(len(ctx.seg.steps))]
+        sizes = [ctx.size[g] for g in grads if len(g)]
+        return np.union1d(ctx.param_sizes, np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
+
+    return ctx.memo("state_sizes", compute)
+
+
+def replaced_share(ctx: Context, kept: np.ndarray, o0: int, o1: int) -> float:
+    """The share of ``kept``'s bytes that replaces, size for size, blocks made before the run at
+    o0..o1 and freed inside it."""
+    life = ctx.timeline.lifetimes
+    old = life.size[(life.free_event >= o0) & (life.free_event <= o1) & (life.alloc_event < o0)]
+    if not len(old) or not len(kept):
+        return 0.0
+    sizes, want = np.unique(ctx.size[kept], return_counts=True)
+    have = np.array([int((old == v).sum()) for v in sizes.tolist()])
+    return float((np.minimum(want, have) * sizes).sum()) / float(ctx.size[kept].sum())
+
+
+def own_code(ctx: Context) -> str | None:
+    """The file of a hand-written optimizer: the user's code that the optimizer's allocations run in
+    (torch names any subclass's step ``Optimizer.step#<Class>.step``, so the annotation cannot tell
+    torch.optim.AdamW from a course's own AdamW). None for torch's own, or without frames."""
+    def compute():
+        trace = ctx.trace
+        ids = np.unique(trace.stack[ctx.alloc[ctx.phase_at_alloc == P["optimizer"]]])
+        files = []
+        for sid in ids[ids >= 0].tolist():
+            py = [trace.frames[f][0] for f in trace.stacks[sid] if trace.frames[f][0].endswith(".py")]
+            if any("torch/optim/" in fn and not fn.endswith("optimizer.py") for fn in py):
+                return None
+            files += [fn for fn in py if not ("/torch/" in fn or "site-packages/" in fn or "dist-packages/" in fn)]
+        return files[0] if files else None
+
+    return ctx.memo("optimizer_own_code", compute)
+
+
+def first_optimizer_step(ctx: Context) -> int:
+    """The first step whose optimizer made an event (-1 if none did)."""
+    steps = ctx.run_step[ctx.run_phase == P["optimizer"]]
+    return int(steps.min()) if len(steps) else -1
+
+
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
     s0, s1, _ = ctx.seg.steps[step]
@@ -37,6 +91,16 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             continue
         kept = idx[ctx.free[idx] >= s1]
         temp = idx[ctx.free[idx] <= o1]
+        # State has the parameters' sizes; what else outlives the step is not state.
+        sizes = state_sizes(ctx)
+        if len(sizes):
+            kept = kept[np.isin(ctx.size[kept], sizes)]
+        # State is created once, by the first step that runs the optimizer, seen whole (a trace that
+        # starts inside a step may have lost the state's making), and not where it replaces state.
+        if len(kept) and (step != first_optimizer_step(ctx) or not ctx.seg.steps[step][2]
+                          or o0 != ctx.runs_of(step, "optimizer")[0][0]
+                          or replaced_share(ctx, kept, o0, o1) >= REPLACED):
+            kept = kept[:0]
         if len(kept):
             nbytes = int(ctx.size[kept].sum())
             ratio = nbytes / grad_bytes if grad_bytes else None
@@ -68,9 +132,15 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             at_peak = at_peak[ctx.size[at_peak] >= 0.1 * ctx.size[at_peak].max()] if len(at_peak) else temp[-1:]
             pole = at_peak[np.argmax(ctx.alloc[at_peak])]
             pole_bytes = int(ctx.size[pole])
-            advice = (" Pass fused=True to the optimizer: the fused kernel updates in place and allocates no "
-                      "temporaries." if cls in _FUSABLE or cls is None else
-                      " A fused implementation, where one exists, avoids them.")
+            mine = own_code(ctx)
+            if mine:
+                advice = (f" This optimizer is your own code ({mine.rsplit('/', 1)[-1]}); torch.optim's fused "
+                          f"implementations (e.g. AdamW(fused=True)) update in place and allocate no temporaries.")
+            elif cls in _FUSABLE:
+                advice = (" Pass fused=True to the optimizer: the fused kernel updates in place and allocates no "
+                          "temporaries.")
+            else:
+                advice = " A fused implementation, where one exists for this optimizer, avoids them."
             first, last = int(ctx.alloc[temp].min()), int(ctx.free[temp].max())
             out.append(Pattern(
                 kind="optimizer_temporaries", step=step, phase="optimizer", start_event=first, end_event=last,
@@ -82,6 +152,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                     f"flagpole on top ({format_bytes(pole_bytes)}) is the last temporary, for the division just "
                     f"before the update is applied.{advice}"
                 ),
-                details={"count": int(len(temp)), "flagpole_bytes": pole_bytes, "optimizer": cls},
+                details={"count": int(len(temp)), "flagpole_bytes": pole_bytes, "optimizer": cls,
+                         "own_code": mine},
             ))
     return out

@@ -27,7 +27,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ..errors import PhasememError
-from ..output import atomic_write
+from ..output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES, atomic_write
 from ..measure import stack_summary
 from ..units import format_bytes
 from . import bands as _bands
@@ -42,7 +42,12 @@ PHASE_COLORS = {
     "backward": "#e15759",
     "optimizer": "#59a14f",
 }
-_SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bwd", "optimizer": "opt"}
+_SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bwd", "optimizer": "opt", "other": "?"}
+_STRIP_OTHER = "#c8c8c8"  # the strip where no phase is known
+#: An inferred phase less sure than this (its measured precision, segment.CONFIDENCE) is drawn
+#: hatched and named with a '?': the frameless optimizer (0.66) and loss (0.69) are.
+UNSURE = 0.9
+_OOM = "#d62728"
 
 #: One colour per category (``color="category"``). Each echoes the phase that usually makes it:
 #: activations blue like forward, gradients red like backward, optimizer state green like optimizer.
@@ -142,7 +147,8 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     ticks = _silent_phases(report, shown, a, b)
     present = [p for p in PHASE_COLORS
                if any(p in s.phases and s.phases[p].n_events for s in shown) or any(t[1] == p for t in ticks)]
-    groups = [band_handles, _mark_handles(present, report, show_reserved)]
+    other_shown = bool(((report.label_codes[a:b] == 0) if b > a else np.zeros(0, bool)).any())
+    groups = [band_handles, _mark_handles(present, report, show_reserved, other_shown)]
     ax_box, rows = lay.axes_box(groups)
     ax = fig.add_axes(ax_box)
     ax_h_px = ax_box[3] * height
@@ -161,13 +167,14 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
 
     view = _labels.View(ax_box, width, height, X[a], X[b], y_top)
     runs = _runs(report.label_codes, report.step_of, a, b)
-    _shade_phases(ax, lay, view, X, runs, a, b, strip_frac)
+    _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, _unsure(report))
     placed = _labels.Boxes()
     _draw_bands(ax, lay, view, placed, st, fills, unit_div, X[a], X[b])
     step_px = _step_px(view, X, shown, a, b)
     dense = len(step_px) > 0 and float(np.median(step_px)) < _MIN_STEP_DOTS_PX
     _draw_lines(ax, cols, unit_div, show_reserved, outline=not dense)
     _step_marks(ax, lay, view, X, shown, a, b, step_px)
+    _oom_marks(ax, lay, view, placed, X, report, a, b, strip_px)
 
     ceiling = view.top_px - strip_px - 2
     _labels.overall_peak(ax, lay, view, placed, X, report, unit_div, a, b)
@@ -233,8 +240,8 @@ def _check_size(size, dpi) -> tuple[int, int]:
         w, h = (int(v) for v in size)
     except (TypeError, ValueError):
         raise ValueError(f"size={size!r}: give (width, height) in pixels") from None
-    if not (64 <= w <= 20000 and 64 <= h <= 20000):
-        raise ValueError(f"size={size!r}: width and height must be between 64 and 20000 pixels")
+    if not (MIN_PICTURE[0] <= w <= MAX_PICTURE and MIN_PICTURE[1] <= h <= MAX_PICTURE):
+        raise ValueError(f"size={size!r}: {PICTURE_SIZES}")
     if not 10 <= dpi <= 2000:
         raise ValueError(f"dpi={dpi!r}: use 10 to 2000")
     return w, h
@@ -377,7 +384,7 @@ def _band_colors(report, st, mode, codes, categories):
     fills = _shade(rgb, t) if len(idx) else rgb
     if len(st.base_keys) and st.base.sum() > 0:
         handles.append(Patch(facecolor="#eeeeee", edgecolor="#8a8a8a", hatch="////", lw=0,
-                             label="allocated before recording"))
+                             label="alive from before recording to the end"))
     if st.n_folded:
         handles.append(Patch(facecolor=_FOLDED, edgecolor="none",
                              label=f"{st.n_folded:,} smaller allocations, summed"))
@@ -464,8 +471,9 @@ def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1):
 
 
 def _base_label(ax, lay, view, placed, base, unit_div):
-    """'allocated before recording' inside the base band, where it is tall enough."""
-    label = f"allocated before recording: {format_bytes(base)}"
+    """What the hatched base band is, inside it, where it is tall enough. Not the report's 'allocated
+    before recording' (all that was alive at the first event, some freed later): only what stayed."""
+    label = f"alive from before recording to the end: {format_bytes(base)}"
     w, h = lay.text_size(label, PEAK_PT)
     y0, y1 = view.y_px(0), view.y_px(base / unit_div)
     if y1 - y0 < h + 4 or w + 12 > view.right_px - view.left_px:
@@ -488,32 +496,65 @@ def _draw_lines(ax, cols, unit_div, show_reserved, outline=True):
         ax.plot(xs, res, color=_RESERVED, lw=0.9, zorder=3.5)
 
 
-def _shade_phases(ax, lay, view, X, runs, a, b, strip_frac):
-    """Each phase occurrence: a light band over the plot, a solid cell in the strip, its name if it fits."""
+def _unsure(report) -> set[str]:
+    """Phases inferred with a confidence below UNSURE: drawn hatched, named with a '?'."""
+    return {p.name for p in report.phases.values() if p.source == "inferred" and p.confidence < UNSURE}
+
+
+def _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, unsure=frozenset()):
+    """Each phase occurrence: a light band over the plot, a solid cell in the strip, its name if it
+    fits; 'other' (no phase known) a grey cell in the strip only; an unsure phase's cells hatched."""
     from ..segment import PHASES
 
-    colors = np.array([mcolors.to_rgba(PHASE_COLORS.get(p, "none")) for p in PHASES])
-    shaded = np.array([p in PHASE_COLORS for p in PHASES])[runs.code]
-    first, last, code = runs.first[shaded], runs.last[shaded], runs.code[shaded]
+    colors = np.array([mcolors.to_rgba(PHASE_COLORS.get(p, _STRIP_OTHER)) for p in PHASES])
+    first, last, code = runs.first, runs.last, runs.code
     x0, x1 = X[np.maximum(first, a)], X[np.minimum(last + 1, b)]
+    known = np.array([p in PHASE_COLORS for p in PHASES])[code]
+    hatched = np.array([p in unsure for p in PHASES])[code]
     # One collection per layer, not one patch per occurrence: 400 steps would be 2,000 patches.
-    for y0, y1, alpha, z in ((0, 1 - strip_frac, 0.14, 0), (1 - strip_frac, 1, 0.95, 1)):
-        verts = np.empty((len(x0), 4, 2))
-        verts[:, :, 0] = np.stack([x0, x0, x1, x1], axis=1)
-        verts[:, :, 1] = [y0, y1, y1, y0]
-        fc = colors[code].copy()
-        fc[:, 3] = alpha
-        ax.add_collection(PolyCollection(verts, facecolors=fc, edgecolors="none", linewidths=0,
-                                         transform=ax.get_xaxis_transform(), zorder=z), autolim=False)
+    for y0, y1, alpha, z, m in ((0, 1 - strip_frac, 0.14, 0, known), (1 - strip_frac, 1, 0.95, 1, known | ~known)):
+        for h in (False, True):
+            sel = m & (hatched == h)
+            if not sel.any():
+                continue
+            verts = np.empty((int(sel.sum()), 4, 2))
+            verts[:, :, 0] = np.stack([x0[sel], x0[sel], x1[sel], x1[sel]], axis=1)
+            verts[:, :, 1] = [y0, y1, y1, y0]
+            fc = colors[code[sel]].copy()
+            fc[:, 3] = alpha
+            ax.add_collection(PolyCollection(verts, facecolors=fc, edgecolors="none", linewidths=0,
+                                             hatch="xx" if h and z == 1 else None, hatchcolor="#ffffff",
+                                             transform=ax.get_xaxis_transform(), zorder=z,
+                                             gid="phase-unsure" if h and z == 1 else None), autolim=False)
     spans = view.x_px(x1) - view.x_px(x0)
     for xa, xb, c, span in zip(x0.tolist(), x1.tolist(), code.tolist(), spans.tolist()):
         phase = PHASES[c]
-        for name in (phase, _SHORT[phase]):
+        q = "?" if phase in unsure else ""
+        for name in (phase + q, _SHORT[phase] + q):
             if lay.fits(name, STRIP_PT, span, "bold"):
                 ax.text((xa + xb) / 2, 1 - strip_frac / 2, name, transform=ax.get_xaxis_transform(),
                         ha="center", va="center", fontsize=STRIP_PT, color="white", fontweight="bold",
                         zorder=6, clip_on=True)
                 break
+
+
+def _oom_marks(ax, lay, view, placed, X, report, a, b, strip_px):
+    """A red line where the allocator ran out of memory on this device, with what was asked."""
+    for o in report.ooms:
+        if (o.device and o.device != report.device) or not a <= o.event < b:
+            continue
+        x = float(X[o.event])
+        ax.axvline(x, color=_OOM, lw=1.6, ls="--", zorder=8, gid="oom")
+        label = f"OUT OF MEMORY: asked {format_bytes(o.requested_bytes)}, {format_bytes(o.device_free_bytes)} free"
+        w, h = lay.text_size(label, CALLOUT_PT, "bold")
+        px = view.x_px(x)
+        right = px + 4 + w <= view.right_px
+        cx = px + 4 + w / 2 if right else px - 4 - w / 2
+        cy = (view.top_px - strip_px + float(view.y_px(0))) / 2  # mid-height: the peak's label sits on top
+        placed.add(cx - w / 2, cx + w / 2, cy - h / 2, cy + h / 2)
+        ax.text(float(view.x_data(cx)), float(view.y_data(cy)), label, ha="center", va="center", fontsize=CALLOUT_PT,
+                color=_OOM, fontweight="bold", zorder=9,
+                bbox=dict(boxstyle="square,pad=0.15", fc="white", ec="none", alpha=0.85))
 
 
 def _phase_ticks(ax, X, ticks, strip_frac):
@@ -610,8 +651,12 @@ def _title(fig, lay, report, shown, width, height):
         fig.text(1 - margin / width, y, right, ha="right", va="top", fontsize=TITLE_PT, color="#444444")
 
 
-def _mark_handles(present, report, show_reserved):
-    handles = [Patch(facecolor=PHASE_COLORS[p], edgecolor="none", alpha=0.5, label=p) for p in present]
+def _mark_handles(present, report, show_reserved, other_shown=False):
+    unsure = _unsure(report)
+    handles = [Patch(facecolor=PHASE_COLORS[p], edgecolor="none", alpha=0.5,
+                     label=f"{p}? ({report.phases[p].confidence:.0%} sure)" if p in unsure else p) for p in present]
+    if other_shown:
+        handles.append(Patch(facecolor=_STRIP_OTHER, edgecolor="none", label="other: no phase known"))
     handles.append(Line2D([], [], color=_CURVE, lw=1.0, label="allocated"))
     if show_reserved:
         handles.append(Line2D([], [], color=_RESERVED, lw=1.2,

@@ -119,6 +119,9 @@ class View:
     def x_data(self, px):
         return self.x0 + (np.asarray(px, dtype=float) / self.width - self.box[0]) / self.box[2] * (self.x1 - self.x0)
 
+    def y_data(self, px):
+        return (np.asarray(px, dtype=float) / self.height - self.box[1]) / self.box[3] * self.y1
+
     @property
     def left_px(self) -> float:
         return self.box[0] * self.width
