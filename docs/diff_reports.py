@@ -4,7 +4,7 @@ Behaviour changes must be deliberate: write the reports before a change, again a
 the differences (labels as runs, steps, every number, patterns, categories, notes).
 
     python3 docs/diff_reports.py write OUT_DIR            # every fixture + ../shared (gpu-snapshots, wild)
-    python3 docs/diff_reports.py diff BEFORE_DIR AFTER_DIR
+    python3 docs/diff_reports.py diff BEFORE_DIR AFTER_DIR [--added] [--words]
 Each trace is analysed as given, and once more with every annotation removed (the inferred path),
 and once more without stack frames either ("-nomarks", "-noframes").
 """
@@ -21,6 +21,8 @@ import phasemem
 from phasemem.errors import PhasememError
 
 ROOT = Path(__file__).resolve().parents[1]
+ADDED = "--added" in sys.argv  # also list fields only the second run has
+WORDS = "--words" in sys.argv  # also list changed explanations
 SHARED = ROOT.parent / "shared"
 
 
@@ -62,7 +64,8 @@ def write(out: Path) -> None:
     for path in traces():
         snap = _load(path)
         for tag, s in _variants(snap):
-            name = path.name.split(".")[0] + tag
+            where = "" if path.parent.parent == ROOT / "fixtures" or path.parent == ROOT / "fixtures" else f"{path.parent.name}-"
+            name = where + path.name.split(".")[0] + tag
             try:
                 doc = summary(phasemem.analyze(s, trusted=True))
             except PhasememError as e:
@@ -91,7 +94,9 @@ def diff(a: Path, b: Path) -> int:
             changed += 1
             continue
         da, db = dict(_flat(json.loads(fa.read_text()))), dict(_flat(json.loads(fb.read_text())))
-        keys = [k for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
+        # A field the change added is no difference in behaviour; an explanation reworded is read apart.
+        keys = [k for k in sorted(set(da) | (set(db) if ADDED else set())) if da.get(k) != db.get(k)
+                and not (k.endswith(".explanation") and not WORDS)]
         if keys:
             changed += 1
             print(f"{fa.stem}: {len(keys)} values differ")
@@ -104,7 +109,7 @@ def diff(a: Path, b: Path) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "write":
         write(Path(sys.argv[2]))
-    elif len(sys.argv) == 4 and sys.argv[1] == "diff":
+    elif len(sys.argv) >= 4 and sys.argv[1] == "diff":
         sys.exit(diff(Path(sys.argv[2]), Path(sys.argv[3])))
     else:
         sys.exit(__doc__)

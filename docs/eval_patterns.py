@@ -72,7 +72,10 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
             stop = min([b0 for b0, _ in bwd if b0 > f1] + [fwd[i + 1][0] if i + 1 < len(fwd) else st.end_event + 1])
             in_mb = (a >= f0) & (a < stop) & np.isin(lab[np.minimum(a, n - 1)], [P["forward"], P["loss"]])
             voc = in_mb & np.isin(s, list(vocab_sizes))
-            if voc.any():
+            # The LM shapes are claimed only where a loss's backward follows (docs/patterns.md): an
+            # inference or evaluation forward's logits are not called so.
+            trained = any(b0 == stop for b0, _ in bwd)
+            if voc.any() and trained:
                 out["logits", k] += 1
                 va, vf = a[voc], f[voc]
                 both = any(((va <= t) & (vf > t)).sum() >= 2 for t in va)

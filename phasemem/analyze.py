@@ -89,8 +89,13 @@ def _analyze_columnar(path: str, device: int | None, marker_prefix: str | None, 
 
 def _analyze_steps(trace: Trace, prefix: str, steps) -> Report:
     """The whole analysis, or with ``steps`` that of those steps' slice where it is exact."""
-    if steps is None or not can_slice(trace, prefix):
+    if steps is None:
         return analyze_trace(trace, marker_prefix=prefix)
+    if not can_slice(trace, prefix):
+        report = analyze_trace(trace, marker_prefix=prefix)
+        report.notes.append(f"steps {steps}: this trace's steps are not marked, so the report covers the whole "
+                            f"trace (its steps are found from all of it); only the picture shows those steps")
+        return report
     index = build_index(trace, prefix)
     k0, k1 = index.positions(steps)
     a, b = index.bounds(k0, k1)

@@ -17,7 +17,7 @@ import os
 import sys
 
 from .errors import PhasememError
-from .output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES
+from .output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES, write_all
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -107,6 +107,26 @@ def _bands(text: str) -> int:
     return v
 
 
+def _device(text: str):
+    if text == "all":
+        return text
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a device number (0, 1, ...) or 'all'")
+    return v
+
+
+def _per_device(path: str | None, device: str) -> str | None:
+    """memory.png → memory.cuda1.png: one file per device with --device all."""
+    if path is None:
+        return None
+    root, ext = os.path.splitext(path)
+    return f"{root}.{device.replace(':', '')}{ext}"
+
+
 def _steps(text: str) -> int:
     try:
         v = int(text)
@@ -139,7 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("-o", "--output", type=_picture, default="memory.png", metavar="PICTURE",
                    help="picture to write: .png, .svg or .pdf (default: memory.png)")
     a.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    a.add_argument("--device", type=int, metavar="N", help="which device's trace (default: the busiest)")
+    a.add_argument("--device", type=_device, metavar="N|all",
+                   help="which device's trace, or 'all' for one report, picture and JSON each (files named "
+                        "PICTURE.cudaN.png ...; default: the device with the most recorded activity)")
     a.add_argument("--markers", default=None, metavar="PREFIX",
                    help="name prefix of the phase markers (default: the one the snapshot was recorded with, "
                         "else phasemem::)")
@@ -217,15 +239,25 @@ def _analyze(args) -> int:
 
     _check_outputs(args.output, args.json)
     parse_steps(args.zoom)  # a malformed range fails now, not after a long analysis
-    report = analyze(args.snapshot, args.device, trusted=args.trust, marker_prefix=args.markers, steps=args.zoom)
-    visible_range(report, args.zoom)  # steps the report does not have: say so instead of the report
-    print(report)
-    report.save_png(args.output, steps=args.zoom, **_picture_kwargs(args))
-    written = [args.output]
-    if args.json:
-        report.to_json(args.json)
-        written.append(args.json)
-    print(f"\nwrote {', '.join(written)}")
+    every = args.device == "all"
+    report = analyze(args.snapshot, None if every else args.device, trusted=args.trust,
+                     marker_prefix=args.markers, steps=args.zoom)
+    reports = [report]
+    if every:
+        reports += [analyze(args.snapshot, d.index, trusted=args.trust, marker_prefix=args.markers, steps=args.zoom)
+                    for d in report.other_devices if d.events]
+        reports.sort(key=lambda r: r.device)
+    outputs = []
+    for r in reports:
+        visible_range(r, args.zoom)  # steps the report does not have: say so instead of the report
+        picture, json_path = (_per_device(args.output, r.device), _per_device(args.json, r.device)) if every else (
+            args.output, args.json)
+        outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **_picture_kwargs(args))))
+        if json_path:
+            outputs.append((json_path, r.json_writer()))
+    print("\n\n".join(str(r) for r in reports))
+    write_all(outputs)  # all of them or none
+    print(f"\nwrote {', '.join(p for p, _ in outputs)}")
     return 0
 
 
@@ -254,9 +286,12 @@ def _demo(args) -> int:
     from . import demo
 
     _check_outputs(args.output, args.json)
-    report = demo.run(device=args.device, steps=args.steps, out=None, json_path=args.json)
+    report = demo.run(device=args.device, steps=args.steps, out=None, json_path=None)
     print(report)
-    report.save_png(args.output, **_picture_kwargs(args))
+    outputs = [(args.output, report.picture_writer(args.output, **_picture_kwargs(args)))]
+    if args.json:
+        outputs.append((args.json, report.json_writer()))
+    write_all(outputs)
     print(f"\nwrote {', '.join(p for p in (args.output, args.json) if p)}")
     return 0
 

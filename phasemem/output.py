@@ -1,9 +1,10 @@
-"""Write files atomically: a reader sees the old file or the new one, never half of either."""
+"""Write files atomically: a reader sees the old file or the new one, never half of either; and a
+command that writes several files writes all of them or none."""
 from __future__ import annotations
 
 import os
 import tempfile
-from typing import Callable
+from typing import Callable, Iterable
 
 from .errors import PhasememError
 
@@ -14,24 +15,54 @@ MAX_PICTURE = 20000
 PICTURE_SIZES = (f"the picture must be at least {MIN_PICTURE[0]}x{MIN_PICTURE[1]} and at most "
                  f"{MAX_PICTURE}x{MAX_PICTURE} pixels")
 
+Writer = Callable[[str], None]
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+
+def atomic_write(path: str | os.PathLike, write: Writer) -> None:
     """Call ``write(tmp_path)``, then move the result over ``path``; on failure ``path`` is untouched."""
-    path = os.fspath(path)
+    write_all([(path, write)])
+
+
+def write_all(outputs: Iterable[tuple[str | os.PathLike, Writer]]) -> None:
+    """Write every output to a temporary file beside it, and only when all of them are written move
+    them into place: a failure (an unwritable folder, a full disk, a bad format) leaves every path as it
+    was and no temporary file behind, and is one PhasememError line.
+
+    Example:
+        >>> write_all([("memory.png", draw), ("memory.json", dump)])
+    """
+    done: list[tuple[str, str]] = []
+    try:
+        for path, write in outputs:
+            path = os.fspath(path)
+            done.append((_temporary(path), path))
+            write(done[-1][0])
+        umask = os.umask(0)
+        os.umask(umask)
+        for tmp, path in done:
+            # mkstemp makes the file private; give the output the mode any new file would get
+            os.chmod(tmp, 0o666 & ~umask)
+        for tmp, path in done:
+            os.replace(tmp, path)
+    except OSError as e:
+        where = done[-1][1] if done else "output"
+        raise PhasememError(f"{where}: cannot be written ({e.strerror or e}); choose another output path") from None
+    finally:
+        for tmp, _ in done:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def _temporary(path: str) -> str:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise PhasememError(f"{path}: the folder {folder} does not exist; create it or choose another output path")
-    fd, tmp = tempfile.mkstemp(prefix=".phasemem-", suffix=os.path.splitext(path)[1], dir=folder)
-    os.close(fd)
+    if os.path.isdir(path):
+        raise PhasememError(f"{path}: is a directory; give a file name")
     try:
-        write(tmp)
-        # mkstemp makes the file private; give the output the mode any new file would get
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix=".phasemem-", suffix=os.path.splitext(path)[1], dir=folder)
     except OSError as e:
-        raise PhasememError(f"{path}: cannot be written ({e.strerror or e})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        raise PhasememError(f"{path}: cannot be written in {folder} ({e.strerror or e}); "
+                            f"choose another output path") from None
+    os.close(fd)
+    return tmp

@@ -216,13 +216,17 @@ class Report:
 
     def to_json(self, path) -> None:
         """Write ``to_dict()`` as JSON, atomically."""
+        atomic_write(path, self.json_writer())
+
+    def json_writer(self):
+        """A function that writes ``to_dict()`` as JSON to the path it is given (for ``output.write_all``)."""
         text = json.dumps(self.to_dict(), indent=1)
 
         def write(tmp):
             with open(tmp, "w") as f:
                 f.write(text)
 
-        atomic_write(path, write)
+        return write
 
     def plot(self, **options):
         """The labeled picture as a matplotlib Figure (for notebooks)."""
@@ -235,6 +239,13 @@ class Report:
         from .render import save
 
         save(self, path, **options)
+
+    def picture_writer(self, path, **options):
+        """The picture drawn now, and a function that writes it to the path it is given (format from
+        ``path``'s extension), for ``output.write_all``."""
+        from .render import picture_writer
+
+        return picture_writer(self, path, **options)
 
     def __str__(self) -> str:
         return format_report(self)

@@ -61,6 +61,7 @@ class Segmentation:
     confidence: dict[str, float] = None  # phase → how sure (1 for markers and annotations)
     # µs: moments up to here belong to steps the ring buffer lost (a phase that ran then is not reported)
     t_lost: int = int(np.iinfo(np.int64).min)
+    inferred_by: str | None = None  # "frames" or "lifetimes" where phases were inferred, else None
 
 
 def _pair(markers, wanted) -> list[tuple[str, int, int]]:
@@ -156,6 +157,7 @@ def segment(trace: Trace, prefix: str = "phasemem::", timeline=None) -> Segmenta
 
     confidence = {ph: 1.0 for ph in sources}
     marked = any(iv.source == "markers" and iv.phase in ("forward", "backward") for iv in intervals)
+    how = None
     if not marked and n:
         labels, how, starts = _infer(trace, timeline, labels,
                                      [ph for ph, src in sources.items() if src == "annotations"])
@@ -173,7 +175,8 @@ def segment(trace: Trace, prefix: str = "phasemem::", timeline=None) -> Segmenta
         step_of[a:b] = k
     lost = [iv.t1 for iv in _outermost([iv for iv in intervals if iv.phase == "optimizer"]) if iv.stop == 0]
     return Segmentation(labels, step_of, steps, numbers, np.array(ends, dtype=np.int64), intervals, sources,
-                        confidence, max(lost) if lost else int(np.iinfo(np.int64).min))
+                        confidence, max(lost) if lost else int(np.iinfo(np.int64).min),
+                        how if how in ("frames", "lifetimes") else None)
 
 
 def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np.ndarray, str, list[int] | None]:

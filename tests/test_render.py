@@ -26,6 +26,8 @@ from phasemem.errors import PhasememError
 from phasemem.render import bands
 from phasemem.units import format_bytes
 
+from conftest import load_snapshot
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 SHARED = ROOT.parent / "shared" / "gpu-snapshots"
@@ -244,8 +246,10 @@ def test_drawn_bands_are_the_stack():
     tops = [p.vertices[:, 1].max() for c in fig.axes[0].collections if (c.get_gid() or "").startswith("band")
             for p in c.get_paths()]
     assert max(tops) == pytest.approx(report.peak_bytes / unit, rel=1e-12)
-    assert "allocated before recording" in legend_texts(fig)
-    assert any(t.get_text().startswith("allocated before recording: ") for t in texts(fig))
+    # not the report's "allocated before recording" (all alive at the first event): only what stayed
+    assert "alive from before recording to the end" in legend_texts(fig)
+    assert any(t.get_text() == f"alive from before recording to the end: {format_bytes(int(st.base.sum()))}"
+               for t in texts(fig))
 
 
 def test_columns_sample_each_columns_highest_event():
@@ -297,7 +301,7 @@ def test_every_format_is_written(snapshot, tmp_path, ext):
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask
 
 
-@pytest.mark.parametrize("size,dpi", [((1600, 900), 100), ((1234, 567), 72), ((800, 450), 150), ((333, 201), 97)])
+@pytest.mark.parametrize("size,dpi", [((1600, 900), 100), ((1234, 567), 72), ((800, 450), 150), ((480, 270), 97)])
 def test_png_has_exactly_the_pixels_asked_for(tmp_path, size, dpi):
     out = tmp_path / "m.png"
     _report(_need(RECORDED[0])).save_png(out, size=size, dpi=dpi)
@@ -343,9 +347,8 @@ def test_plot_returns_a_figure_with_what_the_report_says(snapshot):
     # every step numbered, the overall peak named with its size
     assert [w for w in words if w.startswith("step ")] == [f"step {s.number}" for s in report.steps]
     assert f"peak {format_bytes(report.peak_bytes)}" in words
-    # one strip cell per shaded phase occurrence (everything but 'other')
-    runs = [r for r in report.label_runs() if r[2] != "other"]
-    assert strip_cells(fig) == len(runs)
+    # one strip cell per phase occurrence, 'other' (no phase known) too
+    assert strip_cells(fig) == len(report.label_runs())
     assert ax.get_ylabel() == "allocated memory (GiB)"
     assert ax.get_xlim() == (0, report.n_events)
     # colour by category: the legend names the categories drawn
@@ -478,7 +481,7 @@ def test_color_modes_have_their_legends():
     cat = legend_texts(_plot(path))
     assert {"activation", "gradient", "optimizer state", "parameter"} <= set(cat)
     # the band legend comes first: categories, then the base from before recording
-    first = cat[:cat.index("allocated before recording")]
+    first = cat[:cat.index("alive from before recording to the end")]
     assert first and set(first) <= names
     stack = legend_texts(_plot(path, color="stack"))
     # the call sites holding the most bytes are named, frameless (autograd thread) allocations grey
@@ -514,7 +517,7 @@ def test_fifty_steps_render_without_overlapping_text(tmp_path):
     fig = report.plot()
     assert overlaps(fig) == []
     # every occurrence still shaded; numbers where they fit, never on top of each other
-    runs = [r for r in report.label_runs() if r[2] != "other"]
+    runs = report.label_runs()
     assert strip_cells(fig) == len(runs) >= 150
     numbered = [t.get_text() for t in texts(fig) if t.get_text().isdigit() or t.get_text().startswith("step")]
     assert len(numbered) >= 25
@@ -551,3 +554,28 @@ def test_pattern_markers_are_filled_shapes():
 
     assert all(MarkerStyle(m).is_filled() for m in PATTERN_MARKERS.values())
     assert len(set(PATTERN_MARKERS.values())) == len(PATTERN_MARKERS)
+
+
+def test_unsure_phases_are_hatched_and_questioned():
+    """Phases inferred without frames below UNSURE (the optimizer, 0.66) look different and say so."""
+    from phasemem.render import UNSURE
+
+    snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")
+    snap["external_annotations"] = []
+    snap.pop("phasemem", None)
+    for e in snap["device_traces"][0]:
+        e["frames"] = []
+    report = phasemem.analyze(snap)
+    unsure = {p.name for p in report.phases.values() if p.source == "inferred" and p.confidence < UNSURE}
+    assert "optimizer" in unsure
+    fig = report.plot()
+    hatched = by_gid(fig, "phase-unsure")
+    runs = [r for r in report.label_runs() if r[2] in unsure]
+    assert len(hatched) == 1 and len(hatched[0].get_paths()) == len(runs)
+    assert any(t.startswith("optimizer? (") for t in legend_texts(fig))
+
+
+def test_too_small_a_picture_is_refused():
+    report = phasemem.analyze(load_snapshot(FIXTURES / "gpt_foreach.pkl.xz"))
+    with pytest.raises(ValueError, match="at least 480x270"):
+        report.plot(size=(100, 100))

@@ -78,48 +78,72 @@ def first_optimizer_step(ctx: Context) -> int:
     return int(steps.min()) if len(steps) else -1
 
 
+#: Inferred from lifetimes alone, state must be at least this share of the gradients' bytes (momentum
+#: SGD keeps one buffer per parameter, Adam two); a few MiB kept by a misplaced phase are not state
+#: (heldout_gpt_compile_ckpt without frames: 1-8 MiB claimed in a later step).
+MIN_STATE_SHARE = 0.5
+
+
+def _created_state(ctx: Context, step: int, grad_bytes: int) -> np.ndarray:
+    """The optimizer state this step creates (indices into the alloc arrays), over all its optimizer
+    runs: made there and alive to the trace's end (state stays for the rest of training; what a later
+    zero_grad frees is a gradient the phases misplaced, gpt_ckpt_fused_seedlike without frames).
+    Created once: by the first step that runs the optimizer, seen whole (a trace that starts inside a
+    step may have lost the state's making), and not where it replaces state of its sizes."""
+    if step != first_optimizer_step(ctx) or not ctx.seg.steps[step][2]:
+        return np.zeros(0, np.int64)
+    parts = []
+    for o0, o1 in ctx.runs_of(step, "optimizer"):
+        idx = ctx.allocs_between(o0, o1)
+        idx = idx[(ctx.phase_at_alloc[idx] == P["optimizer"]) & (ctx.free[idx] >= ctx.n)]
+        if len(idx) and replaced_share(ctx, idx, o0, o1) < REPLACED:
+            parts.append(idx)
+    kept = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    # Inferred from lifetimes alone, the optimizer's end is a guess: only blocks of the parameters'
+    # sizes, as much as MIN_STATE_SHARE of the gradients, are taken for state. Marked, annotated or
+    # framed, all of it is (Adafactor's factored state, RMSprop's three buffers per parameter:
+    # heldout_t5_adafactor, heldout_lstm_rmsprop).
+    if len(kept) and ctx.seg.sources.get("optimizer") == "inferred" and ctx.seg.inferred_by == "lifetimes":
+        sizes = state_sizes(ctx)
+        kept = kept[np.isin(ctx.size[kept], sizes)] if len(sizes) else kept
+        if int(ctx.size[kept].sum()) < MIN_STATE_SHARE * grad_bytes or not grad_bytes:
+            kept = kept[:0]
+    return kept
+
+
+def _state_pattern(ctx: Context, step: int, kept: np.ndarray, grad_bytes: int, cls) -> Pattern:
+    nbytes = int(ctx.size[kept].sum())
+    ratio = nbytes / grad_bytes if grad_bytes else None
+    times = f", {ratio:.2f}× the gradients" if ratio else ""
+    what = {"Adam": "exp_avg and exp_avg_sq: two numbers per parameter",
+            "AdamW": "exp_avg and exp_avg_sq: two numbers per parameter",
+            "SGD": "one momentum buffer per parameter"}.get(cls or "", "buffers per parameter (Adam keeps two, momentum SGD one)")
+    first, last = int(ctx.alloc[kept].min()), int(ctx.alloc[kept].max())
+    return Pattern(
+        kind="optimizer_state_init", step=step, phase="optimizer", start_event=first, end_event=last,
+        peak_event=ctx.peak_in(first, last), bytes=nbytes,
+        explanation=(
+            f"The optimizer creates its state on its first step: {format_bytes(nbytes)}{times} — "
+            f"{what}. It stays for the rest of training, raising every later step's floor. "
+            f"An 8-bit or factored optimizer, or sharding the state (FSDP/ZeRO), makes it smaller."
+        ),
+        details={"count": int(len(kept)), "ratio_to_gradients": round(ratio, 4) if ratio else None,
+                 "optimizer": cls},
+    )
+
+
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
-    s0, s1, _ = ctx.seg.steps[step]
     cls = optimizer_class(ctx)
     grads = gradient_allocs(ctx, step)
     grad_bytes = int(ctx.size[grads].sum()) if len(grads) else 0
+    state = _created_state(ctx, step, grad_bytes)
+    if len(state):
+        out.append(_state_pattern(ctx, step, state, grad_bytes, cls))
     for o0, o1 in ctx.runs_of(step, "optimizer"):
         idx = ctx.allocs_between(o0, o1)
         idx = idx[ctx.phase_at_alloc[idx] == P["optimizer"]]
-        if not len(idx):
-            continue
-        kept = idx[ctx.free[idx] >= s1]
         temp = idx[ctx.free[idx] <= o1]
-        # State has the parameters' sizes; what else outlives the step is not state.
-        sizes = state_sizes(ctx)
-        if len(sizes):
-            kept = kept[np.isin(ctx.size[kept], sizes)]
-        # State is created once, by the first step that runs the optimizer, seen whole (a trace that
-        # starts inside a step may have lost the state's making), and not where it replaces state.
-        if len(kept) and (step != first_optimizer_step(ctx) or not ctx.seg.steps[step][2]
-                          or o0 != ctx.runs_of(step, "optimizer")[0][0]
-                          or replaced_share(ctx, kept, o0, o1) >= REPLACED):
-            kept = kept[:0]
-        if len(kept):
-            nbytes = int(ctx.size[kept].sum())
-            ratio = nbytes / grad_bytes if grad_bytes else None
-            times = f", {ratio:.2f}× the gradients" if ratio else ""
-            what = {"Adam": "exp_avg and exp_avg_sq: two numbers per parameter",
-                    "AdamW": "exp_avg and exp_avg_sq: two numbers per parameter",
-                    "SGD": "one momentum buffer per parameter"}.get(cls or "", "buffers per parameter (Adam keeps two, momentum SGD one)")
-            first, last = int(ctx.alloc[kept[0]]), int(ctx.alloc[kept[-1]])
-            out.append(Pattern(
-                kind="optimizer_state_init", step=step, phase="optimizer", start_event=first, end_event=last,
-                peak_event=ctx.peak_in(first, last), bytes=nbytes,
-                explanation=(
-                    f"The optimizer creates its state on its first step: {format_bytes(nbytes)}{times} — "
-                    f"{what}. It stays for the rest of training, raising every later step's floor. "
-                    f"An 8-bit or factored optimizer, or sharding the state (FSDP/ZeRO), makes it smaller."
-                ),
-                details={"count": int(len(kept)), "ratio_to_gradients": round(ratio, 4) if ratio else None,
-                         "optimizer": cls},
-            ))
         if len(temp) >= 2:
             delta = np.zeros(o1 - o0 + 2, dtype=np.int64)
             np.add.at(delta, ctx.alloc[temp] - o0, ctx.size[temp])

@@ -200,6 +200,12 @@ def save(report, path, **options) -> None:
     Example:
         >>> phasemem.render.save(report, "memory.svg", size=(1200, 600), steps="2-4")
     """
+    atomic_write(path, picture_writer(report, path, **options))
+
+
+def picture_writer(report, path, **options):
+    """The picture drawn now (so that drawing errors come before any file is touched), and a function
+    that writes it, in the format ``path``'s extension names, to the path it is given."""
     fmt = _FORMATS.get(os.path.splitext(os.fspath(path))[1].lower())
     if fmt is None:
         raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg or .pdf")
@@ -209,7 +215,7 @@ def save(report, path, **options) -> None:
         # savefig's own dpi default comes from rcParams; pin it so the pixel size is the one asked for.
         fig.savefig(tmp, format=fmt, dpi=fig.dpi, facecolor="white")
 
-    atomic_write(path, write)
+    return write
 
 
 def parse_steps(spec) -> tuple[int | None, int | None] | None:
