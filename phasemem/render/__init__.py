@@ -148,7 +148,9 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     present = [p for p in PHASE_COLORS
                if any(p in s.phases and s.phases[p].n_events for s in shown) or any(t[1] == p for t in ticks)]
     other_shown = bool(((report.label_codes[a:b] == 0) if b > a else np.zeros(0, bool)).any())
-    groups = [band_handles, _mark_handles(present, report, show_reserved, other_shown)]
+    kinds = [p.kind for p in patterns]
+    repeated = sorted({k for k in kinds if kinds.count(k) > 1}, key=kinds.index)
+    groups = [band_handles, _mark_handles(present, report, show_reserved, other_shown, repeated)]
     ax_box, rows = lay.axes_box(groups)
     ax = fig.add_axes(ax_box)
     ax_h_px = ax_box[3] * height
@@ -657,7 +659,7 @@ def _title(fig, lay, report, shown, width, height):
         fig.text(1 - margin / width, y, right, ha="right", va="top", fontsize=TITLE_PT, color="#444444")
 
 
-def _mark_handles(present, report, show_reserved, other_shown=False):
+def _mark_handles(present, report, show_reserved, other_shown=False, repeated=()):
     unsure = _unsure(report)
     handles = [Patch(facecolor=PHASE_COLORS[p], edgecolor="none", alpha=0.5,
                      label=f"{p}? ({report.phases[p].confidence:.0%} sure)" if p in unsure else p) for p in present]
@@ -669,10 +671,14 @@ def _mark_handles(present, report, show_reserved, other_shown=False):
                               label=f"reserved (peak {format_bytes(report.reserved_peak_bytes)})"))
     handles += [
         Line2D([], [], marker="o", color="none", markerfacecolor="#dddddd", markeredgecolor="#1b1b1b",
-               markersize=5, label="phase peak"),
-        Line2D([], [], marker="o", color="none", markerfacecolor=_labels.PEAK, markeredgecolor=_labels.PEAK,
-               markersize=6, label="overall peak"),
+               markersize=5, label="phase peak (in its phase's colour)"),
+        # a ring, as drawn: a filled red dot is what a backward phase's peak looks like
+        Line2D([], [], marker="o", color="none", markerfacecolor="white", markeredgecolor=_labels.PEAK,
+               markeredgewidth=1.6, markersize=8, label="overall peak"),
     ]
+    # Occurrences past the one named in full carry only their kind's marker: say which is which.
+    handles += [Line2D([], [], marker=_labels.PATTERN_MARKERS.get(k, "o"), color="none", markerfacecolor="white",
+                       markeredgecolor="#1b1b1b", markersize=6, label=k) for k in repeated]
     return handles
 
 
