@@ -27,6 +27,11 @@ LATE = 0.5
 #: cellular automaton) consumes nothing: neither may be called logits.
 LOSS_GRAD_WITHIN = 6
 TINY = 512
+#: ... and what backward allocates before that gradient is small beside it (the loss's seed, a
+#: per-token mask; Mixtral's router losses: 32 KiB before 32 MiB): below this share of it. A
+#: recommender's backward starts with its MLP's gradients, 2 MiB before 4 MiB
+#: (heldout_embbag_adagrad: its last dense activation was taken for logits).
+LOSS_GRAD_FIRST = 0.125
 
 
 def microbatches(ctx: Context, step: int) -> list[tuple[int, int, tuple[int, int] | None]]:
@@ -91,8 +96,9 @@ def consumed_by_loss(ctx: Context, bwd, vocab_bytes: float) -> bool:
     if bwd is None:
         return False
     idx = ctx.allocs_between(bwd[0], bwd[1])
-    first = idx[ctx.size[idx] > TINY][:LOSS_GRAD_WITHIN]
-    return bool(len(first)) and bool((ctx.size[first] >= vocab_bytes).any())
+    first = ctx.size[idx[ctx.size[idx] > TINY][:LOSS_GRAD_WITHIN]]
+    hit = np.flatnonzero(first >= vocab_bytes)
+    return bool(len(hit)) and bool((first[:hit[0]] < LOSS_GRAD_FIRST * first[hit[0]]).all())
 
 
 def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, region_last: int) -> Pattern:
