@@ -80,7 +80,7 @@ def live_memory(snapshot: Any, device: int | None = None) -> LiveMemory:
     Example:
         >>> live = live_memory(pickle.load(open("snapshot.pickle", "rb")))
         >>> live.device, format_bytes(live.allocated_bytes), live.by_site[0]
-        (1, '9.90 GiB', ('forward (app/edit.py:88)', 1073741824, 12))
+        (1, '9.90 GiB', ('lcm_diffusion_step (ptp_utils.py:258)', 8473401984, 5061))
     """
     if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
         raise ValueError(f"device={device!r}: give a CUDA device index (0, 1, ...) or None")
@@ -181,8 +181,8 @@ def site_of(stack: tuple) -> str | None:
     None for an empty stack.
 
     Example:
-        >>> site_of((("/env/site-packages/torch/nn/functional.py", 9, "linear"), ("/me/train.py", 40, "step")))
-        'step (/me/train.py:40)'
+        >>> site_of((("/env/site-packages/torch/nn/functional.py", 9, "linear"), ("/home/me/train.py", 40, "step")))
+        'step (train.py:40)'
     """
     if not stack:
         return None
