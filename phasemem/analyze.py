@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from .columnar import is_columnar, load_steps, load_trace, read_doc, read_index
-from .errors import PhasememError
+from .errors import NoHistory, PhasememError
+from .live import live_memory
 from .load import load_snapshot, no_gc
 from .measure import TOP_K, measure
 from .categories import CATEGORIES, CategoryCurves
@@ -18,7 +19,7 @@ from .segment import P, PHASES, segment
 from .slicing import StepIndex, build_index, can_slice, slice_in_memory
 from .stream import read_trace
 from .timeline import Timeline
-from .trace import Trace
+from .trace import A, Trace
 
 PARTIAL_NOTE = "some steps are partial (the trace starts or ends inside them)"
 
@@ -42,13 +43,40 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
         >>> phasemem.analyze("big.npz", steps="100-102").steps[0].number
         100
     """
-    report = _analyze_one(snapshot, device, trusted, marker_prefix, steps)
+    try:
+        report = _analyze_one(snapshot, device, trusted, marker_prefix, steps)
+    except NoHistory:
+        return _live_report(snapshot, device, trusted)
+    if report.trace is not None and not _has_history(report.trace):
+        return _live_report(snapshot, device, trusted)
     # An out-of-memory on another device is the first thing to say, with its step and phase there.
     for other in report.other_devices:
         if other.ooms:
             sub = _analyze_one(snapshot, other.index, trusted, marker_prefix, None)
             report.ooms += [o for o in sub.ooms]
     return report
+
+
+#: A trace with fewer memory events than this is a legacy recording's single entry (an action
+#: ``snapshot``, or one ``free_completed``: all seven such files in ../shared/wild), not a history.
+MIN_HISTORY = 2
+
+
+def _has_history(trace: Trace) -> bool:
+    memory = np.isin(trace.action, [A["alloc"], A["free_requested"], A["free_completed"], A["free"]])
+    return int(memory.sum()) >= MIN_HISTORY
+
+
+def _live_report(snapshot, device, trusted) -> Report:
+    """The report of a snapshot without history: what was alive when it was taken (phasemem.live)."""
+    snap = load_snapshot(snapshot, trusted=trusted, history=False)
+    live = live_memory(snap, device)
+    traces = snap.get("device_traces") or []
+    n = len(traces[live.device]) if live.device < len(traces) and isinstance(traces[live.device], list) else 0
+    return Report(device=f"cuda:{live.device}", n_events=n, peak_bytes=live.allocated_bytes, peak_event=-1,
+                  preexisting_bytes=live.allocated_bytes, reserved_peak_bytes=live.reserved_bytes, steps=[],
+                  phases={}, sources={}, notes=["no allocation history: live memory only"],
+                  by_category=dict(live.by_category), live=live)
 
 
 def _analyze_one(snapshot, device, trusted, marker_prefix, steps) -> Report:

@@ -249,7 +249,8 @@ def _analyze(args) -> int:
         reports.sort(key=lambda r: r.device)
     outputs = []
     for r in reports:
-        visible_range(r, args.zoom)  # steps the report does not have: say so instead of the report
+        if r.live is None:
+            visible_range(r, args.zoom)  # steps the report does not have: say so instead of the report
         picture, json_path = (_per_device(args.output, r.device), _per_device(args.json, r.device)) if every else (
             args.output, args.json)
         outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **_picture_kwargs(args))))

@@ -18,7 +18,7 @@ import pickle
 import zlib
 from typing import Any
 
-from .errors import RECORD_HINT, PhasememError
+from .errors import RECORD_HINT, NoHistory, PhasememError
 
 
 @contextlib.contextmanager
@@ -138,7 +138,7 @@ UNPICKLE_ERRORS = (EOFError, pickle.UnpicklingError, ValueError, TypeError, KeyE
                    ModuleNotFoundError, MemoryError, OverflowError)
 
 
-def read_snapshot_file(path: str | os.PathLike, *, trusted: bool = False) -> dict:
+def read_snapshot_file(path: str | os.PathLike, *, trusted: bool = False, history: bool = True) -> dict:
     """Load a pickled snapshot (plain, ``.gz``, ``.xz`` or ``.bz2``) and return the snapshot dict."""
     where = os.fspath(path)
     with open_snapshot(where) as f:
@@ -157,23 +157,31 @@ def read_snapshot_file(path: str | os.PathLike, *, trusted: bool = False) -> dic
                                 "copy the file again or re-record it") from None
         except OSError as e:
             raise PhasememError(f"{where}: cannot be read ({e.strerror or e})") from None
-    return as_snapshot(obj, where)
+    return as_snapshot(obj, where, history=history)
 
 
-def as_snapshot(obj: Any, where: str = "input") -> dict:
-    """Check that ``obj`` is a snapshot dict (or a dict wrapping one under ``"snapshot"``) and return it."""
+def as_snapshot(obj: Any, where: str = "input", *, history: bool = True) -> dict:
+    """Check that ``obj`` is a snapshot dict (or a dict wrapping one under ``"snapshot"``) and return it.
+    A bare list of segments (``torch.cuda.memory_snapshot()``) becomes ``{"segments": [...]}``.
+    ``history``: require an allocator trace (else ``NoHistory``, when there are segments to read)."""
     if isinstance(obj, dict) and "device_traces" not in obj and isinstance(obj.get("snapshot"), dict):
         obj = obj["snapshot"]
+    if isinstance(obj, list) and obj and all(isinstance(s, dict) and "blocks" in s for s in obj):
+        obj = {"segments": obj, "device_traces": []}
     if not isinstance(obj, dict) or not ("device_traces" in obj or "segments" in obj):
         raise PhasememError(f"{where}: holds a {type(obj).__name__}, not a memory snapshot; {RECORD_HINT}")
     traces = obj.get("device_traces")
-    if not isinstance(traces, list) or not any(isinstance(t, list) and t for t in traces):
-        raise PhasememError(f"{where}: the snapshot has no allocator trace (history recording was off); {RECORD_HINT}")
+    if history and (not isinstance(traces, list) or not any(isinstance(t, list) and t for t in traces)):
+        if obj.get("segments"):
+            raise NoHistory(f"{where}: the snapshot holds no allocation history, only its segments; {RECORD_HINT}")
+        raise PhasememError(f"{where}: the snapshot is empty: no allocator trace and no segments (nothing was "
+                            f"allocated, or history recording was off); {RECORD_HINT}")
     return obj
 
 
-def load_snapshot(source: Any, *, trusted: bool = False) -> dict:
-    """A path (str or PathLike) or an in-memory snapshot dict → the snapshot dict."""
+def load_snapshot(source: Any, *, trusted: bool = False, history: bool = True) -> dict:
+    """A path (str or PathLike) or an in-memory snapshot dict → the snapshot dict (``history``: see
+    ``as_snapshot``)."""
     if isinstance(source, (str, os.PathLike)):
-        return read_snapshot_file(source, trusted=trusted)
-    return as_snapshot(source)
+        return read_snapshot_file(source, trusted=trusted, history=history)
+    return as_snapshot(source, history=history)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import RECORD_HINT
 from .output import atomic_write
 from .units import format_bytes
 
@@ -144,6 +145,9 @@ class Report:
     ooms: list[OutOfMemory] = field(default_factory=list)  # every device's, this one's first
     notes: list[str] = field(default_factory=list)
     other_devices: list[DeviceSummary] = field(default_factory=list)
+    #: A snapshot without allocation history (legacy recording, bare segment list): what was alive when
+    #: it was taken (``phasemem.live.LiveMemory``); then there are no steps, phases or shapes.
+    live: Any = None
     # The arrays the picture is drawn from; not part of to_dict().
     label_codes: np.ndarray = field(default=None, repr=False)
     step_of: np.ndarray = field(default=None, repr=False)
@@ -179,8 +183,11 @@ class Report:
                 return int(obj)
             return obj
 
-        skip = {"label_codes", "step_of", "trace", "timeline", "segmentation", "category_curves"}
+        skip = {"label_codes", "step_of", "trace", "timeline", "segmentation", "category_curves", "live"}
         out = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
+        if self.live is not None:
+            out["live"] = _live_dict(self.live)
+            return out
         out["labels"] = [list(r) for r in self.label_runs()]
         if self.category_curves is not None:
             out["category_curve"] = self.category_curve()
@@ -251,7 +258,52 @@ class Report:
         return format_report(self)
 
 
+#: Blocks listed in a history-less snapshot's text and JSON (the largest).
+LIVE_TOP = 12
+
+
+def _live_dict(live) -> dict:
+    return {"device": live.device, "allocated_bytes": live.allocated_bytes, "reserved_bytes": live.reserved_bytes,
+            "cached_free_bytes": live.cached_free_bytes, "n_blocks": live.n_blocks, "has_frames": live.has_frames,
+            "by_category": dict(live.by_category),
+            "by_site": [{"site": s, "bytes": b, "count": c} for s, b, c in live.by_site],
+            "largest_blocks": [{"size": b.requested_size, "site": b.site, "category": b.category}
+                               for b in live.blocks[:4 * LIVE_TOP]],
+            "devices": {str(d): {"allocated_bytes": a, "reserved_bytes": r} for d, (a, r) in live.devices.items()}}
+
+
+def _format_live(r: Report) -> str:
+    live = r.live
+    lines = [f"phasemem report — {r.device}: this snapshot holds no allocation history",
+             "  (recorded with the legacy _record_memory_history(True), or taken with torch.cuda.memory_snapshot()),",
+             "  so it has no steps, phases or shapes to read; to get them, " + RECORD_HINT,
+             f"live memory when it was taken: allocated {format_bytes(live.allocated_bytes)} in {live.n_blocks:,} "
+             f"blocks; reserved {format_bytes(live.reserved_bytes)} (of it cached free "
+             f"{format_bytes(live.cached_free_bytes)})"]
+    known = {k: v for k, v in live.by_category.items() if k != "unknown"}
+    if known:
+        lines.append("  made of (where the allocating stack says) " + ", ".join(
+            f"{k} {format_bytes(v)}" for k, v in known.items()) + (
+            f"; unknown {format_bytes(live.by_category['unknown'])}" if live.by_category.get("unknown") else ""))
+    else:
+        lines.append("  what it is (parameters, activations, cache…) cannot be told without history: "
+                     "no stack names a module's weights or an optimizer")
+    others = [f"cuda:{d} {format_bytes(a)} allocated" for d, (a, _) in sorted(live.devices.items()) if d != live.device]
+    if others:
+        lines.append("other devices: " + "; ".join(others) + " (analyse one with --device N)")
+    if live.has_frames:
+        lines += ["", "largest allocation sites (live bytes, blocks):"]
+        for site, nbytes, count in live.by_site[:LIVE_TOP]:
+            lines.append(f"  {format_bytes(nbytes):>11} {count:>6}  {site or '(no stack recorded)'}")
+    else:
+        lines += ["", "no block carries a stack: the largest blocks are"]
+        lines += [f"  {format_bytes(b.requested_size):>11}" for b in live.blocks[:LIVE_TOP]]
+    return "\n".join(lines)
+
+
 def format_report(r: Report) -> str:
+    if r.live is not None:
+        return _format_live(r)
     lines = [_oom_line(r, o) for o in r.ooms]
     lines += [
         f"phasemem report — {r.device}, {r.n_events:,} events, {len(r.steps)} step(s)",

@@ -164,3 +164,25 @@ def test_out_of_memory_is_marked_in_the_picture():
     (o,) = [o for o in r.ooms if o.device == r.device]
     assert len(lines) == 1 and lines[0].get_xdata()[0] == o.event
     assert any(t.get_text().startswith("OUT OF MEMORY: asked ") for t in fig.axes[0].texts)
+
+
+LEGACY = ["yiyi_oom", "yiyi_opt1.3b", "yiyi_opt1.3b_log1", "diffusion_mysnap", "sketchkv_mysnap", "layoutedit_dump",
+          "layoutedit_memsnap"]
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_legacy_snapshots_say_they_hold_no_history(name):
+    """Legacy recordings (one trace entry) and a bare segment list: the report says there is no history
+    and gives the live memory, the active blocks' bytes counted here from the raw pickle."""
+    raw = pickle.loads(_path(name).read_bytes())
+    segments = raw if isinstance(raw, list) else raw["segments"]
+    r = _report(name)
+    assert r.live is not None and not r.steps and not r.patterns
+    dev = r.live.device
+    want = sum(b.get("requested_size", b["size"]) for s in segments if s["device"] == dev for b in s["blocks"]
+               if b["state"] in ("active_allocated", "active_pending_free"))
+    assert r.live.allocated_bytes == want == r.peak_bytes
+    assert str(r).splitlines()[0].endswith("this snapshot holds no allocation history")
+    # nothing is called a parameter that no stack says is one (diffusion_mysnap's module.to() blocks are)
+    said = r.live.by_category.get("parameter", 0)
+    assert ("made of (where the allocating stack says) parameter" in str(r)) == bool(said)

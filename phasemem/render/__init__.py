@@ -211,7 +211,12 @@ def picture_writer(report, path, **options):
     fmt = _FORMATS.get(os.path.splitext(os.fspath(path))[1].lower())
     if fmt is None:
         raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg or .pdf")
-    fig = plot(report, **options)
+    if report.live is not None:  # no history: what was alive, by allocation site
+        from .live import plot_live
+
+        fig = plot_live(report.live, size=options.get("size", (1600, 900)), dpi=options.get("dpi", 100))
+    else:
+        fig = plot(report, **options)
 
     def write(tmp):
         # savefig's own dpi default comes from rcParams; pin it so the pixel size is the one asked for.
