@@ -618,3 +618,32 @@ def test_markers_close_since_a_mark():
     m.end(a)
     m.end(a)  # closing twice is harmless
     assert m.open_count == 0
+
+
+def test_cuda_recording_keeps_frees_without_stacks(monkeypatch):
+    """instrument() records stacks on allocations only: with context="all" torch 2.11 crashes the
+    backward of non-reentrant checkpointing around dropout (docs/trace.md; H200 matrix in
+    benchmarks/results/ckpt_crash_h200.md)."""
+    import importlib
+
+    inst = importlib.import_module("phasemem.capture.instrument")
+    calls = []
+    monkeypatch.setattr(inst, "_record_memory_history", lambda enabled, **kw: calls.append((enabled, kw)))
+    monkeypatch.setattr(inst, "_history_enabled", lambda: False)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    for stacks, context in (("python", "alloc"), ("all", "alloc"), (None, None)):
+        run = inst.Run(torch.nn.Linear(2, 2), None, device="cpu", stacks=stacks)
+        run._start_cuda()
+        inst._CUDA_RUNS.remove(run)
+        assert calls[-1][0] == "all" and calls[-1][1]["context"] == context
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_checkpointed_dropout_backward_survives_recording():
+    """The smallest reproduction of the crash, under instrument(): it must run."""
+    from torch.utils.checkpoint import checkpoint
+
+    x = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    with instrument(None, None) as run:
+        checkpoint(torch.nn.functional.dropout, x, 0.1, True, use_reentrant=False).sum().backward()
+    assert run.report().n_events > 0

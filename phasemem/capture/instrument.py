@@ -217,7 +217,11 @@ class Run:
             _CUDA_TURN_OFF[0] = not on
         _record_memory_history(
             "all",
-            context="all" if self.stacks else None,
+            # "alloc", not "all": with frees' stacks recorded too, torch 2.11 crashes the backward of
+            # non-reentrant activation checkpointing around dropout or cross-entropy (SystemError ...
+            # returned NULL without setting an exception; docs/trace.md, fixtures/ckpt_crash.py).
+            # The allocations' stacks are what phasemem reads; a free's adds nothing to the markers.
+            context="alloc" if self.stacks else None,
             stacks=self.stacks or "python",
             max_entries=self.max_entries,
             # Clearing someone else's ongoing history would destroy their recording.
