@@ -22,6 +22,15 @@ from .hooks import PREFIX
 # PyTorch's own optimizer ranges ("Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad"),
 # kept as the CUDA snapshot keeps them, so the annotation fallback sees the same names on CPU.
 ANNOTATION_PREFIXES = (PREFIX, "Optimizer.")
+# ... and the user's own ``record_function("tag::phase")`` ranges, as the CUDA recording keeps every
+# range (``global_record_annotations``): ``--markers tag::`` and ground-truth ``gt::`` marks need them.
+# Operators are TorchOp nodes too; their namespaces are not ranges.
+_OP_NAMESPACES = frozenset(("aten", "prim", "prims", "quantized", "c10d", "_c10d_functional", "profiler", "cuda",
+                            "inductor", "triton", "torchvision", "cudnn", "mkldnn", "fbgemm", "torch", "autograd"))
+
+
+def _is_range(name: str) -> bool:
+    return name.startswith(ANNOTATION_PREFIXES) or ("::" in name and name.split("::", 1)[0] not in _OP_NAMESPACES)
 
 CPU_DEVICE = -1  # the fake segments' and annotations' "device": no CUDA ordinal applies
 
@@ -104,7 +113,7 @@ def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> 
                     "frames": [],
                 }))
                 seq += 1
-        elif kind == op_type and node.name.startswith(ANNOTATION_PREFIXES):
+        elif kind == op_type and _is_range(node.name):
             name = str(node.name)
             t0, t1 = node.start_time_ns, node.end_time_ns
             # Ties: at one instant an END sorts before a START; nested STARTs open outer first
