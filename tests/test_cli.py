@@ -33,7 +33,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 @needs_snapshots
 @pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.name.split(".")[0])
-def test_analyze_writes_picture_and_json(path, tmp_path, capsys):
+def test_analyze_writes_picture_and_json_shared(path, tmp_path, capsys):
     png, js = tmp_path / "memory.png", tmp_path / "memory.json"
     rc = main(["analyze", str(path), "-o", str(png), "--json", str(js), "--markers", "gt::", "--size", "1200x700"])
     out, err = capsys.readouterr()
@@ -52,7 +52,7 @@ def test_analyze_writes_picture_and_json(path, tmp_path, capsys):
 
 
 @needs_snapshots
-def test_default_markers_are_phasemem_ones(tmp_path, capsys):
+def test_default_markers_are_phasemem_ones_shared(tmp_path, capsys):
     # Without --markers gt:: no gt:: marker is read: the steps come from PyTorch's own
     # Optimizer.step annotations, and forward is not taken from markers.
     js = tmp_path / "m.json"
@@ -121,7 +121,7 @@ def _text(tmp):
 
 
 def _truncated(tmp):
-    data = lzma.decompress(SNAPSHOTS[0].read_bytes())
+    data = lzma.decompress(FOREACH.read_bytes())
     p = tmp / "cut.pickle"
     p.write_bytes(data[: len(data) // 2])
     return p
@@ -135,7 +135,7 @@ def _list(tmp):
 
 def _empty_traces(tmp):
     # no trace and no segments: nothing to read (segments alone give the live memory: see below)
-    snap = raw(SNAPSHOTS[0])
+    snap = raw(FOREACH)
     snap["device_traces"] = []
     snap["segments"] = []
     p = tmp / "empty.pickle"
@@ -149,11 +149,11 @@ BAD = {
     "truncated-pickle": (_truncated, []),
     "pickle-of-a-list": (_list, []),
     "empty-device-traces": (_empty_traces, []),
-    "unknown-device": (lambda tmp: SNAPSHOTS[0], ["--device", "7"]),
+    "unknown-device": (lambda tmp: FOREACH, ["--device", "7"]),
 }
 
 
-@needs_snapshots
+@needs_foreach
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_is_one_line_exit_2_and_leaves_outputs(case, tmp_path, capsys):
     make, extra = BAD[case]
@@ -264,7 +264,7 @@ def test_convert_then_analyze_the_columnar_file_gives_the_same_report(tmp_path, 
 def test_segments_without_history_give_the_live_memory(tmp_path, capsys):
     """A snapshot with segments but no trace (a legacy recording, torch.cuda.memory_snapshot()) is read,
     and says so: the allocated bytes are those of its active blocks, counted here from the raw dict."""
-    snap = raw(SNAPSHOTS[0])
+    snap = raw(FOREACH)
     snap["device_traces"] = []
     want = sum(b.get("requested_size", b["size"]) for s in snap["segments"] for b in s["blocks"]
                if b["state"] in ("active_allocated", "active_pending_free"))

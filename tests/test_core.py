@@ -69,7 +69,7 @@ def test_every_peak_equals_independent_recomputation(real_snapshot):
     assert report.peak_bytes == max(max(b, a) for b, a in zip(before, after))
 
 
-def test_zero_grad_before_any_gradient_is_reported_empty(shared_snapshot):
+def test_zero_grad_before_any_gradient_is_reported_empty_shared(shared_snapshot):
     _, snap = shared_snapshot
     report = phasemem.analyze(snap, marker_prefix="gt::")
     zg = report.steps[0].phases["zero_grad"]
@@ -78,7 +78,7 @@ def test_zero_grad_before_any_gradient_is_reported_empty(shared_snapshot):
     assert zg.peak_bytes == report.steps[0].phases["forward"].end_bytes
 
 
-def test_pytorch_annotations_give_optimizer_and_zero_grad_without_markers(shared_snapshot):
+def test_pytorch_annotations_give_optimizer_and_zero_grad_without_markers_shared(shared_snapshot):
     _, snap = shared_snapshot
     events = snap["device_traces"][0]
     report = phasemem.analyze(snap)  # default prefix: no phasemem markers in these files
@@ -96,7 +96,7 @@ def test_pytorch_annotations_give_optimizer_and_zero_grad_without_markers(shared
     assert len(report.steps) == len(opt_ivs["optimizer"])
 
 
-def test_frames_removed_changes_no_number(shared_snapshot):
+def test_frames_removed_changes_no_number_shared(shared_snapshot):
     _, snap = shared_snapshot
     with_frames = phasemem.analyze(snap, marker_prefix="gt::")
     for e in snap["device_traces"][0]:
@@ -109,7 +109,7 @@ def test_frames_removed_changes_no_number(shared_snapshot):
     assert any(al.stack for p in with_frames.phases.values() for al in p.top_allocations)
 
 
-def test_wrapped_ring_buffer_recovers_the_same_end_state(shared_snapshot):
+def test_wrapped_ring_buffer_recovers_the_same_end_state_shared(shared_snapshot):
     _, snap = shared_snapshot
     full = phasemem.analyze(snap, marker_prefix="gt::")
     events = snap["device_traces"][0]
@@ -124,7 +124,7 @@ def test_wrapped_ring_buffer_recovers_the_same_end_state(shared_snapshot):
     assert [s.number for s in wrapped.steps][-1] == full.steps[-1].number
 
 
-def test_top_allocations_are_the_largest_made_in_the_phase(shared_snapshot):
+def test_top_allocations_are_the_largest_made_in_the_phase_shared(shared_snapshot):
     _, snap = shared_snapshot
     events = snap["device_traces"][0]
     report = phasemem.analyze(snap, marker_prefix="gt::")
@@ -141,7 +141,7 @@ def test_top_allocations_are_the_largest_made_in_the_phase(shared_snapshot):
                     assert events[a.free_event]["action"] in ("free_completed", "free")
 
 
-def test_reserved_curve_ends_at_the_snapshot_segments(shared_snapshot):
+def test_reserved_curve_ends_at_the_snapshot_segments_shared(shared_snapshot):
     _, snap = shared_snapshot
     tl = Timeline.from_trace(Trace.from_snapshot(snap))
     assert tl.reserved_after[-1] == sum(s["total_size"] for s in snap["segments"])
@@ -149,7 +149,7 @@ def test_reserved_curve_ends_at_the_snapshot_segments(shared_snapshot):
     assert tl.reserved_after.max() - tl.reserved_after.min() <= sum(e["size"] for e in seg_events)
 
 
-def test_json_round_trip(shared_snapshot, tmp_path):
+def test_json_round_trip_shared(shared_snapshot, tmp_path):
     import json
 
     _, snap = shared_snapshot
@@ -164,7 +164,7 @@ def test_json_round_trip(shared_snapshot, tmp_path):
     assert {ph for _, _, ph, _ in d["labels"]} <= set(PHASES)
 
 
-def test_report_text_is_readable(shared_snapshot):
+def test_report_text_is_readable_shared(shared_snapshot):
     _, snap = shared_snapshot
     from phasemem.units import format_bytes
 
@@ -207,7 +207,7 @@ def test_torch_default_recording_with_cpp_stacks():
     assert any("Backward0" in s for s in stacks) and not any("unwind" in s for s in stacks)
 
 
-def test_aggregate_top_allocations_are_the_largest_over_all_steps(shared_snapshot):
+def test_aggregate_top_allocations_are_the_largest_over_all_steps_shared(shared_snapshot):
     _, snap = shared_snapshot
     report = phasemem.analyze(snap, marker_prefix="gt::")
     for name, agg in report.phases.items():

@@ -39,7 +39,7 @@ def test_empty_and_text_files(tmp_path):
 
 
 @pytest.mark.parametrize("path", shared_paths()[:1], ids=lambda p: p.stem)
-def test_truncated_pickle_and_truncated_stream(tmp_path, path):
+def test_truncated_pickle_and_truncated_stream_shared(tmp_path, path):
     raw = lzma.decompress(path.read_bytes())
     (tmp_path / "cut.pickle").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(PhasememError, match="truncated or corrupt") as e:
@@ -52,7 +52,7 @@ def test_truncated_pickle_and_truncated_stream(tmp_path, path):
 
 
 @pytest.mark.parametrize("path", shared_paths()[:1], ids=lambda p: p.stem)
-def test_compressions_are_sniffed_not_trusted_by_extension(tmp_path, path):
+def test_compressions_are_sniffed_not_trusted_by_extension_shared(tmp_path, path):
     raw = lzma.decompress(path.read_bytes())
     (tmp_path / "snap.bin").write_bytes(gzip.compress(raw))
     (tmp_path / "snap.pickle").write_bytes(raw)
@@ -75,7 +75,7 @@ def test_snapshot_without_trace():
 
 
 @pytest.mark.parametrize("path", shared_paths()[:1], ids=lambda p: p.stem)
-def test_unknown_device(path):
+def test_unknown_device_shared(path):
     from conftest import load_snapshot
 
     with pytest.raises(PhasememError, match="device 7 is not in this snapshot"):

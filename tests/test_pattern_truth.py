@@ -126,7 +126,7 @@ def test_knockout_leak_and_workspace(kind, monkeypatch):
     import test_patterns
 
     monkeypatch.setattr(analyze_module, "detect_patterns", _knocked_out(kind))
-    test = {"leak": test_patterns.test_leak_found_where_frees_were_removed_and_nowhere_else,
+    test = {"leak": test_patterns.test_leak_found_where_frees_were_removed_and_nowhere_else_shared,
             "workspace": test_patterns.test_gradscaler_check_and_workspaces_named_where_frames_say_so}[kind]
     with pytest.raises(AssertionError):
         test()

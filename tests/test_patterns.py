@@ -41,7 +41,7 @@ def _close(a, b, tol=0.02):
     return abs(a - b) <= tol * b
 
 
-def test_logits_only_with_an_lm_head(analysed):
+def test_logits_only_with_an_lm_head_shared(analysed):
     report, _, known = analysed
     logits = report.patterns_of("logits")
     if known["logits"] is None:
@@ -60,7 +60,7 @@ def test_logits_only_with_an_lm_head(analysed):
         assert rel.bytes >= known["logits"]
 
 
-def test_checkpoint_recompute_counts_layers(analysed):
+def test_checkpoint_recompute_counts_layers_shared(analysed):
     report, _, known = analysed
     found = report.patterns_of("checkpoint_recompute")
     if not known["ckpt"]:
@@ -69,7 +69,7 @@ def test_checkpoint_recompute_counts_layers(analysed):
     assert [p.details["count"] for p in found] == [known["layers"]] * len(report.steps)
 
 
-def test_gradients_are_the_parameters(analysed):
+def test_gradients_are_the_parameters_shared(analysed):
     report, meta, _ = analysed
     grads = [p for p in report.patterns_of("gradients") if p.phase == "backward"]
     assert len(grads) == len(report.steps)
@@ -78,7 +78,7 @@ def test_gradients_are_the_parameters(analysed):
     assert [p.step for p in released] == list(range(1, len(report.steps)))  # step 0 has nothing to free
 
 
-def test_adam_state_once_and_temporaries_unless_fused(analysed):
+def test_adam_state_once_and_temporaries_unless_fused_shared(analysed):
     report, meta, known = analysed
     state = report.patterns_of("optimizer_state_init")
     assert [p.step for p in state] == [0]
@@ -94,7 +94,7 @@ def test_adam_state_once_and_temporaries_unless_fused(analysed):
     assert report.patterns_of("leak") == []
 
 
-def test_categories_sum_to_the_curve_and_match_the_model(analysed):
+def test_categories_sum_to_the_curve_and_match_the_model_shared(analysed):
     report, meta, _ = analysed
     tl = report.timeline
     every = report.category_curves.at_level(np.arange(report.n_events), tl.delta)
@@ -107,7 +107,7 @@ def test_categories_sum_to_the_curve_and_match_the_model(analysed):
     assert sum(cats.values()) == report.peak_bytes
 
 
-def test_report_names_each_shape_once_with_an_explanation(analysed):
+def test_report_names_each_shape_once_with_an_explanation_shared(analysed):
     report, _, _ = analysed
     text = str(report)
     for kind in {p.kind for p in report.patterns}:
@@ -120,7 +120,7 @@ def test_report_names_each_shape_once_with_an_explanation(analysed):
     assert set(d["category_curve"]) >= {"event", "parameter", "gradient", "optimizer_state", "activation"}
 
 
-def test_leak_found_where_frees_were_removed_and_nowhere_else():
+def test_leak_found_where_frees_were_removed_and_nowhere_else_shared():
     """Replicate a real trace's steady steps, then drop the frees of one forward tensor in some steps
     (a tensor kept across steps, as a loss accumulated without .item() keeps its graph)."""
     import sys

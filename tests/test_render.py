@@ -280,7 +280,7 @@ def test_columns_sample_each_columns_highest_event():
 
 
 @pytest.mark.parametrize("ext", ["png", "svg", "pdf"])
-def test_every_format_is_written(snapshot, tmp_path, ext):
+def test_every_format_is_written_shared(snapshot, tmp_path, ext):
     out = tmp_path / f"memory.{ext}"
     _report(snapshot).save_png(out)
     data = out.read_bytes()
@@ -333,7 +333,7 @@ def test_bad_extension_and_failed_drawing_leave_the_old_file(tmp_path):
 # -- what is drawn --------------------------------------------------------------------------------
 
 
-def test_plot_returns_a_figure_with_what_the_report_says(snapshot):
+def test_plot_returns_a_figure_with_what_the_report_says_shared(snapshot):
     report = _report(snapshot)
     fig = _plot(snapshot)
     assert isinstance(fig, Figure)
@@ -356,7 +356,7 @@ def test_plot_returns_a_figure_with_what_the_report_says(snapshot):
     assert overlaps(fig) == []
 
 
-def test_phase_peaks_are_labeled_where_they_fit(snapshot):
+def test_phase_peaks_are_labeled_where_they_fit_shared(snapshot):
     report = _report(snapshot)
     words = {t.get_text() for t in texts(_plot(snapshot))}
     # the biggest phase peak of the last step sits in a wide phase on every one of these traces
