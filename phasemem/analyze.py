@@ -11,15 +11,16 @@ from .errors import NoHistory, PhasememError
 from .live import live_memory
 from .load import load_snapshot, no_gc
 from .measure import TOP_K, measure
-from .categories import CATEGORIES, CategoryCurves
+from .categories import CategoryCurves
 from .patterns import detect as detect_patterns
-from .patterns.context import Context
+from .facts import Context
 from .report import DeviceSummary, OutOfMemory, Phase, Report
-from .segment import P, PHASES, segment
+from .segment import segment
 from .slicing import StepIndex, build_index, can_slice, slice_in_memory
 from .stream import read_trace
 from .timeline import Timeline
 from .trace import A, Trace
+from .vocab import CATEGORIES, MARKER_PREFIX, P, PHASES
 
 PARTIAL_NOTE = "some steps are partial (the trace starts or ends inside them)"
 
@@ -89,7 +90,7 @@ def _analyze_one(snapshot, device, trusted, marker_prefix, steps) -> Report:
         else:
             trace = Trace.from_snapshot(load_snapshot(snapshot, trusted=trusted), device)
         if marker_prefix is None:
-            marker_prefix = str(trace.meta.get("markers") or "phasemem::")
+            marker_prefix = str(trace.meta.get("markers") or MARKER_PREFIX)
         return _analyze_steps(trace, marker_prefix, steps)
 
 
@@ -100,7 +101,7 @@ def _analyze_columnar(path: str, device: int | None, marker_prefix: str | None, 
                             f"again with --device {device}")
     index_prefix = (doc.get("steps") or {}).get("prefix")
     # the prefix the file was converted with is the one its step index knows
-    prefix = marker_prefix or index_prefix or str((doc.get("meta") or {}).get("markers") or "phasemem::")
+    prefix = marker_prefix or index_prefix or str((doc.get("meta") or {}).get("markers") or MARKER_PREFIX)
     with no_gc():
         if steps is not None and index_prefix == prefix and doc["steps"]["exact"]:
             index = read_index(path)
@@ -157,7 +158,7 @@ def _sliced(part: Trace, index: StepIndex, k0: int, k1: int, prefix: str) -> Rep
     return report
 
 
-def analyze_trace(trace: Trace, *, marker_prefix: str = "phasemem::") -> Report:
+def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report:
     tl = Timeline.from_trace(trace)
     seg = segment(trace, marker_prefix, tl)
     steps = measure(trace, tl, seg)

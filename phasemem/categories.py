@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .patterns.context import Context
+from .facts import Context, gradient_allocs
 from .infer.frames import weight_moves
-from .segment import P
+from .vocab import CATEGORIES, C, P
 
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input", "other")
-C = {name: code for code, name in enumerate(CATEGORIES)}
+__all__ = ["CATEGORIES", "C", "CategoryCurves", "classify"]  # the vocabulary lives in vocab.py
 
 
 def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
@@ -52,8 +51,6 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     cat[fwd & ~same_run] = C["activation"]
     cat[fwd & (f >= n) & (s_at == 0) & (len(ctx.seg.steps) > 1)] = C["other"]
     cat[(pa == P["backward"]) & (f > run_end)] = C["other"]
-    from .patterns.gradients import gradient_allocs
-
     for s in range(len(ctx.seg.steps)):
         cat[gradient_allocs(ctx, s)] = C["gradient"]
     cat[(pa == P["optimizer"]) & (f >= end_of_step)] = C["optimizer_state"]
@@ -78,8 +75,6 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
     off with the gradients' sizes are the parameters. Of the rest, blocks of a gradient's size are
     optimizer state made before recording (Adam's pair per parameter); others (cuBLAS workspaces,
     the input batch, buffers) are 'other'. Without gradients (inference) all are parameters."""
-    from .patterns.gradients import gradient_allocs
-
     cat = np.full(len(sizes), C["parameter"], np.int8)
     # The step with the most gradient bytes: a trace that wrapped can start inside a backward.
     per_step = [gradient_allocs(ctx, s) for s in range(len(ctx.seg.steps))]

@@ -18,6 +18,7 @@ import sys
 
 from .errors import PhasememError
 from .output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES, write_all
+from .vocab import MARKER_PREFIX
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -273,7 +274,7 @@ def _convert(args) -> int:
     _check_outputs(args.output)
     with no_gc():
         trace = read_trace(args.snapshot, args.device, trusted=args.trust)
-        prefix = args.markers if args.markers is not None else str(trace.meta.get("markers") or "phasemem::")
+        prefix = args.markers if args.markers is not None else str(trace.meta.get("markers") or MARKER_PREFIX)
         index = build_index(trace, prefix)
     save_trace(trace, args.output, index)
     steps = (f"{len(index)} step(s) indexed, so --steps reads only its steps" if index.exact

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import RECORD_HINT, PhasememError
-from .measure import _is_library, _short
+from .stacks import is_library, short_path
 
 #: States whose bytes a tensor holds. torch's C++ writes ``active_pending_free`` for a block freed
 #: on one stream and waiting on others; the docstring in torch/cuda/memory.py calls it
@@ -172,7 +172,7 @@ def _is_users(fn: str) -> bool:
     # Old IPython names cells "<ipython-input-N-...>": user code, though "<...>" is otherwise not.
     if fn.startswith("<ipython-input-"):
         return True
-    return fn.endswith(".py") and not _is_library(fn) and not fn.replace("\\", "/").startswith(_OWN_DIR)
+    return fn.endswith(".py") and not is_library(fn) and not fn.replace("\\", "/").startswith(_OWN_DIR)
 
 
 def site_of(stack: tuple) -> str | None:
@@ -190,8 +190,8 @@ def site_of(stack: tuple) -> str | None:
     pick = (next((f for f in stack if _is_users(f[0])), None)
             or next((f for f in py if "/torch/" not in f[0].replace("\\", "/")), None) or stack[0])
     fn, line, name = pick
-    fn = fn.replace("\\", "/")  # _short cuts at "site-packages/": Windows paths need the same slashes
-    return f"{name} ({_short(fn)}:{line})"
+    fn = fn.replace("\\", "/")  # short_path cuts at "site-packages/": Windows paths need the same slashes
+    return f"{name} ({short_path(fn)}:{line})"
 
 
 def category_of(stack: tuple) -> str:

@@ -3,52 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .report import Allocation, Phase, Step
-from .segment import PHASES, Segmentation, step_at_time
+from .model import Allocation, Phase, Step
+from .segment import Segmentation, step_at_time
+from .stacks import stack_summary
+from .vocab import PHASES
 from .timeline import Timeline
 from .trace import A, Trace
 
 TOP_K = 5
-
-
-def stack_summary(trace: Trace, stack_id: int) -> str | None:
-    """'innermost ← first frame outside torch' for a stack, or None when the event has no frames."""
-    if stack_id < 0:
-        return None
-    frames = [trace.frames[f] for f in trace.stacks[stack_id]]
-    # With stacks="all" the innermost frames are the allocator's own C++; the Python ones say where,
-    # and without any (the autograd thread) the first C++ frame past the allocator's machinery.
-    frames = ([f for f in frames if f[0].endswith(".py")]
-              or [f for f in frames if not any(s in f[2] for s in _MACHINERY)] or frames)
-    # C++ names carry their whole signature; the qualified name is enough to read
-    frames = [(f, l, n if f.endswith(".py") else n.split("(")[0]) for f, l, n in frames]
-    fn, line, name = frames[0]
-    text = f"{name} ({_short(fn)}:{line})"
-    for fn2, line2, name2 in frames[1:]:
-        if not _is_library(fn2):
-            if (fn2, line2, name2) != frames[0]:
-                text += f" ← {name2} ({_short(fn2)}:{line2})"
-            break
-    return text
-
-
-#: C++ frames that every allocation passes through (as memory_viz's frameFilter drops them).
-_MACHINERY = ("unwind", "CapturedTraceback", "gather_with_cpp", "CachingAllocator", "empty_", "at::detail::",
-              "c10::", "at::native::empty", "at::empty", "_PyEval", "PyObject_", "wrapper_", "at::_ops::")
-
-
-def _short(fn: str) -> str:
-    for cut in ("site-packages/", "dist-packages/"):
-        if cut in fn:
-            return fn.split(cut, 1)[1]
-    return fn.rsplit("/", 2)[-1] if fn.count("/") > 2 else fn
-
-
-def _is_library(fn: str) -> bool:
-    # phasemem's own hooks wrap optimizer.step under instrument(): not the user's code either
-    fn = fn.replace("\\", "/")
-    return ("site-packages/" in fn or "dist-packages/" in fn or "/torch/" in fn or fn.startswith("<")
-            or "phasemem/capture" in fn)
 
 
 def measure(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Step]:

@@ -8,116 +8,13 @@ from typing import Any
 import numpy as np
 
 from .errors import RECORD_HINT
+from .model import Allocation, DeviceSummary, OutOfMemory, Pattern, Phase, Step
 from .output import atomic_write
+from .spans import phase_runs
 from .units import format_bytes
+from .vocab import CATEGORIES, CATEGORY_NAMES, PHASES
 
-
-@dataclass
-class Allocation:
-    """One allocation: the trace event that made it, its size, when it was freed, where it came from."""
-
-    event: int
-    size: int
-    free_event: int | None = None  # None: still alive when the trace ends
-    stack: str | None = None  # short call-site summary; None when recorded without frames
-
-
-@dataclass
-class Phase:
-    """A phase of one step (or of all steps, in ``Report.phases``).
-
-    ``peak_bytes`` is the most memory allocated while the phase's events ran (after an alloc,
-    before a free); ``start_bytes`` is what was allocated just before its first event, ``end_bytes``
-    just after its last. Event indices are positions in ``snapshot["device_traces"][device]``;
-    they are None for a phase that ran but allocated and freed nothing.
-
-    Example:
-        >>> report.phases["optimizer"].peak_bytes
-        >>> report.steps[1].phases["backward"].peak_event
-    """
-
-    name: str
-    step: int | None
-    peak_bytes: int
-    start_bytes: int
-    end_bytes: int
-    start_event: int | None
-    end_event: int | None
-    peak_event: int | None
-    n_events: int
-    source: str  # "markers", "annotations", "inferred", or "none" (for "other")
-    top_allocations: list[Allocation] = field(default_factory=list)
-    confidence: float = 1.0  # 1 for markers and annotations; lower when inferred (docs/accuracy.md)
-    by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
-    at_event: float | None = None  # where it ran: start_event, or between two events when it made none
-
-
-@dataclass
-class Pattern:
-    """A recognised shape: what it is, where (event range and step/phase), how big, and what to do.
-
-    Example:
-        >>> for p in report.patterns_of("logits"):
-        ...     print(p.step, format_bytes(p.bytes), p.explanation)
-    """
-
-    kind: str
-    step: int  # position in Report.steps
-    phase: str
-    start_event: int
-    end_event: int
-    peak_event: int
-    bytes: int
-    explanation: str
-    details: dict = field(default_factory=dict)
-    #: How sure: that of the phase it sits in (1 where markers or PyTorch's annotations placed it;
-    #: an inferred phase's measured precision otherwise, docs/accuracy.md).
-    confidence: float = 1.0
-
-
-@dataclass
-class OutOfMemory:
-    """An ``oom`` event: where the allocator gave up, what was asked, and what was holding memory."""
-
-    event: int
-    step: int | None  # position in Report.steps of the device's own analysis
-    phase: str
-    requested_bytes: int
-    device_free_bytes: int
-    allocated_bytes: int
-    by_category: dict[str, int] = field(default_factory=dict)
-    device: str = ""  # where it happened: the report's device, or another one of the snapshot
-    step_number: int | None = None  # the step's number (Step.number) on that device
-
-
-@dataclass
-class DeviceSummary:
-    """Another device of the snapshot, which this report did not analyse: enough to know whether
-    it should be (``phasemem analyze --device N``, or ``--device all``)."""
-
-    device: str
-    index: int  # its position in snapshot["device_traces"]: what --device takes
-    events: int  # memory events in its trace
-    allocated_bytes: int  # at the moment the snapshot was taken
-    reserved_bytes: int
-    ooms: int
-
-
-@dataclass
-class Step:
-    """One training step: from the end of the previous optimizer step to the end of this one."""
-
-    index: int  # position in Report.steps
-    number: int  # training step counted from the start of recording (differs when the ring buffer wrapped)
-    start_event: int
-    end_event: int
-    complete: bool
-    peak_bytes: int
-    peak_event: int | None
-    start_bytes: int
-    end_bytes: int
-    phases: dict[str, Phase]
-    by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
+__all__ = ["Report", "Allocation", "DeviceSummary", "OutOfMemory", "Pattern", "Phase", "Step", "format_report"]
 
 
 @dataclass
@@ -159,15 +56,11 @@ class Report:
     @property
     def labels(self) -> np.ndarray:
         """The phase name of every trace event, as a numpy array of str."""
-        from .segment import PHASES
-
         return np.array(PHASES, dtype=object)[self.label_codes]
 
     def label_runs(self) -> list[tuple[int, int, str, int]]:
         """``labels`` run-length encoded: (first event, last event, phase, step position or -1)."""
-        from .segment import PHASES, runs
-
-        first, last, code, step = runs(self.label_codes, self.step_of)
+        first, last, code, step = phase_runs(self.label_codes, self.step_of)
         return [(a, b, PHASES[c], s) for a, b, c, s in zip(first.tolist(), last.tolist(), code.tolist(), step.tolist())]
 
     def to_dict(self) -> dict:
@@ -200,8 +93,6 @@ class Report:
         Example:
             >>> report.categories()["optimizer_state"]
         """
-        from .categories import CATEGORIES
-
         e = self.peak_event if event is None else int(event)
         if not 0 <= e < self.n_events:
             raise IndexError(f"event {e} is outside the trace (0..{self.n_events - 1})")
@@ -210,8 +101,6 @@ class Report:
 
     def category_curve(self, points: int = 1000) -> dict[str, list[int]]:
         """Bytes per category at up to ``points`` evenly spaced events (and the overall peak)."""
-        from .categories import CATEGORIES
-
         ev = np.unique(np.concatenate([np.linspace(0, self.n_events - 1, min(points, self.n_events)).astype(np.int64),
                                        [self.peak_event]]))
         m = self.category_curves.at_level(ev, self.timeline.delta)
@@ -312,9 +201,7 @@ def format_report(r: Report) -> str:
         f"allocated before recording {format_bytes(r.preexisting_bytes)}; peak reserved {format_bytes(r.reserved_peak_bytes)}",
     ]
     if r.by_category:
-        names = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
-                 "activation": "activations", "temporary": "temporaries", "input": "inputs", "other": "other"}
-        parts = [f"{names.get(k, k)} {format_bytes(v)}" for k, v in r.by_category.items() if v]
+        parts = [f"{CATEGORY_NAMES.get(k, k)} {format_bytes(v)}" for k, v in r.by_category.items() if v]
         lines.append("  made of " + ", ".join(parts))
     if r.other_devices:
         lines.append("other devices: " + "; ".join(
@@ -397,6 +284,4 @@ def _step_at(r: Report, event: int | None):
 def _phase_at(r: Report, event: int | None) -> str:
     if event is None or r.label_codes is None:
         return "-"
-    from .segment import PHASES
-
     return PHASES[int(r.label_codes[event])]

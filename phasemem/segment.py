@@ -12,12 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import infer
+from .spans import phase_runs
 from .trace import Trace
+from .vocab import MARKED, MARKER_PREFIX, P, PHASES
 
-#: Phase names in label-code order; ``other`` is code 0.
-PHASES = ("other", "forward", "loss", "zero_grad", "backward", "optimizer")
-P = {name: code for code, name in enumerate(PHASES)}
-MARKED = ("forward", "zero_grad", "backward", "optimizer")
+# The vocabulary lives in vocab.py; these names stay importable from here.
+__all__ = ["PHASES", "P", "MARKED", "CONFIDENCE", "Interval", "Segmentation", "segment", "find_intervals", "runs",
+           "step_at_time"]
+runs = phase_runs
 
 # An inferred phase's confidence: the share of the events it labels that the markers label the same,
 # pooled over the 51 real H200 traces (fixtures/, ../shared, and the three held-out sets), measured
@@ -81,7 +84,7 @@ def _pair(markers, wanted) -> list[tuple[str, int, int]]:
     return out
 
 
-def find_intervals(trace: Trace, prefix: str = "phasemem::") -> tuple[list[Interval], dict[str, str]]:
+def find_intervals(trace: Trace, prefix: str = MARKER_PREFIX) -> tuple[list[Interval], dict[str, str]]:
     """Phase intervals from phasemem's markers, falling back to PyTorch's optimizer annotations."""
     ours = set(MARKED)
 
@@ -118,7 +121,7 @@ def _outermost(ivs: list[Interval]) -> list[Interval]:
     return out
 
 
-def segment(trace: Trace, prefix: str = "phasemem::", timeline=None) -> Segmentation:
+def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segmentation:
     """Label every event with its phase and step; without forward/backward markers, infer them
     (from frames, else from lifetimes, which needs ``timeline``).
 
@@ -181,8 +184,6 @@ def segment(trace: Trace, prefix: str = "phasemem::", timeline=None) -> Segmenta
 
 def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np.ndarray, str, list[int] | None]:
     """Inferred labels where annotations left 'other'; how they were inferred; step starts if known."""
-    from . import infer
-
     if infer.has_usable_frames(trace):
         inferred, how, starts = infer.labels_from_frames(trace, timeline), "frames", None
     elif timeline is not None:
@@ -248,18 +249,6 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
                 steps[k] = (steps[k][0], steps[k][1], False)
     ends = [int(trace.time_us[b - 1]) for _, b, _ in steps[:-1]] + [big]
     return steps, list(range(len(steps))), ends
-
-
-def runs(labels: np.ndarray, step_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Contiguous runs of the same (phase, step): first event, last event, phase code, step position."""
-    if not len(labels):
-        z = np.zeros(0, np.int64)
-        return z, z, z, z
-    key = labels.astype(np.int64) * (1 << 32) + (step_of.astype(np.int64) + 1)
-    cut = np.flatnonzero(np.diff(key)) + 1
-    first = np.concatenate([[0], cut])
-    last = np.concatenate([cut - 1, [len(key) - 1]])
-    return first, last, labels[first].astype(np.int64), step_of[first].astype(np.int64)
 
 
 def step_at_time(seg: Segmentation, t: int) -> int:

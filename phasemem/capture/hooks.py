@@ -20,7 +20,9 @@ from typing import Any, Callable
 
 import torch
 
-PREFIX = "phasemem::"
+from ..vocab import MARKER_PREFIX
+
+PREFIX = MARKER_PREFIX
 
 Undo = Callable[[], None]
 

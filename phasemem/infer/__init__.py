@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..segment import P, runs
+from ..spans import phase_runs as runs
+from ..vocab import P
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .frames import FWD, OPT, OTHER, ZG, _classify, has_usable_frames, labels_from_frames

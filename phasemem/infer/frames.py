@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..segment import P
+from ..vocab import P
 from ..timeline import Timeline
 from ..trace import A, Trace
 

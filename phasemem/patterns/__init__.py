@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..report import Pattern
-from ..segment import PHASES
+from ..facts import Context
+from ..model import Pattern
+from ..vocab import KINDS, PHASES
 from . import gradients, leak, logits, optimizer, recompute, runtime
-from .context import Context
 
-KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "gradients",
-         "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries", "amp_unscale", "grad_clip", "workspace",
-         "leak")
+__all__ = ["KINDS", "detect"]  # the kinds are defined in vocab.py
 
 _PER_STEP = (logits.detect, recompute.detect, gradients.detect, optimizer.detect, runtime.before_step)
 

@@ -5,41 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..report import Pattern
-from ..segment import P
+from ..facts import Context, gradient_allocs
+from ..model import Pattern
 from ..units import format_bytes
-from .context import Context
-
-
-def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
-    """Allocations made in a backward run of the step that outlive that run.
-
-    When the parameters existed before recording, a gradient also has exactly the size of one of
-    them, or the size of a block that some backward made and a zero_grad freed (a flat buffer per
-    group of parameters: FSDP2's reduce-scatter output, contiguous gradient buffers); that drops the
-    autograd thread's own cuBLAS workspace, made lazily in the first backward and kept for good.
-    """
-    def compute():
-        parts = []
-        for b0, b1 in ctx.runs_of(step, "backward"):
-            idx = ctx.allocs_between(b0, b1)
-            parts.append(idx[(ctx.phase_at_alloc[idx] == P["backward"]) & (ctx.free[idx] > b1)])
-        idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        if len(ctx.param_sizes) and len(idx):
-            idx = idx[np.isin(ctx.size[idx], np.union1d(ctx.param_sizes, _released_sizes(ctx)))]
-        return idx
-
-    return ctx.memo(("gradients", step), compute)
-
-
-def _released_sizes(ctx: Context) -> np.ndarray:
-    """Sizes of the blocks that a backward made and a zero_grad freed, in any step."""
-    def compute():
-        made_in_backward = ctx.phase_at_alloc == P["backward"]
-        freed_by_zero_grad = ctx.phase_at_free == P["zero_grad"]
-        return np.unique(ctx.size[made_in_backward & freed_by_zero_grad])
-
-    return ctx.memo("zero_grad_released_sizes", compute)
+from ..vocab import P
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..report import Pattern
-from ..segment import PHASES
+from ..model import Pattern
+from ..vocab import PHASES
 from ..units import format_bytes
-from .context import Context
+from ..facts import Context
 
 
 def detect(ctx: Context) -> list[Pattern]:

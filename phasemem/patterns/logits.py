@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..report import Pattern
+from ..facts import Context
+from ..model import Pattern
 from ..units import format_bytes
-from .context import Context
 
 #: An allocation is vocabulary-sized when at least this share of the largest one in the forward
 #: (bf16 logits next to their fp32 copy are half of it).

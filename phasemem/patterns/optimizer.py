@@ -5,11 +5,10 @@ import re
 
 import numpy as np
 
-from ..report import Pattern
-from ..segment import P
+from ..facts import Context, gradient_allocs
+from ..model import Pattern
+from ..vocab import P
 from ..units import format_bytes
-from .context import Context
-from .gradients import gradient_allocs
 
 _CLASS = re.compile(r"^Optimizer\.step#(\w+)\.step")
 _FUSABLE = {"Adam", "AdamW", "SGD", "Adagrad"}

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..report import Pattern
+from ..facts import Context
+from ..model import Pattern
 from ..units import format_bytes
-from .context import Context
 
 K = 4  # consecutive sizes that must match
 MIN_RUN = 2 * K  # allocations in one recompute run

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..report import Pattern
-from ..segment import PHASES, P
+from ..facts import Context, gradient_allocs
+from ..model import Pattern
+from ..vocab import PHASES, P
 from ..units import format_bytes
-from .context import Context
-from .gradients import gradient_allocs
 
 SCALAR = 64  # bytes: found_inf, inv_scale and their per-device copies are one-element tensors
 CLIP_MIN = 12  # scalars before the optimizer that are clipping's norms, not GradScaler's check

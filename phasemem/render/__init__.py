@@ -28,20 +28,14 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ..errors import PhasememError
 from ..output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES, atomic_write
-from ..measure import stack_summary
+from ..spans import phase_runs
+from ..stacks import stack_summary
 from ..units import format_bytes
+from ..vocab import C, CATEGORIES, CATEGORY_COLORS, PHASE_COLORS, PHASES
 from . import bands as _bands
 from . import labels as _labels
 from .labels import CALLOUT_PT, LABEL_PT, LEGEND_PT, PEAK_PT, STEP_PT, STRIP_PT, TICK_PT, TITLE_PT
 
-#: One colour per phase, the same in every picture; ``other`` is left unshaded.
-PHASE_COLORS = {
-    "forward": "#4e79a7",
-    "loss": "#f28e2b",
-    "zero_grad": "#b07aa1",
-    "backward": "#e15759",
-    "optimizer": "#59a14f",
-}
 _SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bwd", "optimizer": "opt", "other": "?"}
 _STRIP_OTHER = "#c8c8c8"  # the strip where no phase is known
 #: An inferred phase less sure than this (its measured precision, segment.CONFIDENCE) is drawn
@@ -49,17 +43,6 @@ _STRIP_OTHER = "#c8c8c8"  # the strip where no phase is known
 UNSURE = 0.9
 _OOM = "#d62728"
 
-#: One colour per category (``color="category"``). Each echoes the phase that usually makes it:
-#: activations blue like forward, gradients red like backward, optimizer state green like optimizer.
-CATEGORY_COLORS = {
-    "parameter": "#937860",
-    "gradient": "#c44e52",
-    "optimizer_state": "#55a868",
-    "activation": "#4c72b0",
-    "temporary": "#dd8452",
-    "input": "#64b5cd",
-    "other": "#8c8c8c",
-}
 #: ``color="stack"``: a call site's colour is its stack's hash into this palette: tab10 without its
 #: grey (grey means no frames), then light tints of five of its hues.
 STACK_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
@@ -135,8 +118,6 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     ncols = max(int(lay.axes_box([])[0][2] * width), 1)
     cols = _bands.columns(X, level, tl.active_after, tl.reserved_after, tl.delta, a, b, ncols)
     codes = _category_codes(report)
-    from ..categories import CATEGORIES
-
     st = _bands.stack(tl.lifetimes, cols, report.n_events, int(max_bands),
                       base_key=codes if color == "category" else None)
     top = int(max(cols.level.max(), cols.reserved.max() if show_reserved else 0, 1))
@@ -316,8 +297,6 @@ def _x_values(report, by) -> np.ndarray:
 
 
 def _category_codes(report) -> np.ndarray:
-    from ..categories import C
-
     curves = getattr(report, "category_curves", None)
     if curves is None:
         return np.full(len(report.timeline.lifetimes), C["other"], np.int64)
@@ -333,10 +312,8 @@ class _Runs:
 
 def _runs(label_codes, step_of, a, b) -> _Runs:
     """The runs that overlap the events drawn, [a, b) (the caller clips the outer two)."""
-    from ..segment import runs
-
     # A slice is enough: a run cut at a or b is clipped to the view anyway.
-    first, last, code, _ = runs(label_codes[a:b], step_of[a:b])
+    first, last, code, _ = phase_runs(label_codes[a:b], step_of[a:b])
     return _Runs(first + a, last + a, code)
 
 
@@ -376,8 +353,6 @@ def _band_colors(report, st, mode, codes, categories):
                    for c in present]
         base = [CATEGORY_COLORS[names[k]] for k in st.base_keys]
     elif mode == "phase":
-        from ..segment import PHASES
-
         life = report.timeline.lifetimes
         alloc = life.alloc_event[idx]
         ph = np.where(alloc >= 0, report.label_codes[np.maximum(alloc, 0)], -1)
@@ -517,8 +492,6 @@ def _unsure(report) -> set[str]:
 def _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, unsure=frozenset()):
     """Each phase occurrence: a light band over the plot, a solid cell in the strip, its name if it
     fits; 'other' (no phase known) a grey cell in the strip only; an unsure phase's cells hatched."""
-    from ..segment import PHASES
-
     colors = np.array([mcolors.to_rgba(PHASE_COLORS.get(p, _STRIP_OTHER)) for p in PHASES])
     first, last, code = runs.first, runs.last, runs.code
     x0, x1 = X[np.maximum(first, a)], X[np.minimum(last + 1, b)]
@@ -644,8 +617,6 @@ def _title(fig, lay, report, shown, width, height):
     where = ""
     if report.step_of is not None and report.step_of[report.peak_event] >= 0:
         st = report.steps[int(report.step_of[report.peak_event])]
-        from ..segment import PHASES
-
         where = f" in step {st.number} {PHASES[int(report.label_codes[report.peak_event])]}"
     left = f"{report.device} — peak {format_bytes(report.peak_bytes)} allocated{where}"
     right = f"{report.n_events:,} events · {len(report.steps)} step{'s' * (len(report.steps) != 1)}"

@@ -20,7 +20,7 @@ from ..errors import PhasememError
 from ..live import CATEGORIES, LiveMemory
 from ..output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES, atomic_write
 from ..units import format_bytes
-from . import CATEGORY_COLORS
+from ..vocab import CATEGORY_COLORS
 from .labels import LABEL_PT, LEGEND_PT, TICK_PT, TITLE_PT, Layout, legend_width
 
 TITLE = "no allocation history in this snapshot: live memory at the moment it was taken"

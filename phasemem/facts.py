@@ -1,14 +1,17 @@
-"""What every detector needs about a trace, computed once: allocations with their lifetimes and
-the phase at both ends, and each step's phase runs."""
+"""What the detectors and the categories share about a trace, computed once: allocations with their
+lifetimes and the phase at both ends, each step's phase runs, and which allocations are gradients.
+No detector imports another, and categories import no detector: both read these facts."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..segment import P, Segmentation, runs
-from ..timeline import Timeline
-from ..trace import Trace
+from .segment import Segmentation
+from .spans import phase_runs
+from .timeline import Timeline
+from .trace import Trace
+from .vocab import P
 
 
 @dataclass
@@ -53,7 +56,7 @@ class Context:
         pf = np.full(len(f), -1, np.int64)
         freed = f < n
         pf[freed] = labels[f[freed]]
-        rf, rl, rp, rs = runs(seg.labels, seg.step_of)
+        rf, rl, rp, rs = phase_runs(seg.labels, seg.step_of)
         params = life.size[life.preexisting & (life.free_event >= n)]
         return cls(trace, tl, seg, tl.level, tl.active_before, a, f, s, labels[a], pf,
                    seg.step_of[a].astype(np.int64), rf, rl, rp, rs, params)
@@ -62,13 +65,6 @@ class Context:
         m = (self.run_step == step) & (self.run_phase == P[phase])
         return list(zip(self.run_first[m].tolist(), self.run_last[m].tolist()))
 
-    def freed_between(self, first: int, last: int) -> np.ndarray:
-        """Indices (into the alloc arrays) of allocations freed at events first..last."""
-        order = self.memo("free_order", lambda: np.argsort(self.free, kind="stable"))
-        sorted_free = self.memo("free_sorted", lambda: self.free[order])
-        lo, hi = np.searchsorted(sorted_free, [first, last + 1])
-        return order[lo:hi]
-
     def allocs_between(self, first: int, last: int) -> np.ndarray:
         """Indices (into the alloc arrays) of allocations made at events first..last."""
         lo, hi = np.searchsorted(self.alloc, [first, last + 1])
@@ -76,3 +72,34 @@ class Context:
 
     def peak_in(self, first: int, last: int) -> int:
         return first + int(np.argmax(self.level[first:last + 1]))
+
+
+def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
+    """Allocations made in a backward run of the step that outlive that run.
+
+    When the parameters existed before recording, a gradient also has exactly the size of one of
+    them, or the size of a block that some backward made and a zero_grad freed (a flat buffer per
+    group of parameters: FSDP2's reduce-scatter output, contiguous gradient buffers); that drops the
+    autograd thread's own cuBLAS workspace, made lazily in the first backward and kept for good.
+    """
+    def compute():
+        parts = []
+        for b0, b1 in ctx.runs_of(step, "backward"):
+            idx = ctx.allocs_between(b0, b1)
+            parts.append(idx[(ctx.phase_at_alloc[idx] == P["backward"]) & (ctx.free[idx] > b1)])
+        idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if len(ctx.param_sizes) and len(idx):
+            idx = idx[np.isin(ctx.size[idx], np.union1d(ctx.param_sizes, _released_sizes(ctx)))]
+        return idx
+
+    return ctx.memo(("gradients", step), compute)
+
+
+def _released_sizes(ctx: Context) -> np.ndarray:
+    """Sizes of the blocks that a backward made and a zero_grad freed, in any step."""
+    def compute():
+        made_in_backward = ctx.phase_at_alloc == P["backward"]
+        freed_by_zero_grad = ctx.phase_at_free == P["zero_grad"]
+        return np.unique(ctx.size[made_in_backward & freed_by_zero_grad])
+
+    return ctx.memo("zero_grad_released_sizes", compute)

@@ -1,0 +1,114 @@
+"""The plain dataclasses of an analysis: allocations, phases, steps, shapes, out-of-memory events,
+other devices. Built complete by the analysis (measure, patterns, analyze); the report holds them.
+Imports nothing of phasemem."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Allocation:
+    """One allocation: the trace event that made it, its size, when it was freed, where it came from."""
+
+    event: int
+    size: int
+    free_event: int | None = None  # None: still alive when the trace ends
+    stack: str | None = None  # short call-site summary; None when recorded without frames
+
+
+@dataclass
+class Phase:
+    """A phase of one step (or of all steps, in ``Report.phases``).
+
+    ``peak_bytes`` is the most memory allocated while the phase's events ran (after an alloc,
+    before a free); ``start_bytes`` is what was allocated just before its first event, ``end_bytes``
+    just after its last. Event indices are positions in ``snapshot["device_traces"][device]``;
+    they are None for a phase that ran but allocated and freed nothing.
+
+    Example:
+        >>> report.phases["optimizer"].peak_bytes
+        >>> report.steps[1].phases["backward"].peak_event
+    """
+
+    name: str
+    step: int | None
+    peak_bytes: int
+    start_bytes: int
+    end_bytes: int
+    start_event: int | None
+    end_event: int | None
+    peak_event: int | None
+    n_events: int
+    source: str  # "markers", "annotations", "inferred", or "none" (for "other")
+    top_allocations: list[Allocation] = field(default_factory=list)
+    confidence: float = 1.0  # 1 for markers and annotations; lower when inferred (docs/accuracy.md)
+    by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
+    at_event: float | None = None  # where it ran: start_event, or between two events when it made none
+
+
+@dataclass
+class Pattern:
+    """A recognised shape: what it is, where (event range and step/phase), how big, and what to do.
+
+    Example:
+        >>> for p in report.patterns_of("logits"):
+        ...     print(p.step, format_bytes(p.bytes), p.explanation)
+    """
+
+    kind: str
+    step: int  # position in Report.steps
+    phase: str
+    start_event: int
+    end_event: int
+    peak_event: int
+    bytes: int
+    explanation: str
+    details: dict = field(default_factory=dict)
+    #: How sure: that of the phase it sits in (1 where markers or PyTorch's annotations placed it;
+    #: an inferred phase's measured precision otherwise, docs/accuracy.md).
+    confidence: float = 1.0
+
+
+@dataclass
+class OutOfMemory:
+    """An ``oom`` event: where the allocator gave up, what was asked, and what was holding memory."""
+
+    event: int
+    step: int | None  # position in Report.steps of the device's own analysis
+    phase: str
+    requested_bytes: int
+    device_free_bytes: int
+    allocated_bytes: int
+    by_category: dict[str, int] = field(default_factory=dict)
+    device: str = ""  # where it happened: the report's device, or another one of the snapshot
+    step_number: int | None = None  # the step's number (Step.number) on that device
+
+
+@dataclass
+class DeviceSummary:
+    """Another device of the snapshot, which this report did not analyse: enough to know whether
+    it should be (``phasemem analyze --device N``, or ``--device all``)."""
+
+    device: str
+    index: int  # its position in snapshot["device_traces"]: what --device takes
+    events: int  # memory events in its trace
+    allocated_bytes: int  # at the moment the snapshot was taken
+    reserved_bytes: int
+    ooms: int
+
+
+@dataclass
+class Step:
+    """One training step: from the end of the previous optimizer step to the end of this one."""
+
+    index: int  # position in Report.steps
+    number: int  # training step counted from the start of recording (differs when the ring buffer wrapped)
+    start_event: int
+    end_event: int
+    complete: bool
+    peak_bytes: int
+    peak_event: int | None
+    start_bytes: int
+    end_bytes: int
+    phases: dict[str, Phase]
+    by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event

@@ -1,0 +1,76 @@
+"""The vocabularies, each defined once: phases, categories, shape kinds, the marker prefix, and their
+display names and colours. The int codes are what the numpy label arrays hold (int8). Imports nothing
+of phasemem: every layer may use it.
+
+Example:
+    >>> from phasemem.vocab import PhaseCode, PHASES, P
+    >>> PHASES[PhaseCode.BACKWARD], P["optimizer"]
+    ('backward', 5)
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class PhaseCode(IntEnum):
+    """A phase's code in the per-event label arrays; ``other`` (no phase known) is 0."""
+
+    OTHER = 0
+    FORWARD = 1
+    LOSS = 2
+    ZERO_GRAD = 3
+    BACKWARD = 4
+    OPTIMIZER = 5
+
+
+#: Phase names in code order, and name → code.
+PHASES = tuple(p.name.lower() for p in PhaseCode)
+P = {name: code for code, name in enumerate(PHASES)}
+#: The phases instrument() marks (the loss is what lies between a forward and its backward).
+MARKED = ("forward", "zero_grad", "backward", "optimizer")
+#: Prefix of phasemem's own record_function markers: ``phasemem::forward`` ...
+MARKER_PREFIX = "phasemem::"
+
+
+class Category(IntEnum):
+    """What a byte is (categories.py decides); the code is its column in the category curves."""
+
+    PARAMETER = 0
+    GRADIENT = 1
+    OPTIMIZER_STATE = 2
+    ACTIVATION = 3
+    TEMPORARY = 4
+    INPUT = 5
+    OTHER = 6
+
+
+CATEGORIES = tuple(c.name.lower() for c in Category)
+C = {name: code for code, name in enumerate(CATEGORIES)}
+#: How the report's text names each category (plural, as in "made of parameters 1.2 GiB").
+CATEGORY_NAMES = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
+                  "activation": "activations", "temporary": "temporaries", "input": "inputs", "other": "other"}
+
+#: The shape kinds the detectors name (patterns/), in the order a report lists those at one event.
+KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "gradients",
+         "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries", "amp_unscale", "grad_clip",
+         "workspace", "leak")
+
+#: Colours, keyed by the vocabularies (as torch's _memory_profiler keys its colours by Category).
+PHASE_COLORS = {
+    "forward": "#4e79a7",
+    "loss": "#f28e2b",
+    "zero_grad": "#b07aa1",
+    "backward": "#e15759",
+    "optimizer": "#59a14f",
+}
+#: Each category echoes the phase that usually makes it: activations blue like forward, gradients
+#: red like backward, optimizer state green like optimizer.
+CATEGORY_COLORS = {
+    "parameter": "#937860",
+    "gradient": "#c44e52",
+    "optimizer_state": "#55a868",
+    "activation": "#4c72b0",
+    "temporary": "#dd8452",
+    "input": "#64b5cd",
+    "other": "#8c8c8c",
+}
