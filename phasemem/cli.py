@@ -297,6 +297,3 @@ def _demo(args) -> int:
     print(f"\nwrote {', '.join(p for p in (args.output, args.json) if p)}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

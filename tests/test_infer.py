@@ -10,6 +10,7 @@ import pytest
 import phasemem
 from phasemem import infer
 from phasemem import segment
+from phasemem.infer import frames as frames_mod, passes as passes_mod
 from phasemem.segment import P
 from phasemem.timeline import Timeline
 from phasemem.trace import A, Trace
@@ -101,7 +102,7 @@ def test_layer_period_is_not_taken_for_the_step():
     snap = _stripped(FIXTURES / "gpt_wrapped.pkl.xz", False)
     trace = Trace.from_snapshot(snap)
     tl = Timeline.from_trace(trace)
-    periods = infer.candidate_periods(trace)
+    periods = passes_mod.candidate_periods(trace)
     assert periods and max(periods) * len(trace) / int((trace.action == A["alloc"]).sum()) < 0.5 * len(trace)
     labels, starts = infer.labels_from_lifetimes(trace, tl)
     truth = phasemem.analyze(load_snapshot(FIXTURES / "gpt_wrapped.pkl.xz"), marker_prefix=prefix_of(
@@ -167,27 +168,27 @@ SP = "/usr/lib/python3/site-packages/"
 @pytest.mark.parametrize("stack, want", [
     # torch's own AdamW, foreach
     ([(SP + "torch/optim/adamw.py", "_multi_tensor_adamw"), (SP + "torch/optim/adamw.py", "step"),
-      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], infer.OPT),
+      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], frames_mod.OPT),
     # bitsandbytes' 8-bit Adam: a torch.optim.Optimizer subclass living in another library
     ([(SP + "bitsandbytes/functional.py", "optimizer_update_8bit"),
       (SP + "bitsandbytes/optim/optimizer.py", "update_step"), (SP + "bitsandbytes/optim/optimizer.py", "step"),
-      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], infer.OPT),
+      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], frames_mod.OPT),
     # an optimizer written in the user's own file
     ([("/home/u/myopt.py", "step"), (SP + "torch/optim/optimizer.py", "wrapper"),
-      ("/home/u/train.py", "main")], infer.OPT),
+      ("/home/u/train.py", "main")], frames_mod.OPT),
     # a closure in the user's file, called by LBFGS's step: the loss is not the optimizer
     ([("/home/u/train.py", "closure"), (SP + "torch/optim/lbfgs.py", "step"),
-      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], infer.OTHER),
+      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], frames_mod.OTHER),
     # Lightning: the user's training_step computes the loss inside AdamW.step's closure
     ([("/home/u/model.py", "training_step"), (SP + "lightning/pytorch/loops/automatic.py", "closure"),
-      (SP + "torch/optim/adamw.py", "step"), (SP + "torch/optim/optimizer.py", "wrapper")], infer.OTHER),
+      (SP + "torch/optim/adamw.py", "step"), (SP + "torch/optim/optimizer.py", "wrapper")], frames_mod.OTHER),
     # ... and its forward there is forward
     ([(SP + "torch/nn/modules/module.py", "_call_impl"), ("/home/u/model.py", "training_step"),
-      (SP + "torch/optim/adamw.py", "step")], infer.FWD),
-    ([("/home/u/train.py", "zero_grad")], infer.ZG),
+      (SP + "torch/optim/adamw.py", "step")], frames_mod.FWD),
+    ([("/home/u/train.py", "zero_grad")], frames_mod.ZG),
 ])
 def test_frame_classes_for_optimizers_from_anywhere(stack, want):
-    assert infer._classify([(fn, 1, nm) for fn, nm in stack]) == want
+    assert frames_mod.classify_frames([(fn, 1, nm) for fn, nm in stack]) == want
 
 
 

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.segment import PHASES, P
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = sorted((ROOT / "fixtures" / "truth").glob("*.pkl.xz"))

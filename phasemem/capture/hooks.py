@@ -85,9 +85,6 @@ class Markers:
         for token in sorted((t for t in list(self._open) if t > mark), reverse=True):
             self.end(token)
 
-    def close_all(self) -> None:
-        self.close_since(0)
-
     @property
     def open_count(self) -> int:
         return len(self._open)

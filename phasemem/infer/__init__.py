@@ -19,13 +19,11 @@ from ..spans import phase_runs as runs
 from ..vocab import P
 from ..timeline import Timeline
 from ..trace import A, Trace
-from .frames import FWD, OPT, OTHER, ZG, _classify, has_usable_frames, labels_from_frames
+from .frames import has_usable_frames, labels_from_frames
 from .lifetimes import labels_from_lifetimes
 from .loss import graphed_loss
-from .passes import candidate_periods, step_period
 
-__all__ = ["has_usable_frames", "labels_from_frames", "labels_from_lifetimes", "finish", "step_period",
-           "candidate_periods", "FWD", "OPT", "OTHER", "ZG", "_classify"]
+__all__ = ["has_usable_frames", "labels_from_frames", "labels_from_lifetimes", "finish"]
 
 ZERO_GRAD_MIN = 4  # gradients freed together before it counts as zero_grad
 

@@ -38,7 +38,7 @@ def frame_classes(trace: Trace) -> np.ndarray:
     per_stack[-1] = NONE  # stack id -1
     for sid, frame_ids in enumerate(trace.stacks):
         py = _python([trace.frames[f] for f in frame_ids])
-        per_stack[sid] = _classify(py) if py else NONE
+        per_stack[sid] = classify_frames(py) if py else NONE
     return per_stack[trace.stack]
 
 
@@ -50,7 +50,8 @@ def has_python(trace: Trace) -> np.ndarray:
     return per_stack[trace.stack]
 
 
-def _classify(frames) -> int:
+def classify_frames(frames) -> int:
+    """The event class (FWD, OPT, ZG, BWD_PY, OTHER) that a stack's Python frames, innermost first, give."""
     # Python run by the autograd engine: checkpoint recompute, a custom or compiled Function's
     # backward, the loss's first gradient.
     if any(nm in ("unpack_hook", "recompute_fn", "_make_grads") for _, _, nm in frames):

@@ -21,17 +21,6 @@ MIN_SAVED = 10  # activations alive at a pass's top before it can be a training 
 CORE = 0.05  # a pass's core: its activations' allocations and frees less the first and last 5 %
 
 
-def step_period(trace: Trace) -> int | None:
-    """The step length in allocations: the distance at which size k-grams recur perfectly regularly.
-
-    A k-gram made once per step recurs at exactly the step length from the second step on (the
-    first step differs: optimizer state, lazy workspaces); one made once per layer does not recur
-    regularly, so it drops out.
-    """
-    periods = candidate_periods(trace)
-    return periods[0] if periods else None
-
-
 def candidate_periods(trace: Trace) -> list[int]:
     """Regular recurrence distances with a fair share of the votes, longest first.
 

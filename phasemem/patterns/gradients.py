@@ -3,12 +3,9 @@ optimizer, released by zero_grad(set_to_none=True). Also gradient accumulation, 
 forward/backward pairs feeding one optimizer step."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..facts import Context, gradient_allocs
 from ..model import Pattern
 from ..units import format_bytes
-from ..vocab import P
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
