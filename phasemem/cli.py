@@ -236,7 +236,8 @@ def _check_outputs(*paths: str | None) -> None:
 
 def _analyze(args) -> int:
     from .analyze import analyze
-    from .render import parse_steps, visible_range
+    from .render import visible_range
+    from .steps import parse_steps
 
     _check_outputs(args.output, args.json)
     parse_steps(args.zoom)  # a malformed range fails now, not after a long analysis

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .segment import segment
+from .steps import StepsError, parse_steps
 from .timeline import Timeline
 from .trace import A, Markers, Trace
 
@@ -55,7 +56,6 @@ class StepIndex:
     def positions(self, spec: str) -> tuple[int, int]:
         """The first and last position of the steps ``spec`` names ("3", "2-4", "2-", "-4"), by
         ``Step.number``; raises the StepsError the picture would for steps the trace lacks."""
-        from .render import StepsError, parse_steps
 
         lo, hi = parse_steps(spec)
         num = self.number

@@ -502,7 +502,7 @@ def test_color_modes_have_their_legends():
     assert len(shared) >= 5
     for s in shared:
         seen = {tuple(c) for c in colours[sid == s]}
-        assert len(seen) <= len(render._SHADES_STACK)
+        assert len(seen) <= len(render.colours._SHADES_STACK)
     frameless = colours[sid < 0]
     assert len(frameless) and np.ptp(frameless, axis=1).max() < 0.02  # grey
 
