@@ -31,6 +31,9 @@ CONFIDENCE = {
     "lifetimes": {"forward": 0.88, "loss": 0.69, "zero_grad": 0.99, "backward": 0.98, "optimizer": 0.66},
 }
 
+#: Optimizers whose step() evaluates the closure more than once.
+REEVALUATING = ("torch/optim/lbfgs.py",)
+
 _TORCH_ANNOTATIONS = {
     "optimizer": re.compile(r"^Optimizer\.step#"),
     "zero_grad": re.compile(r"^Optimizer\.zero_grad#"),
@@ -218,11 +221,17 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
     if starts is None:
         bwd_runs = np.flatnonzero(code == P["backward"]).tolist()
         transitions = []
+        # LBFGS evaluates its closure (zero_grad, forward, backward) several times in one step: passes
+        # whose gap holds no framed event outside its step() are one step (truth_lbfgs: 12 -> 3).
+        within, framed = infer.frames.inside_file(trace, REEVALUATING), trace.stack >= 0
         for j, k in zip(bwd_runs[:-1], bwd_runs[1:]):
             between = code[j + 1:k]
             if not (between == P["forward"]).any() and not (between == P["optimizer"]).any() and not (
                     between == P["zero_grad"]).any():
                 continue  # one backward split by a stray event, not two passes
+            gap = slice(int(last[j]) + 1, int(first[k]))
+            if within[gap].any() and not (framed[gap] & ~within[gap]).any():
+                continue  # a closure evaluated again inside the same optimizer step
             opt = np.flatnonzero(between == P["optimizer"])
             cut = int(last[j + 1 + opt[-1]]) + 1 if len(opt) else int(last[j]) + 1
             transitions.append((cut, bool(len(opt) or (between == P["zero_grad"]).any())))

@@ -26,10 +26,18 @@ MISSES = {
     ("heldout2_encoder_cudagraphs", "gradients"),  # the graph's pool holds them from before recording
     ("heldout4_gpt_ddp_bucket_view", "gradients"),  # views of DDP's buckets: no gradient is allocated
     ("heldout3_speech_ctc", "logits"), ("heldout3_speech_ctc", "logits_release"),  # CTC: no cross-entropy
+    # a DPO-style loss on gathered log-probabilities of two models' logits: not cross-entropy's fingerprint
+    # LBFGS adds to its history in later steps too; phasemem names the state made once, in the first
+    ("truth_lbfgs", "optimizer_state_init"),
+    ("truth_dpo_reference", "logits"), ("truth_dpo_reference", "logits_release"), ("truth_dpo_reference", "softmax_spike"),
 }
 # The truth counts a release only where zero_grad frees 90 % of all parameter bytes; with a frozen
 # base (LoRA) or a frozen teacher (distillation) the trained gradients are fewer, and their release real.
-NARROW_TRUTH = {("heldout_gpt_lora", "gradients(release)"), ("heldout3_distill_kl", "gradients(release)")}
+NARROW_TRUTH = {("heldout_gpt_lora", "gradients(release)"), ("heldout3_distill_kl", "gradients(release)"),
+                # LBFGS's closure runs zero_grad up to 4 times a step: each releases, the truth counts one
+                ("truth_lbfgs", "gradients(release)"), ("truth_lbfgs", "optimizer_temporaries"),  # per run
+                # the frozen reference model's parameters count in the truth's 90 %: the policy's gradients are fewer
+                ("truth_dpo_reference", "gradients(release)")}
 
 _cache: dict = {}
 

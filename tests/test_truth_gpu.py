@@ -71,16 +71,39 @@ def test_markers_match_independent_truth_on_the_gpu(path):
 
 def test_truth_set_was_recorded_on_the_gpu():
     """The fixtures exist and were recorded on CUDA (fixtures/README.md says how)."""
-    assert len(GPU) == 4
+    assert len(GPU) == 6
     for path in GPU:
         assert pickle.loads(lzma.decompress(path.read_bytes()))["phasemem"]["source"] == "cuda"
 
 
 @pytest.mark.parametrize("name", ["truth_gpt_foreach", "truth_gpt_accum_clip", "truth_closure",
-                                  "truth_gpt_ckpt_dropout"])
+                                  "truth_gpt_ckpt_dropout", "truth_dpo_reference", "truth_lbfgs"])
 def test_markers_match_independent_truth_on_the_cpu(name, tmp_path):
     sys.path.insert(0, str(ROOT / "fixtures"))
     import record
 
     record.main(["--device", "cpu", "--tiny", "--only", name, "--out", str(tmp_path)])
     _check(pickle.loads(lzma.decompress((tmp_path / f"{name}.pkl.xz").read_bytes())))
+
+
+def _stripped(path: Path) -> dict:
+    snap = pickle.loads(lzma.decompress(path.read_bytes()))
+    snap.pop("phasemem")
+    snap["external_annotations"] = []
+    return snap
+
+
+def test_lbfgs_closure_evaluations_are_one_step():
+    """LBFGS runs its closure up to 4 times in one step(): without annotations, frames tell the steps."""
+    path = ROOT / "fixtures" / "truth" / "truth_lbfgs.pkl.xz"
+    marked = phasemem.analyze(pickle.loads(lzma.decompress(path.read_bytes())))
+    got = phasemem.analyze(_stripped(path))
+    assert len(got.steps) == len(marked.steps) == 3
+    assert [s.start_event for s in got.steps] == [s.start_event for s in marked.steps]
+
+
+def test_reference_forward_is_no_checkpoint_recompute():
+    """A frozen reference model's no_grad forward before the policy's (DPO): no checkpointing ran."""
+    path = ROOT / "fixtures" / "truth" / "truth_dpo_reference.pkl.xz"
+    for snap in (pickle.loads(lzma.decompress(path.read_bytes())), _stripped(path)):
+        assert not phasemem.analyze(snap).patterns_of("checkpoint_recompute")

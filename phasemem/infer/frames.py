@@ -152,3 +152,11 @@ def weight_moves(trace: Trace) -> np.ndarray:
         per_stack[sid] = any(trace.frames[f][2] in _WEIGHT_FRAMES and trace.frames[f][0].endswith(
             "torch/nn/modules/module.py") for f in frame_ids)
     return per_stack[trace.stack]
+
+
+def inside_file(trace: Trace, files: tuple[str, ...]) -> np.ndarray:
+    """Per event: does its stack run through one of these files (e.g. an optimizer's step())?"""
+    per_stack = np.zeros(len(trace.stacks) + 1, bool)
+    for sid, frame_ids in enumerate(trace.stacks):
+        per_stack[sid] = any(trace.frames[f][0].endswith(files) for f in frame_ids)
+    return per_stack[trace.stack]

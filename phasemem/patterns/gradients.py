@@ -46,7 +46,11 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             details={"release": True, "count": int(len(freed))},
         ))
     pairs = [(f, b) for f, b in zip(ctx.runs_of(step, "forward"), ctx.runs_of(step, "backward"))]
-    if len(ctx.runs_of(step, "backward")) >= 2 and len(pairs) >= 2:
+    bwd = ctx.runs_of(step, "backward")
+    # Accumulation keeps the gradients across the passes: a zero_grad between two of them resets them
+    # (LBFGS re-evaluating its closure inside one step: truth_lbfgs), so that is no accumulation.
+    reset = bool(bwd) and any(bwd[0][1] < z0 < bwd[-1][0] for z0, _ in ctx.runs_of(step, "zero_grad"))
+    if len(bwd) >= 2 and len(pairs) >= 2 and not reset:
         s0, s1, _ = ctx.seg.steps[step]
         n_micro = len(ctx.runs_of(step, "backward"))
         out.append(Pattern(
