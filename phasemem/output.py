@@ -18,6 +18,19 @@ PICTURE_SIZES = (f"the picture must be at least {MIN_PICTURE[0]}x{MIN_PICTURE[1]
 Writer = Callable[[str], None]
 
 
+def check_picture_size(size, dpi) -> tuple[int, int]:
+    """(width, height) in pixels if ``size`` and ``dpi`` make a legible picture, else ValueError."""
+    try:
+        w, h = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"size={size!r}: give (width, height) in pixels") from None
+    if not (MIN_PICTURE[0] <= w <= MAX_PICTURE and MIN_PICTURE[1] <= h <= MAX_PICTURE):
+        raise ValueError(f"size={size!r}: {PICTURE_SIZES}")
+    if not 10 <= dpi <= 2000:
+        raise ValueError(f"dpi={dpi!r}: use 10 to 2000")
+    return w, h
+
+
 def atomic_write(path: str | os.PathLike, write: Writer) -> None:
     """Call ``write(tmp_path)``, then move the result over ``path``; on failure ``path`` is untouched."""
     write_all([(path, write)])

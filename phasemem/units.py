@@ -14,3 +14,11 @@ def format_bytes(n: float) -> str:
             return f"{sign}{n:.2f} {unit}" if n < 100 else f"{sign}{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def axis_unit(top: int) -> tuple[float, str]:
+    """The binary unit an axis reaching ``top`` bytes is labelled in: (divisor, name)."""
+    for div, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if top >= div:
+            return float(div), name
+    return 1.0, "B"

@@ -23,10 +23,10 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 from ..errors import PhasememError
-from ..output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES, atomic_write
+from ..output import atomic_write, check_picture_size
 from ..spans import phase_runs
 from ..steps import StepsError, parse_steps  # noqa: F401  (StepsError: public here too)
-from ..units import format_bytes
+from ..units import axis_unit, format_bytes
 from ..vocab import C, CATEGORIES, PHASE_COLORS
 from . import bands as _bands
 from . import labels as _labels
@@ -59,7 +59,7 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
         >>> fig = phasemem.render.plot(report, size=(1200, 600), steps="1-2", color="stack")
         >>> fig.savefig("memory.png")   # or report.save_png("memory.png", steps="1-2")
     """
-    width, height = _check_size(size, dpi)
+    width, height = check_picture_size(size, dpi)
     if by not in ("event", "time"):
         raise ValueError(f"by={by!r}: use 'event' or 'time'")
     if color not in COLOR_MODES:
@@ -87,7 +87,7 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     st = _bands.stack(tl.lifetimes, cols, report.n_events, int(max_bands),
                       base_key=codes if color == "category" else None)
     top = int(max(cols.level.max(), cols.reserved.max() if show_reserved else 0, 1))
-    unit_div, unit = _unit(top)
+    unit_div, unit = axis_unit(top)
 
     fills, band_handles = _band_colors(report, st, color, codes, CATEGORIES)
     patterns = [p for p in report.patterns if a <= p.peak_event < b]
@@ -172,18 +172,6 @@ def picture_writer(report, path, **options):
     return write
 
 
-def _check_size(size, dpi) -> tuple[int, int]:
-    try:
-        w, h = (int(v) for v in size)
-    except (TypeError, ValueError):
-        raise ValueError(f"size={size!r}: give (width, height) in pixels") from None
-    if not (MIN_PICTURE[0] <= w <= MAX_PICTURE and MIN_PICTURE[1] <= h <= MAX_PICTURE):
-        raise ValueError(f"size={size!r}: {PICTURE_SIZES}")
-    if not 10 <= dpi <= 2000:
-        raise ValueError(f"dpi={dpi!r}: use 10 to 2000")
-    return w, h
-
-
 def visible_range(report, steps=None, events=None):
     """The events a picture with these ``steps`` / ``events`` options draws, [a, b), and its steps;
     a range that names nothing in the report raises ``StepsError`` (a ``PhasememError``).
@@ -266,13 +254,6 @@ def _silent_phases(report, shown, a, b) -> list[tuple[float, str]]:
             if name in PHASE_COLORS and ph.n_events == 0 and ph.at_event is not None and a <= ph.at_event <= b:
                 out.append((float(ph.at_event), name))
     return out
-
-
-def _unit(top: int) -> tuple[float, str]:
-    for div, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if top >= div:
-            return float(div), name
-    return 1.0, "B"
 
 
 def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1):

@@ -18,8 +18,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ..errors import PhasememError
 from ..live import CATEGORIES, LiveMemory
-from ..output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES, atomic_write
-from ..units import format_bytes
+from ..output import atomic_write, check_picture_size
+from ..units import axis_unit, format_bytes
 from ..vocab import CATEGORY_COLORS
 from .labels import LABEL_PT, LEGEND_PT, TICK_PT, TITLE_PT, Layout, legend_width
 
@@ -53,7 +53,7 @@ def plot_live(live: LiveMemory, size=(1600, 900), dpi=100) -> Figure:
         >>> fig = plot_live(live); [r[0] for r in fig.phasemem_rows][:2]
         ['lcm_diffusion_step (ptp_utils.py:258)', '(no stack recorded)']
     """
-    width, height = _check_size(size, dpi)
+    width, height = check_picture_size(size, dpi)
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, facecolor="white")
     lay = Layout(FigureCanvasAgg(fig), width, height, dpi)
     top = _title(fig, lay, live)
@@ -127,7 +127,7 @@ def _label(key, has_frames: bool) -> str:
 
 def _bars(ax, rows, labels, values, axes_w_px, axes_h_px):
     top = max(r[1] for r in rows)
-    div, unit = _unit(top)
+    div, unit = axis_unit(top)
     ys = list(range(len(rows)))[::-1]  # the largest at the top
     for y, (_, _, _, cats) in zip(ys, rows):
         x = 0.0
@@ -222,21 +222,3 @@ def _ellipsize(lay, text: str, room: float) -> str:
     return text[:8] + "…"
 
 
-def _unit(top: int) -> tuple[float, str]:
-    for div, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if top >= div:
-            return float(div), name
-    return 1.0, "B"
-
-
-def _check_size(size, dpi) -> tuple[int, int]:
-    # The same limits and messages as the timeline picture (output.MIN_PICTURE, MAX_PICTURE).
-    try:
-        w, h = (int(v) for v in size)
-    except (TypeError, ValueError):
-        raise ValueError(f"size={size!r}: give (width, height) in pixels") from None
-    if not (MIN_PICTURE[0] <= w <= MAX_PICTURE and MIN_PICTURE[1] <= h <= MAX_PICTURE):
-        raise ValueError(f"size={size!r}: {PICTURE_SIZES}")
-    if not 10 <= dpi <= 2000:
-        raise ValueError(f"dpi={dpi!r}: use 10 to 2000")
-    return w, h
