@@ -51,17 +51,10 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         order = np.argsort(hf, kind="stable")
         pos = np.minimum(np.searchsorted(hf[order], hb), len(hf) - 1)
         hit = hf[order][pos] == hb
+        fpos = order[pos]  # first forward k-gram with the same sizes
         discarded = np.concatenate([(ctx.free[fwd] < b0).astype(np.float64), np.zeros(K)])
         csum = np.concatenate([[0.0], np.cumsum(discarded)])
-        # Each size k-gram's discarded share, the lowest over every forward that made it: an echo of
-        # tensors some forward kept is a gradient computation, not a recompute, even where another
-        # forward of the same shapes discarded them (a frozen reference model run under no_grad
-        # before the policy's forward, as in DPO).
-        share = (csum[np.arange(len(hf)) + K] - csum[np.arange(len(hf))]) / K
-        sh = hf[order]
-        group = np.flatnonzero(np.concatenate([[True], sh[1:] != sh[:-1]]))
-        lowest = np.repeat(np.minimum.reduceat(share[order], group), np.diff(np.concatenate([group, [len(sh)]])))
-        disc_share = lowest[pos]
+        disc_share = (csum[fpos + K] - csum[fpos]) / K
         covered = np.zeros(len(bwd), dtype=bool)
         for j in range(K):  # every allocation inside a matching k-gram is a candidate
             covered[j:len(hit) + j] |= hit
