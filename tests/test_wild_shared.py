@@ -186,3 +186,10 @@ def test_legacy_snapshots_say_they_hold_no_history(name):
     # nothing is called a parameter that no stack says is one (diffusion_mysnap's module.to() blocks are)
     said = r.live.by_category.get("parameter", 0)
     assert ("made of (where the allocating stack says) parameter" in str(r)) == bool(said)
+
+
+def test_the_last_gradient_is_not_called_the_embeddings_when_it_is_not():
+    """cranberrii_ftcourse trains LoRA adapters on a frozen 8-bit TinyLlama: the last gradient is an
+    adapter's (128 KiB), not the embedding's (frozen, 32000 × 2048)."""
+    (g,) = [p for p in _report("cranberrii_ftcourse").patterns_of("gradients") if p.phase == "backward"]
+    assert "embedding" not in g.explanation

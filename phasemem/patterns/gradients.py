@@ -15,6 +15,12 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         first, last = int(ctx.alloc[grads[0]]), int(ctx.alloc[grads[-1]])
         total = int(ctx.size[grads].sum())
         tail = int(ctx.size[grads[-1]])
+        # The embedding's gradient comes last and is the one largest (vocabulary × width); a last gradient
+        # that is not alone at the top is some other first layer (cranberrii_ftcourse: a LoRA adapter's,
+        # 128 KiB like a dozen others, the embedding frozen), so nothing is said of it.
+        sizes = ctx.size[grads]
+        embedding = (" — in a language model that is the embedding's, the first layer of forward"
+                     if tail == int(sizes.max()) and int((sizes == tail).sum()) == 1 else "")
         out.append(Pattern(
             # peak_event: where the last gradient arrives and all of them are alive (the highest
             # point of the range is usually the logits' spike at backward's start, not theirs)
@@ -22,9 +28,8 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             peak_event=last, bytes=total,
             explanation=(
                 f"Gradients: {len(grads)} buffers, {format_bytes(total)} in all, allocated as backward reaches "
-                f"each layer (the stripes); the last ({format_bytes(tail)}) comes at the very end — in a language "
-                f"model that is the embedding's, the first layer of forward. They stay until zero_grad or the "
-                f"next step; their total is about the size of the trainable parameters."
+                f"each layer (the stripes); the last ({format_bytes(tail)}) comes at the very end{embedding}. They "
+                f"stay until zero_grad or the next step; their total is about the size of the trainable parameters."
             ),
             details={"count": int(len(grads)), "last_bytes": tail},
         ))
