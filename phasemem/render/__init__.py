@@ -59,16 +59,8 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
         >>> fig = phasemem.render.plot(report, size=(1200, 600), steps="1-2", color="stack")
         >>> fig.savefig("memory.png")   # or report.save_png("memory.png", steps="1-2")
     """
-    width, height = check_picture_size(size, dpi)
-    if by not in ("event", "time"):
-        raise ValueError(f"by={by!r}: use 'event' or 'time'")
-    if color not in COLOR_MODES:
-        raise ValueError(f"color={color!r}: use 'category', 'stack' or 'phase'")
-    if isinstance(max_bands, bool) or not isinstance(max_bands, (int, np.integer)) or max_bands < 0:
-        raise ValueError(f"max_bands={max_bands!r}: give a whole number >= 0")
-    tl = getattr(report, "timeline", None)
-    if tl is None or report.label_codes is None:
-        raise ValueError("this report carries no timeline; build it with phasemem.analyze()")
+    width, height = _check_options(report, size, dpi, by, color, max_bands)
+    tl = report.timeline
 
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, facecolor="white")
     canvas = FigureCanvasAgg(fig)
@@ -92,24 +84,13 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     fills, band_handles = _band_colors(report, st, color, codes, CATEGORIES)
     patterns = [p for p in report.patterns if a <= p.peak_event < b]
     ticks = _silent_phases(report, shown, a, b)
-    present = [p for p in PHASE_COLORS
-               if any(p in s.phases and s.phases[p].n_events for s in shown) or any(t[1] == p for t in ticks)]
-    other_shown = bool(((report.label_codes[a:b] == 0) if b > a else np.zeros(0, bool)).any())
-    kinds = [p.kind for p in patterns]
-    repeated = sorted({k for k in kinds if kinds.count(k) > 1}, key=kinds.index)
-    groups = [band_handles, _mark_handles(present, report, show_reserved, other_shown, repeated)]
+    groups = [band_handles, _phase_and_mark_handles(report, shown, a, b, ticks, patterns, show_reserved)]
     ax_box, rows = lay.axes_box(groups)
     ax = fig.add_axes(ax_box)
     ax_h_px = ax_box[3] * height
 
     strip_px = lay.px(STRIP_PT) * 1.9
-    # Room between the highest value and the strip for the overall peak's label, and for two rows
-    # of callouts when there are patterns to call out.
-    headroom_px = strip_px + lay.text_size("peak 0.00 GiB", PEAK_PT + 1, "bold")[1] + lay.px(3) + 10
-    if patterns:
-        headroom_px += 2 * (lay.text_size("logits 0.00 GiB", CALLOUT_PT)[1] + 8)
-    data_top = top / unit_div
-    y_top = data_top / max(1 - headroom_px / ax_h_px, 0.5)
+    y_top = (top / unit_div) / max(1 - _headroom_px(lay, strip_px, patterns) / ax_h_px, 0.5)
     ax.set_xlim(X[a], X[b])
     ax.set_ylim(0, y_top)
     strip_frac = strip_px / ax_h_px
@@ -140,6 +121,40 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     _legends(fig, lay, groups, rows, height)
     fig.phasemem_stack = st
     return fig
+
+
+def _check_options(report, size, dpi, by, color, max_bands) -> tuple[int, int]:
+    """plot()'s options, checked: the picture's (width, height), else a ValueError saying what to give."""
+    width, height = check_picture_size(size, dpi)
+    if by not in ("event", "time"):
+        raise ValueError(f"by={by!r}: use 'event' or 'time'")
+    if color not in COLOR_MODES:
+        raise ValueError(f"color={color!r}: use 'category', 'stack' or 'phase'")
+    if isinstance(max_bands, bool) or not isinstance(max_bands, (int, np.integer)) or max_bands < 0:
+        raise ValueError(f"max_bands={max_bands!r}: give a whole number >= 0")
+    if getattr(report, "timeline", None) is None or report.label_codes is None:
+        raise ValueError("this report carries no timeline; build it with phasemem.analyze()")
+    return width, height
+
+
+def _phase_and_mark_handles(report, shown, a, b, ticks, patterns, show_reserved) -> list:
+    """The second legend: the phases drawn, 'other' where it shows, the lines and marks, and the kinds
+    that later steps carry only as markers."""
+    present = [p for p in PHASE_COLORS
+               if any(p in s.phases and s.phases[p].n_events for s in shown) or any(t[1] == p for t in ticks)]
+    other_shown = bool(((report.label_codes[a:b] == 0) if b > a else np.zeros(0, bool)).any())
+    kinds = [p.kind for p in patterns]
+    repeated = sorted({k for k in kinds if kinds.count(k) > 1}, key=kinds.index)
+    return _mark_handles(present, report, show_reserved, other_shown, repeated)
+
+
+def _headroom_px(lay, strip_px, patterns) -> float:
+    """Room between the highest value and the strip for the overall peak's label, and for two rows
+    of callouts when there are patterns to call out."""
+    room = strip_px + lay.text_size("peak 0.00 GiB", PEAK_PT + 1, "bold")[1] + lay.px(3) + 10
+    if patterns:
+        room += 2 * (lay.text_size("logits 0.00 GiB", CALLOUT_PT)[1] + 8)
+    return room
 
 
 def save(report, path, **options) -> None:
