@@ -151,6 +151,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"phasemem {__version__}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
+    _analyze_parser(sub)
+    _convert_parser(sub)
+    _demo_parser(sub)
+    return p
+
+
+def _analyze_parser(sub) -> None:
     a = sub.add_parser(
         "analyze", help="analyse a snapshot pickle: print the report, draw the picture",
         description="Analyse a torch.cuda.memory._dump_snapshot pickle (plain, .gz or .xz): print the "
@@ -174,6 +181,8 @@ def _parser() -> argparse.ArgumentParser:
     _picture_options(a)
     a.set_defaults(run=_analyze)
 
+
+def _convert_parser(sub) -> None:
     v = sub.add_parser(
         "convert", help="save a snapshot's trace in phasemem's columnar form, to analyse it again fast",
         description="Read a snapshot once and write its trace as a columnar .npz: analysing that again "
@@ -189,6 +198,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="unpickle without restrictions (only for files you made yourself)")
     v.set_defaults(run=_convert)
 
+
+def _demo_parser(sub) -> None:
     d = sub.add_parser(
         "demo", help="train a small GPT-like model for a few steps under instrument() and analyse it",
         description="Train a small GPT-like language model for a few steps inside phasemem.instrument(), "
@@ -201,7 +212,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=_steps, default=3, help="training steps to record (default: 3)")
     _picture_options(d)
     d.set_defaults(run=_demo)
-    return p
 
 
 def _picture_options(p: argparse.ArgumentParser) -> None:
