@@ -32,22 +32,24 @@ def _python(frames):
     return [f for f in frames if f[0].endswith(".py")]
 
 
-def frame_classes(trace: Trace) -> np.ndarray:
-    """A class per event from its stack (one Python pass over the distinct stacks, not the events)."""
-    per_stack = np.empty(len(trace.stacks) + 1, np.int8)
-    per_stack[-1] = NONE  # stack id -1
+def per_event(trace: Trace, of_stack, dtype=bool, none=False) -> np.ndarray:
+    """``of_stack(frames)`` (frames innermost first, as (filename, line, name)) for every event: one
+    Python call per distinct stack, not per event; ``none`` for events without frames."""
+    out = np.empty(len(trace.stacks) + 1, dtype)
+    out[-1] = none  # stack id -1
     for sid, frame_ids in enumerate(trace.stacks):
-        py = _python([trace.frames[f] for f in frame_ids])
-        per_stack[sid] = classify_frames(py) if py else NONE
-    return per_stack[trace.stack]
+        out[sid] = of_stack([trace.frames[f] for f in frame_ids])
+    return out[trace.stack]
+
+
+def frame_classes(trace: Trace) -> np.ndarray:
+    """A class per event from its stack's Python frames."""
+    return per_event(trace, lambda fr: classify_frames(py) if (py := _python(fr)) else NONE, np.int8, NONE)
 
 
 def has_python(trace: Trace) -> np.ndarray:
     """Per event: does its stack hold a Python frame."""
-    per_stack = np.zeros(len(trace.stacks) + 1, bool)
-    for sid, frame_ids in enumerate(trace.stacks):
-        per_stack[sid] = any(trace.frames[f][0].endswith(".py") for f in frame_ids)
-    return per_stack[trace.stack]
+    return per_event(trace, lambda fr: any(fn.endswith(".py") for fn, _, _ in fr))
 
 
 def classify_frames(frames) -> int:
@@ -147,16 +149,10 @@ def weight_moves(trace: Trace) -> np.ndarray:
     """Per event: does its stack say it places a module's weights on the device (see _WEIGHT_FRAMES)?
     sqattn_cuda in ../shared/wild moves each decoder layer to the GPU before running it; without
     this those weights looked like the batch ('input')."""
-    per_stack = np.zeros(len(trace.stacks) + 1, bool)
-    for sid, frame_ids in enumerate(trace.stacks):
-        per_stack[sid] = any(trace.frames[f][2] in _WEIGHT_FRAMES and trace.frames[f][0].endswith(
-            "torch/nn/modules/module.py") for f in frame_ids)
-    return per_stack[trace.stack]
+    return per_event(trace, lambda fr: any(nm in _WEIGHT_FRAMES and fn.endswith("torch/nn/modules/module.py")
+                                           for fn, _, nm in fr))
 
 
 def inside_file(trace: Trace, files: tuple[str, ...]) -> np.ndarray:
     """Per event: does its stack run through one of these files (e.g. an optimizer's step())?"""
-    per_stack = np.zeros(len(trace.stacks) + 1, bool)
-    for sid, frame_ids in enumerate(trace.stacks):
-        per_stack[sid] = any(trace.frames[f][0].endswith(files) for f in frame_ids)
-    return per_stack[trace.stack]
+    return per_event(trace, lambda fr: any(fn.endswith(files) for fn, _, _ in fr))
