@@ -140,9 +140,10 @@ class Trace:
             int(seg.get("total_size", 0)) for seg in snapshot.get("segments") or []
             if seg.get("device", device) == device
         )
+        live_bytes = _live_bytes(snapshot) if n_devices > 1 else {}  # every segment read once, not per device
         return cls(
             device=device,
-            other_devices=[device_activity(snapshot, d) for d in range(n_devices) if d != device],
+            other_devices=[device_activity(snapshot, d, live_bytes) for d in range(n_devices) if d != device],
             # Without event times (older snapshots) annotations cannot be placed among the events.
             markers=_markers(snapshot, device) if columns["time_us"].any() else _markers({}, device),
             live_blocks=np.array(live, dtype=np.int64).reshape(-1, 2),
@@ -181,9 +182,10 @@ def busiest_device(snapshot: dict) -> int:
     return max(range(len(key)), key=lambda d: (key[d], -d)) if key else 0
 
 
-def device_activity(snapshot: dict, device: int) -> dict:
+def device_activity(snapshot: dict, device: int, live_bytes: dict[int, int] | None = None) -> dict:
     """A few numbers about one device of a snapshot: its memory events, its out-of-memory events
-    (event index, bytes asked, bytes the device had free), the bytes allocated and reserved at the end."""
+    (event index, bytes asked, bytes the device had free), the bytes allocated and reserved at the end.
+    ``live_bytes``: ``_live_bytes(snapshot)``, when the caller has it already."""
     events = (snapshot.get("device_traces") or [])[device]
     events = events if isinstance(events, list) else []
     n = sum(1 for e in events if isinstance(e, dict) and e.get("action") in _MEMORY_EVENTS)
@@ -191,7 +193,8 @@ def device_activity(snapshot: dict, device: int) -> dict:
             for i, e in enumerate(events) if isinstance(e, dict) and e.get("action") == "oom"]
     reserved = sum(int(seg.get("total_size", 0) or 0) for seg in snapshot.get("segments") or []
                    if isinstance(seg, dict) and seg.get("device", 0) == device)
-    return {"device": device, "events": n, "ooms": ooms, "allocated_bytes": _live_bytes(snapshot).get(device, 0),
+    live = _live_bytes(snapshot) if live_bytes is None else live_bytes
+    return {"device": device, "events": n, "ooms": ooms, "allocated_bytes": live.get(device, 0),
             "reserved_bytes": reserved}
 
 
