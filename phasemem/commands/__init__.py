@@ -1,0 +1,88 @@
+"""``phasemem``: small subcommands over one reader (in the style of memray).
+
+    phasemem analyze SNAPSHOT -o memory.png [--json memory.json] [--device N] [--markers PREFIX] [--trust]
+                              [--steps 2-4] [--by event|time] [--color category|stack|phase]
+                              [--max-bands N] [--size WxH] [--dpi N]
+    phasemem convert SNAPSHOT -o trace.npz [--device N] [--markers PREFIX] [--trust]
+    phasemem demo [-o demo.png] [--json demo.json] [--device cpu|cuda] [--steps 3] [picture options]
+
+Input phasemem cannot use is reported as one line, ``phasemem: error: ...``, with exit status 2 and
+no traceback; bad usage also exits 2, Ctrl-C exits 130. Outputs are written atomically and only
+after the analysis succeeded, so a failed run leaves any existing output as it was.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import PhasememError
+from . import analyze, convert, demo
+
+# One module per subcommand, each with register(subparsers) and run(args); listed in --help order.
+COMMANDS = (analyze, convert, demo)
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status instead of exiting.
+
+    Example:
+        >>> from phasemem.cli import main
+        >>> main(["analyze", "snapshot.pickle", "-o", "memory.png", "--json", "memory.json"])
+        0
+    """
+    parser = _parser()
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # argparse: --help (0) or bad usage (2), already printed
+            return _code(e)
+        return args.run(args)
+    except PhasememError as e:
+        _error(str(e))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `phasemem analyze x | head`: the reader left; the rest of the report is not wanted.
+        _silence_stdout()
+        return 0
+
+
+def _code(e: SystemExit) -> int:
+    return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_ERROR)
+
+
+def _error(message: str) -> None:
+    # One line whatever the message holds: scripts grep for it, humans read it.
+    line = " ".join(message.split())
+    print(f"phasemem: error: {line}", file=sys.stderr)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+# -- argument types -------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    p = argparse.ArgumentParser(
+        prog="phasemem",
+        description="Read a PyTorch memory snapshot: training steps, their phases, and what peaked where.",
+    )
+    p.add_argument("--version", action="version", version=f"phasemem {__version__}")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    for command in COMMANDS:
+        command.register(sub)
+    return p

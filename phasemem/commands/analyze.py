@@ -1,0 +1,59 @@
+"""``phasemem analyze``: the report, the picture, the JSON of a snapshot (one device or all)."""
+from __future__ import annotations
+
+from ..output import write_all
+from .options import check_outputs, device_choice, per_device, picture_file, picture_kwargs, picture_options
+
+def register(sub) -> None:
+    a = sub.add_parser(
+        "analyze", help="analyse a snapshot pickle: print the report, draw the picture",
+        description="Analyse a torch.cuda.memory._dump_snapshot pickle (plain, .gz or .xz): print the "
+                    "report and draw the labeled picture.",
+    )
+    a.add_argument("snapshot", metavar="SNAPSHOT", help="the snapshot file")
+    a.add_argument("-o", "--output", type=picture_file, default="memory.png", metavar="PICTURE",
+                   help="picture to write: .png, .svg or .pdf (default: memory.png)")
+    a.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    a.add_argument("--device", type=device_choice, metavar="N|all",
+                   help="which device's trace, or 'all' for one report, picture and JSON each (files named "
+                        "PICTURE.cudaN.png ...; default: the device with the most recorded activity)")
+    a.add_argument("--markers", default=None, metavar="PREFIX",
+                   help="name prefix of the phase markers (default: the one the snapshot was recorded with, "
+                        "else phasemem::)")
+    a.add_argument("--trust", action="store_true",
+                   help="unpickle without restrictions (only for files you made yourself)")
+    a.add_argument("--steps", metavar="RANGE", dest="zoom",
+                   help="analyse and draw only these steps (numbers as in the report): 3, 2-4, 2- or -4 "
+                        "(default: all); from a converted .npz only their events are read")
+    picture_options(a)
+    a.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..analyze import analyze
+    from ..render import visible_range
+    from ..steps import parse_steps
+
+    check_outputs(args.output, args.json)
+    parse_steps(args.zoom)  # a malformed range fails now, not after a long analysis
+    every = args.device == "all"
+    report = analyze(args.snapshot, None if every else args.device, trusted=args.trust,
+                     marker_prefix=args.markers, steps=args.zoom)
+    reports = [report]
+    if every:
+        reports += [analyze(args.snapshot, d.index, trusted=args.trust, marker_prefix=args.markers, steps=args.zoom)
+                    for d in report.other_devices if d.events]
+        reports.sort(key=lambda r: r.device)
+    outputs = []
+    for r in reports:
+        if r.live is None:
+            visible_range(r, args.zoom)  # steps the report does not have: say so instead of the report
+        picture, json_path = (per_device(args.output, r.device), per_device(args.json, r.device)) if every else (
+            args.output, args.json)
+        outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **picture_kwargs(args))))
+        if json_path:
+            outputs.append((json_path, r.json_writer()))
+    print("\n\n".join(str(r) for r in reports))
+    write_all(outputs)  # all of them or none
+    print(f"\nwrote {', '.join(p for p, _ in outputs)}")
+    return 0
