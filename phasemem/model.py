@@ -112,3 +112,26 @@ class Step:
     end_bytes: int
     phases: dict[str, Phase]
     by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
+
+
+@dataclass
+class PeakBreakdown:
+    """What is alive at a peak, by category and by shape, summing exactly to the peak.
+
+    ``by_category`` sums to ``bytes``. ``by_shape`` is the part of those bytes that belongs to a named
+    shape (logits, optimizer_temporaries, ...); ``rest_by_category`` is what no shape claims, so
+    ``sum(by_shape) + sum(rest_by_category) == bytes``.
+
+    Example:
+        >>> report.peak.phase, report.peak.by_shape.get("logits", 0)
+        ('backward', 3355443200)
+    """
+
+    bytes: int
+    event: int
+    step: int | None  # position in Report.steps
+    step_number: int | None
+    phase: str
+    by_category: dict[str, int] = field(default_factory=dict)
+    by_shape: dict[str, int] = field(default_factory=dict)
+    rest_by_category: dict[str, int] = field(default_factory=dict)
