@@ -3,6 +3,7 @@
     phasemem analyze SNAPSHOT -o memory.png [--json memory.json] [--device N] [--markers PREFIX] [--trust]
                               [--steps 2-4] [--by event|time] [--color category|stack|phase]
                               [--max-bands N] [--size WxH] [--dpi N]
+    phasemem diff A B [-o diff.png] [--json diff.json] [--steps steady|all|N|N:M] [--fail-if BUDGET ...]
     phasemem convert SNAPSHOT -o trace.npz [--device N] [--markers PREFIX] [--trust]
     phasemem demo [-o demo.png] [--json demo.json] [--device cpu|cuda] [--steps 3] [picture options]
 
@@ -17,10 +18,10 @@ import os
 import sys
 
 from ..errors import PhasememError
-from . import analyze, convert, demo
+from . import analyze, convert, demo, diff
 
 # One module per subcommand, each with register(subparsers) and run(args); listed in --help order.
-COMMANDS = (analyze, convert, demo)
+COMMANDS = (analyze, diff, convert, demo)
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130

@@ -1,0 +1,286 @@
+"""What changed from one run to another, as plain dataclasses, with their JSON and text forms: the
+``Comparison`` that ``compare.compare`` builds (as ``report.py`` holds what ``analyze.py`` builds).
+
+Example:
+    >>> c = phasemem.compare("base.pickle", "new.pickle")
+    >>> print(c); c.to_json("diff.json"); c.save_png("diff.png")
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .model import PeakBreakdown
+from .output import atomic_write
+from .units import format_bytes
+from .vocab import CATEGORY_NAMES
+
+#: The overall peak "moved" when it changed by at least this share of A's peak; below that the
+#: headline names the phase that changed most instead (a fused optimizer lowers the optimizer's
+#: peak while the overall peak, set in backward, stays where it was: gpt_foreach's shape).
+MOVED = 0.01
+#: A cause of the peak's change is named when it moves at least this many bytes; smaller ones are
+#: added to the unexplained rest (the allocator rounds blocks to 512 B and small segments to 2 MiB,
+#: so below a MiB a "cause" is bookkeeping, not a change a user made).
+NAMED_CAUSE_BYTES = 1 << 20
+#: What a shape's arrival or departure usually means: said as "typically", never as a finding.
+MEANS = {
+    ("optimizer_temporaries", "disappeared"): "the optimizer step makes no temporaries now (typically a fused optimizer)",
+    ("optimizer_temporaries", "appeared"): "the optimizer step now makes temporaries (typically a foreach or for-loop optimizer)",
+    ("softmax_spike", "disappeared"): "the loss no longer makes a full-vocabulary softmax at once (typically chunked or fused cross-entropy)",
+    ("checkpoint_recompute", "appeared"): "backward recomputes forward activations (activation checkpointing)",
+    ("checkpoint_recompute", "disappeared"): "backward no longer recomputes activations (checkpointing off)",
+    ("gradient_accumulation", "appeared"): "gradients are accumulated over micro-batches",
+}
+
+
+@dataclass
+class Side:
+    """One run as compared: which steps, its peak there, where that peak is, and what it is made of."""
+
+    name: str
+    device: str
+    n_events: int
+    steps: list[int]  # Step.number of the compared step(s); every step for "all"
+    peak_bytes: int  # the compared steps' peak
+    peak_event: int
+    peak_step: int | None  # Step.number where that peak is
+    peak_phase: str
+    peak_shape: str | None  # the shape whose own peak is the peak, if one is
+    run_peak_bytes: int  # the whole recording's peak
+    breakdown: PeakBreakdown
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PhaseDelta:
+    """One phase's peak on each side (None: the phase did not run there) and b − a."""
+
+    name: str
+    a_peak: int | None
+    b_peak: int | None
+    delta: int | None
+    a_event: int | None = None
+    b_event: int | None = None
+    by_category: dict[str, int] = field(default_factory=dict)  # b − a per category at the phase peaks
+
+
+@dataclass
+class ShapeDelta:
+    """A shape kind in one phase: its largest size on each side (0: absent) and what happened to it."""
+
+    kind: str
+    phase: str
+    a_bytes: int
+    b_bytes: int
+    change: str  # "appeared" | "disappeared" | "changed" | "same"
+    a_event: int | None = None  # the occurrence's own peak event, for the picture
+    b_event: int | None = None
+
+    @property
+    def delta(self) -> int:
+        return self.b_bytes - self.a_bytes
+
+    def said(self) -> str:
+        """``softmax_spike 250.0 MiB → gone``, with what that typically means."""
+        a = format_bytes(self.a_bytes) if self.a_bytes else "none"
+        b = format_bytes(self.b_bytes) if self.b_bytes else "gone"
+        why = MEANS.get((self.kind, self.change))
+        return f"{self.kind} {a} → {b}" + (f": {why}" if why else "")
+
+
+@dataclass
+class Cause:
+    """A named part of the peak's change: a shape's bytes, or a category's bytes that no shape claims."""
+
+    cause: str
+    type: str  # "shape" | "category"
+    bytes: int
+
+
+@dataclass
+class Slot:
+    """One phase run of the aligned steps: A's run and B's (first, last event), either None where only
+    the other side ran that phase there."""
+
+    phase: str
+    a: tuple[int, int] | None
+    b: tuple[int, int] | None
+
+
+@dataclass
+class Comparison:
+    """What changed from run A to run B (``delta`` = b − a throughout). ``attribution`` plus
+    ``unexplained_bytes`` is exactly ``delta``.
+
+    Example:
+        >>> c = phasemem.compare("base.pickle", "new.pickle")
+        >>> c.delta, c.a.peak_phase, c.b.peak_phase, c.main_cause()["cause"]
+    """
+
+    a: Side
+    b: Side
+    phases: dict[str, PhaseDelta]
+    shapes: list[ShapeDelta]
+    categories: dict[str, dict[str, int]]  # name: {"a", "b", "delta"}
+    attribution: list[Cause]
+    unexplained_bytes: int
+    slots: list[Slot]
+    notes: list[str] = field(default_factory=list)
+    a_report: Any = field(default=None, repr=False)
+    b_report: Any = field(default=None, repr=False)
+
+    @property
+    def delta(self) -> int:
+        return self.b.peak_bytes - self.a.peak_bytes
+
+    @property
+    def delta_pct(self) -> float | None:
+        return 100.0 * self.delta / self.a.peak_bytes if self.a.peak_bytes else None
+
+    @property
+    def moved(self) -> bool:
+        """Whether the peak changed by at least ``MOVED`` of A's."""
+        return abs(self.delta) >= MOVED * max(self.a.peak_bytes, 1)
+
+    def main_cause(self) -> dict | None:
+        """The change's headline: the largest cause of the peak's change (``where`` "peak"), or, when
+        the peak did not move, the phase whose peak changed most with its largest shape change.
+
+        Example:
+            >>> phasemem.compare(a, b).main_cause()
+            {'where': 'peak', 'cause': 'gradient', 'type': 'category', 'bytes': -182550528}
+        """
+        if self.moved:
+            sign = 1 if self.delta > 0 else -1
+            same_way = [c for c in self.attribution if c.bytes * sign > 0]
+            if same_way:
+                return {"where": "peak", **asdict(max(same_way, key=lambda c: abs(c.bytes)))}
+        ran = [p for p in self.phases.values() if p.delta]
+        if not ran:
+            return None
+        ph = max(ran, key=lambda p: abs(p.delta))
+        top = max((s for s in self.shapes if s.phase == ph.name and s.change != "same"),
+                  key=lambda s: abs(s.delta), default=None)
+        return {"where": ph.name, "cause": top.kind if top else ph.name, "type": "shape" if top else "phase",
+                "bytes": top.delta if top else ph.delta, "phase_delta": ph.delta}
+
+    def to_dict(self) -> dict:
+        """The comparison as JSON-ready values (bytes as integers)."""
+        return {
+            "a": _side_dict(self.a), "b": _side_dict(self.b),
+            "peak": {"a": self.a.peak_bytes, "b": self.b.peak_bytes, "delta": self.delta,
+                     "delta_pct": None if self.delta_pct is None else round(self.delta_pct, 3),
+                     "a_phase": self.a.peak_phase, "b_phase": self.b.peak_phase,
+                     "a_shape": self.a.peak_shape, "b_shape": self.b.peak_shape},
+            "phases": {n: {"a_peak": p.a_peak, "b_peak": p.b_peak, "delta": p.delta, "by_category": p.by_category}
+                       for n, p in self.phases.items()},
+            "shapes": [{"kind": s.kind, "phase": s.phase, "a_bytes": s.a_bytes, "b_bytes": s.b_bytes,
+                        "delta": s.delta, "change": s.change, "means": MEANS.get((s.kind, s.change))}
+                       for s in self.shapes],
+            "categories": self.categories,
+            "attribution": [asdict(c) for c in self.attribution],
+            "unexplained_bytes": self.unexplained_bytes,
+            "main_cause": self.main_cause(),
+            "notes": list(self.notes),
+        }
+
+    def json_writer(self, extra: dict | None = None):
+        """A function writing ``to_dict()`` (and ``extra`` keys) as JSON to the path it is given (for
+        ``output.write_all``)."""
+        text = json.dumps(self.to_dict() | (extra or {}), indent=1)
+
+        def write(tmp):
+            with open(tmp, "w") as f:
+                f.write(text)
+
+        return write
+
+    def to_json(self, path) -> None:
+        """Write ``to_dict()`` as JSON, atomically."""
+        atomic_write(path, self.json_writer())
+
+    def picture_writer(self, path, **options):
+        """The diff picture drawn now, and a function that writes it (``render.compare``: size, dpi)."""
+        from .render.compare import picture_writer  # matplotlib only when a picture is asked for
+
+        return picture_writer(self, path, **options)
+
+    def save_png(self, path, **options) -> None:
+        """Draw the diff picture to ``path`` (.png, .svg or .pdf), atomically."""
+        atomic_write(path, self.picture_writer(path, **options))
+
+    def __str__(self) -> str:
+        return format_comparison(self)
+
+
+def _side_dict(s: Side) -> dict:
+    out = {k: v for k, v in asdict(s).items() if k != "breakdown"}
+    out["by_category"] = dict(s.breakdown.by_category)
+    out["by_shape"] = dict(s.breakdown.by_shape)
+    return out
+
+
+def signed(n: int) -> str:
+    """``+250.0 MiB`` / ``-1.41 GiB`` / ``0 B``."""
+    return ("+" if n > 0 else "") + format_bytes(n)
+
+
+def pct(delta: int | None, base: int | None) -> str:
+    if delta is None or not base:
+        return "—"
+    return f"{100.0 * delta / base:+.1f} %"
+
+
+def where(side: Side) -> str:
+    """``backward (logits_release)``: the phase of a side's peak, and the shape that sets it."""
+    return side.peak_phase + (f" ({side.peak_shape})" if side.peak_shape else "")
+
+
+def headline(c: Comparison) -> str:
+    """One line: the peak on both sides, its change, where it is."""
+    moved = (f"moves from {where(c.a)} to {where(c.b)}" if where(c.a) != where(c.b)
+             else f"at {where(c.a)} on both sides")
+    return (f"peak {format_bytes(c.a.peak_bytes)} → {format_bytes(c.b.peak_bytes)}: {signed(c.delta)} "
+            f"({pct(c.delta, c.a.peak_bytes)}); {moved}")
+
+
+def format_comparison(c: Comparison) -> str:
+    lines = [f"phasemem diff — A: {c.a.name} ({_steps(c.a)}) vs B: {c.b.name} ({_steps(c.b)})", headline(c)]
+    main = c.main_cause()
+    if main is not None:
+        what = main["cause"] if main["type"] != "category" else (
+            f"{CATEGORY_NAMES.get(main['cause'], main['cause'])} outside the named shapes")
+        lines.append(f"main cause: {what} {signed(main['bytes'])}" if main["where"] == "peak" else
+                     f"the peak did not move; the largest change is {main['where']}'s peak "
+                     f"{signed(main['phase_delta'])}, mostly {what} {signed(main['bytes'])}")
+    lines += [f"note: {n}" for n in c.notes]
+    head = f"{'phase':<10} {'A peak':>11} {'B peak':>11} {'Δ':>11} {'Δ %':>8}"
+    lines += ["", head, "-" * len(head)]
+    for p in c.phases.values():
+        a = format_bytes(p.a_peak) if p.a_peak is not None else "—"
+        b = format_bytes(p.b_peak) if p.b_peak is not None else "—"
+        d = signed(p.delta) if p.delta is not None else "—"
+        lines.append(f"{p.name:<10} {a:>11} {b:>11} {d:>11} {pct(p.delta, p.a_peak):>8}")
+    lines.append(f"{'peak':<10} {format_bytes(c.a.peak_bytes):>11} {format_bytes(c.b.peak_bytes):>11} "
+                 f"{signed(c.delta):>11} {pct(c.delta, c.a.peak_bytes):>8}")
+    changed = [s for s in c.shapes if s.change != "same"]
+    lines += ["", "shapes:" if changed else "shapes: none changed"]
+    lines += [f"  {s.change:<12} {s.phase:<10} {s.said()}" for s in changed]
+    lines += ["", f"{'category at the peak':<22} {'A':>11} {'B':>11} {'Δ':>11}"]
+    lines += [f"  {CATEGORY_NAMES.get(k, k):<20} {format_bytes(v['a']):>11} {format_bytes(v['b']):>11} "
+              f"{signed(v['delta']):>11}" for k, v in c.categories.items() if v["a"] or v["b"]]
+    lines += ["", f"the peak's change {signed(c.delta)}, by cause:"]
+    lines += [f"  {_cause(x):<44} {signed(x.bytes):>11}" for x in c.attribution]
+    small = f"unexplained (other; causes under {format_bytes(NAMED_CAUSE_BYTES)})"
+    lines.append(f"  {small:<44} {signed(c.unexplained_bytes):>11}")
+    return "\n".join(lines)
+
+
+def _cause(x: Cause) -> str:
+    return f"shape {x.cause}" if x.type == "shape" else f"{CATEGORY_NAMES.get(x.cause, x.cause)} outside the shapes"
+
+
+def _steps(s: Side) -> str:
+    return f"step {s.steps[0]}" if len(s.steps) == 1 else f"all {len(s.steps)} steps"
