@@ -10,10 +10,12 @@ Example:
     >>> report.phases["optimizer"].peak_bytes
 """
 from .analyze import analyze
+from .compare import compare
+from .comparison import Comparison
 from .errors import PhasememError
 from .report import Allocation, Phase, Report, Step
 
-__all__ = ["analyze", "instrument", "PhasememError", "Report", "Step", "Phase", "Allocation"]
+__all__ = ["analyze", "compare", "Comparison", "instrument", "PhasememError", "Report", "Step", "Phase", "Allocation"]
 __version__ = "0.1.0"
 
 

@@ -138,6 +138,14 @@ def budget_for(name: str, limit) -> Budget:
     return replace(parse_budget(f"{key}>{size}"), text=f"{name}={limit}")
 
 
+def parse_budgets(texts, *, absolute: bool = False) -> list[Budget]:
+    """Every ``--fail-if`` text parsed, before any analysis; ``absolute``: one run, no base to compare with."""
+    budgets = [parse_budget(t) for t in texts]
+    if absolute:
+        require_absolute(budgets)
+    return budgets
+
+
 def require_absolute(budgets: list[Budget]) -> None:
     """One run has nothing to be relative to: a signed or percent limit needs ``phasemem diff``."""
     for b in budgets:

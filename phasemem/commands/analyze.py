@@ -1,7 +1,10 @@
 """``phasemem analyze``: the report, the picture, the JSON of a snapshot (one device or all)."""
 from __future__ import annotations
 
+import sys
+
 from ..output import write_all
+from .diff import EXIT_OVER_BUDGET
 from .options import check_outputs, device_choice, per_device, picture_file, picture_kwargs, picture_options
 
 def register(sub) -> None:
@@ -25,15 +28,20 @@ def register(sub) -> None:
     a.add_argument("--steps", metavar="RANGE", dest="zoom",
                    help="analyse and draw only these steps (numbers as in the report): 3, 2-4, 2- or -4 "
                         "(default: all); from a converted .npz only their events are read")
+    a.add_argument("--fail-if", dest="fail_if", action="append", default=[], metavar="BUDGET",
+                   help="a budget, repeatable: peak>20GiB, optimizer.peak>6GiB, activation>3GiB "
+                   "(a category at the peak), logits>1GiB (a shape); exit 1 when one is broken, after writing")
     picture_options(a)
     a.set_defaults(run=run)
 
 
 def run(args) -> int:
     from ..analyze import analyze
+    from ..budgets import parse_budgets
     from ..render import visible_range
     from ..steps import parse_steps
 
+    budgets = parse_budgets(args.fail_if, absolute=True)  # one that does not parse fails now, not as a pass
     check_outputs(args.output, args.json)
     parse_steps(args.zoom)  # a malformed range fails now, not after a long analysis
     every = args.device == "all"
@@ -54,6 +62,15 @@ def run(args) -> int:
         if json_path:
             outputs.append((json_path, r.json_writer()))
     print("\n\n".join(str(r) for r in reports))
+    broken = _over_budget(budgets, reports, every)  # a budget that cannot be checked fails before writing
     write_all(outputs)  # all of them or none
     print(f"\nwrote {', '.join(p for p, _ in outputs)}")
-    return 0
+    for line in broken:
+        print(f"phasemem: {line}", file=sys.stderr)
+    return EXIT_OVER_BUDGET if broken else 0
+
+
+def _over_budget(budgets, reports, every: bool) -> list[str]:
+    from ..budgets import check_report
+
+    return [(f"{r.device}: " if every else "") + line for r in reports for line in check_report(budgets, r)]

@@ -1,25 +1,14 @@
 """``phasemem diff``: what changed from run A to run B, phase by phase and shape by shape; a CI gate."""
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ..errors import PhasememError
 from ..output import write_all
-from .options import check_outputs, device_choice, picture_file, picture_size, dpi_number
+from .options import check_outputs, device_choice, dpi_number, picture_file, picture_size
 
 #: The exit status when a budget is broken (the outputs are written first); 2 stays bad input.
 EXIT_OVER_BUDGET = 1
-
-
-def budget_type(text: str):
-    """argparse type: a ``--fail-if`` expression, checked before any analysis."""
-    from ..budgets import parse_budget  # the commands load the analysis only when they run
-
-    try:
-        return parse_budget(text)
-    except PhasememError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def register(sub) -> None:
@@ -37,7 +26,7 @@ def register(sub) -> None:
     d.add_argument("--steps", default="steady", metavar="WHICH",
                    help="steady (default: a steady step of each), all (whole recordings), N (step N of both) "
                         "or N:M (A's step N with B's step M)")
-    d.add_argument("--fail-if", dest="fail_if", action="append", default=[], type=budget_type, metavar="BUDGET",
+    d.add_argument("--fail-if", dest="fail_if", action="append", default=[], metavar="BUDGET",
                    help="a budget, repeatable: peak>+5%%, backward.peak>+512MiB (against A), peak>20GiB, "
                         "optimizer.peak>6GiB, activation>3GiB, logits>1GiB (on B)")
     d.add_argument("--device", type=device_choice, metavar="N", help="which device's trace of both (default: the busiest)")
@@ -51,18 +40,19 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..budgets import check_comparison
+    from ..budgets import check_comparison, parse_budgets
     from ..compare import compare, parse_compare_steps
 
     if args.device == "all":
         raise PhasememError("--device all: diff compares one device of each run; give its number")
+    budgets = parse_budgets(args.fail_if)  # a budget that does not parse is an error, not a pass
     check_outputs(args.output, args.json)
     parse_compare_steps(args.steps)  # a malformed choice fails now, not after two analyses
     c = compare(args.a, args.b, steps=args.steps, device=args.device, trusted=args.trust, marker_prefix=args.markers)
-    broken = check_comparison(args.fail_if, c)  # a budget that cannot be checked fails before any output
+    broken = check_comparison(budgets, c)  # a budget that cannot be checked fails before any output
     outputs = [(args.output, c.picture_writer(args.output, size=args.size, dpi=args.dpi))]
     if args.json:
-        said = [{"budget": b.text, "broken": (check_comparison([b], c) or [None])[0]} for b in args.fail_if]
+        said = [{"budget": b.text, "broken": (check_comparison([b], c) or [None])[0]} for b in budgets]
         outputs.append((args.json, c.json_writer({"budgets": said})))
     print(c)
     write_all(outputs)  # all of them or none
