@@ -163,8 +163,12 @@ class Comparison:
         ph = max(ran, key=lambda p: abs(p.delta))
         top = max((s for s in self.shapes if s.phase == ph.name and s.change != "same"),
                   key=lambda s: abs(s.delta), default=None)
-        return {"where": ph.name, "cause": top.kind if top else ph.name, "type": "shape" if top else "phase",
-                "bytes": top.delta if top else ph.delta, "phase_delta": ph.delta}
+        if top is not None:
+            return {"where": ph.name, "cause": top.kind, "type": "shape", "bytes": top.delta, "phase_delta": ph.delta}
+        # no shape of that phase changed: the category that changed most at its peak
+        cat = max(ph.by_category.items(), key=lambda kv: abs(kv[1]), default=(ph.name, ph.delta))
+        return {"where": ph.name, "cause": cat[0], "type": "category" if ph.by_category else "phase",
+                "bytes": cat[1], "phase_delta": ph.delta}
 
     def to_dict(self) -> dict:
         """The comparison as JSON-ready values (bytes as integers)."""

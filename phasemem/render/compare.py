@@ -190,8 +190,8 @@ def _strips(ax, lay, c: Comparison, slot_px: float) -> None:
 
 
 def _callouts(ax, lay, c: Comparison, places, div, w_px, h_px, ytop) -> list[str]:
-    """Each changed shape named where it is (B's occurrence, or A's when it is gone), stacked in rows
-    above the curves; a label that fits no row is left to the table."""
+    """Each changed shape named where it is (B's occurrence, or A's when it is gone), in rows above the
+    curves, the largest changes placed first; a label that fits no row is left to the table."""
     items = []
     for s in c.shapes:
         if s.change == "same":
@@ -204,17 +204,17 @@ def _callouts(ax, lay, c: Comparison, places, div, w_px, h_px, ytop) -> list[str
         twice = sum(t.kind == s.kind and t.change != "same" for t in c.shapes) > 1
         text = f"{s.kind}{f' ({s.phase})' if twice else ''} {format_bytes(s.a_bytes) if s.a_bytes else 'none'} → " \
                f"{format_bytes(s.b_bytes) if s.b_bytes else 'gone'}"
-        items.append((x, float(level[event]) / div, text, _MORE if s.delta > 0 else _LESS))
+        items.append((-abs(s.delta), x, float(level[event]) / div, text, _MORE if s.delta > 0 else _LESS))
     n = max(len(c.slots), 1)
-    rows: list[float] = [-1e9] * CALLOUT_ROWS  # right edge, in pixels, of the last label in each row
+    taken: list[list[tuple[float, float]]] = [[] for _ in range(CALLOUT_ROWS)]  # pixel spans per row
     named = []
-    for x, y, text, color in sorted(items):
-        tw = lay.text_size(text, CALLOUT_PT)[0] + 8
+    for _, x, y, text, color in sorted(items):
+        tw = lay.text_size(text, CALLOUT_PT)[0] + 10
         px = min(max(x / n * w_px - tw / 2, 0), w_px - tw)
-        row = next((r for r in range(CALLOUT_ROWS) if rows[r] < px), None)
+        row = next((r for r in range(CALLOUT_ROWS) if all(px + tw < a or px > b for a, b in taken[r])), None)
         if row is None:
             continue
-        rows[row] = px + tw
+        taken[row].append((px, px + tw))
         ty = ytop * (0.97 - 0.065 * row)
         ax.annotate(text, xy=(x, y), xytext=((px + tw / 2) / w_px * n, ty), fontsize=CALLOUT_PT, color="#1b1b1b",
                     ha="center", va="top", zorder=6,
