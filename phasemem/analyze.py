@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -10,15 +11,14 @@ from .columnar import is_columnar, load_steps, load_trace, read_doc, read_index
 from .errors import NoHistory, PhasememError
 from .live import live_memory
 from .load import load_snapshot, no_gc
-from .measure import TOP_K, measure
-from .categories import CategoryCurves
+from .analysis import Analysis
+from .measure import aggregate, measure
+from .model import DeviceSummary, OutOfMemory, Step
 from .patterns import detect as detect_patterns
-from .facts import Context
-from .report import DeviceSummary, OutOfMemory, Phase, Report
-from .segment import segment
+from .report import Report
+from .segment import Segmentation
 from .slicing import StepIndex, build_index, can_slice, slice_in_memory
 from .stream import read_trace
-from .timeline import Timeline
 from .trace import A, Trace
 from .vocab import CATEGORIES, MARKER_PREFIX, P, PHASES
 
@@ -48,14 +48,12 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
         report = _analyze_one(snapshot, device, trusted, marker_prefix, steps)
     except NoHistory:
         return _live_report(snapshot, device, trusted)
-    if report.trace is not None and not _has_history(report.trace):
+    if report.analysis is not None and not _has_history(report.analysis.trace):
         return _live_report(snapshot, device, trusted)
     # An out-of-memory on another device is the first thing to say, with its step and phase there.
-    for other in report.other_devices:
-        if other.ooms:
-            sub = _analyze_one(snapshot, other.index, trusted, marker_prefix, None)
-            report.ooms += [o for o in sub.ooms]
-    return report
+    theirs = [o for other in report.other_devices if other.ooms
+              for o in _analyze_one(snapshot, other.index, trusted, marker_prefix, None).ooms]
+    return replace(report, ooms=report.ooms + theirs) if theirs else report
 
 
 #: A trace with fewer memory events than this is a legacy recording's single entry (an action
@@ -122,9 +120,9 @@ def _analyze_steps(trace: Trace, prefix: str, steps) -> Report:
         return analyze_trace(trace, marker_prefix=prefix)
     if not can_slice(trace, prefix):
         report = analyze_trace(trace, marker_prefix=prefix)
-        report.notes.append(f"steps {steps}: this trace's steps are not marked, so the report covers the whole "
-                            f"trace (its steps are found from all of it); only the picture shows those steps")
-        return report
+        return replace(report, notes=report.notes + [
+            f"steps {steps}: this trace's steps are not marked, so the report covers the whole "
+            f"trace (its steps are found from all of it); only the picture shows those steps"])
     index = build_index(trace, prefix)
     k0, k1 = index.positions(steps)
     a, b = index.bounds(k0, k1)
@@ -144,29 +142,50 @@ def _sliced(part: Trace, index: StepIndex, k0: int, k1: int, prefix: str) -> Rep
         return None  # never a silently different answer: the caller analyses the whole trace
     # Steps before the slice count as lost to the ring buffer, which marks the first one partial;
     # whether it is comes from the whole trace.
-    for s, k in zip(report.steps, range(k0, k1 + 1)):
-        s.complete = bool(index.complete[k])
-    report.notes = [n for n in report.notes if n != PARTIAL_NOTE]
-    if any(not s.complete for s in report.steps):
-        report.notes.append(PARTIAL_NOTE)
-    lo, hi = report.steps[0].number, report.steps[-1].number
+    steps = [replace(s, complete=bool(index.complete[k])) for s, k in zip(report.steps, range(k0, k1 + 1))]
+    notes = [n for n in report.notes if n != PARTIAL_NOTE]
+    if any(not s.complete for s in steps):
+        notes.append(PARTIAL_NOTE)
+    lo, hi = steps[0].number, steps[-1].number
     which = f"step {lo}" if lo == hi else f"steps {lo}-{hi}"
-    report.notes.append(
+    notes.append(
         f"only {which} of {len(index)} read: events {part.first_event:,}-{part.first_event + len(part) - 1:,} of "
         f"{index.n_events:,}; event numbers here count from event {part.first_event:,}, and memory alive when "
         f"step {lo} began counts as allocated before recording (categories and shapes see these steps alone)")
-    return report
+    return replace(report, steps=steps, notes=notes)
 
 
 def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report:
-    tl = Timeline.from_trace(trace)
-    seg = segment(trace, marker_prefix, tl)
-    steps = measure(trace, tl, seg)
-    ctx = Context.build(trace, tl, seg)
-    patterns = detect_patterns(ctx)
-    curves = CategoryCurves(ctx)
-    level = tl.level
+    """The Report of one device's trace, built complete."""
+    an = Analysis.of(trace, marker_prefix)
+    steps = measure(an)
+    level = an.timeline.level
     peak_event = int(np.argmax(level))
+    name = str(trace.meta.get("device") or f"cuda:{trace.device}")
+    return Report(
+        device=name,
+        n_events=len(trace),
+        peak_bytes=int(level[peak_event]),
+        peak_event=peak_event,
+        preexisting_bytes=int(an.timeline.baseline),
+        reserved_peak_bytes=int(an.timeline.reserved_after.max()) if len(trace) else 0,
+        steps=steps,
+        phases=aggregate(steps, an),
+        sources=dict(an.segmentation.sources),
+        patterns=detect_patterns(an.facts),
+        by_category=dict(zip(CATEGORIES, an.categories_at_level([peak_event])[0].tolist())),
+        ooms=_ooms(an, steps, name),
+        notes=_notes(trace, an.segmentation, steps),
+        other_devices=[DeviceSummary(device=f"cuda:{d['device']}", index=d["device"], events=d["events"],
+                                     allocated_bytes=d["allocated_bytes"], reserved_bytes=d["reserved_bytes"],
+                                     ooms=len(d["ooms"]))
+                       for d in trace.other_devices if d["events"] or d["allocated_bytes"]],
+        analysis=an,
+    )
+
+
+def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
+    """What the reader must know to trust the report: where its phases came from, partial steps."""
     notes = []
     if not seg.intervals and "inferred" not in seg.sources.values():
         notes.append("no phase markers or optimizer annotations in this trace, and no phases could be "
@@ -185,70 +204,18 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report
         notes.append(f"no backward and no optimizer in this trace: forward passes only (inference, a forward-only "
                      f"benchmark or a calibration); its {n_fwd} forward run(s) are reported as one step, since "
                      f"nothing in the trace tells which of them make up one call of the model")
-    meta = trace.meta
-    name = meta.get("device") or f"cuda:{trace.device}"
-    report = Report(
-        device=str(name),
-        n_events=len(trace),
-        peak_bytes=int(level[peak_event]),
-        peak_event=peak_event,
-        preexisting_bytes=int(tl.baseline),
-        reserved_peak_bytes=int(tl.reserved_after.max()) if len(trace) else 0,
-        steps=steps,
-        phases=_aggregate(steps),
-        sources=dict(seg.sources),
-        patterns=patterns,
-        notes=notes,
-        label_codes=seg.labels,
-        step_of=seg.step_of,
-        trace=trace,
-        timeline=tl,
-        segmentation=seg,
-        category_curves=curves,
-        other_devices=[DeviceSummary(device=f"cuda:{d['device']}", index=d["device"], events=d["events"],
-                                     allocated_bytes=d["allocated_bytes"], reserved_bytes=d["reserved_bytes"],
-                                     ooms=len(d["ooms"]))
-                       for d in trace.other_devices if d["events"] or d["allocated_bytes"]],
-    )
-    _attach_categories(report, curves, tl)
-    report.ooms = [
-        OutOfMemory(
-            event=e, step=int(seg.step_of[e]) if seg.step_of[e] >= 0 else None, phase=PHASES[int(seg.labels[e])],
-            requested_bytes=int(trace.size[e]), device_free_bytes=free, allocated_bytes=int(tl.active_after[e]),
-            by_category=dict(zip(CATEGORIES, curves.at([e + 1])[0].tolist())), device=str(name),
-            step_number=steps[int(seg.step_of[e])].number if seg.step_of[e] >= 0 else None,
-        )
-        for e, free in sorted(trace.oom_device_free.items())
-    ]
-    return report
+    return notes
 
 
-def _attach_categories(report: Report, curves: CategoryCurves, tl: Timeline) -> None:
-    """Fill by_category of the report, every Step and every Phase in one vectorised evaluation."""
-    holders = [report] + [s for s in report.steps] + list(report.phases.values())
-    holders += [p for s in report.steps for p in s.phases.values()]
-    holders = [h for h in holders if h.peak_event is not None]
-    m = curves.at_level([h.peak_event for h in holders], tl.delta)
-    for h, row in zip(holders, m.tolist()):
-        h.by_category = dict(zip(CATEGORIES, row))
-
-
-def _aggregate(steps) -> dict[str, Phase]:
-    """One Phase per name over all steps: highest peak, first start, last end."""
-    out: dict[str, Phase] = {}
-    for name in PHASES:
-        occ = [s.phases[name] for s in steps if name in s.phases]
-        if not occ:
-            continue
-        top = max(occ, key=lambda p: p.peak_bytes)
-        ran = [p for p in occ if p.n_events]
-        allocs = sorted((a for p in occ for a in p.top_allocations), key=lambda a: (-a.size, a.event))
-        out[name] = Phase(
-            name=name, step=None, peak_bytes=top.peak_bytes,
-            start_bytes=occ[0].start_bytes, end_bytes=occ[-1].end_bytes,
-            start_event=ran[0].start_event if ran else None, end_event=ran[-1].end_event if ran else None,
-            peak_event=top.peak_event, n_events=sum(p.n_events for p in occ), source=occ[0].source,
-            confidence=min(p.confidence for p in occ),
-            top_allocations=allocs[:TOP_K], at_event=occ[0].at_event,
-        )
+def _ooms(an: Analysis, steps: list[Step], device: str) -> list[OutOfMemory]:
+    trace, seg = an.trace, an.segmentation
+    out = []
+    for e, free in sorted(trace.oom_device_free.items()):
+        s = int(seg.step_of[e])
+        out.append(OutOfMemory(
+            event=e, step=s if s >= 0 else None, phase=PHASES[int(seg.labels[e])],
+            requested_bytes=int(trace.size[e]), device_free_bytes=free,
+            allocated_bytes=int(an.timeline.active_after[e]),
+            by_category=dict(zip(CATEGORIES, an.categories.at([e + 1])[0].tolist())), device=device,
+            step_number=steps[s].number if s >= 0 else None))
     return out

@@ -11,6 +11,8 @@ import random
 
 import numpy as np
 
+from .errors import PhasememError
+
 # Per device: model width, layers, heads, batch, sequence length. CUDA gets a bigger model so
 # the picture is not dominated by the allocator's rounding.
 _SIZES = {
@@ -78,11 +80,11 @@ def run(device: str | None = None, steps: int = 3, out: str | None = "demo.png",
         >>> report = phasemem.demo.run(steps=3, out="demo.png")
         >>> report.phases["forward"].peak_bytes
     """
+    # torch is imported here, not at module level: `phasemem --help` must not pay for it.
     import torch
     import torch.nn.functional as F
 
-    import phasemem
-    from .errors import PhasememError
+    from .capture import instrument
 
     if steps < 1:
         raise PhasememError(f"steps={steps}: train at least one step")
@@ -106,7 +108,7 @@ def run(device: str | None = None, steps: int = 3, out: str | None = "demo.png",
         tokens = torch.randint(0, VOCAB, (cfg["batch"], cfg["seq"] + 1), generator=gen)
         batches.append((tokens[:, :-1].to(device), tokens[:, 1:].to(device)))
 
-    with phasemem.instrument(model, opt, device=device) as rec:
+    with instrument(model, opt, device=device) as rec:
         for x, y in batches:
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             opt.zero_grad(set_to_none=True)

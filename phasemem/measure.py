@@ -3,90 +3,115 @@ from __future__ import annotations
 
 import numpy as np
 
+from .analysis import Analysis
 from .model import Allocation, Phase, Step
 from .segment import Segmentation, step_at_time
 from .stacks import stack_summary
-from .vocab import PHASES
+from .vocab import CATEGORIES, PHASES
 from .timeline import Timeline
 from .trace import A, Trace
 
 TOP_K = 5
 
 
-def measure(trace: Trace, tl: Timeline, seg: Segmentation) -> list[Step]:
-    """Build every Step with its Phases, vectorised over events."""
-    n = len(trace)
-    level = tl.level
-    before = tl.active_before
-    after = tl.active_after
+def measure(an: Analysis) -> list[Step]:
+    """Every Step with its Phases, complete (categories at each peak included), vectorised over events."""
+    trace, tl, seg = an.trace, an.timeline, an.segmentation
+    ran = _phases_that_ran(trace, tl, seg)
+    specs = ran + _phases_without_events(seg, tl, len(trace), {(s["step"], s["name"]) for s in ran})
+    step_specs = [_step_numbers(tl, a, b) for a, b, _ in seg.steps]
+    peaks = [s["peak_event"] for s in specs if s["peak_event"] is not None]
+    peaks += [st[0] for st in step_specs if st[0] is not None]
+    rows = iter(an.categories_at_level(peaks).tolist()) if peaks else iter(())
+    phases = [Phase(**s, by_category=dict(zip(CATEGORIES, next(rows))) if s["peak_event"] is not None else {})
+              for s in specs]
+    steps = []
+    for s, ((a, b, complete), (p, peak, start_b, end_b)) in enumerate(zip(seg.steps, step_specs)):
+        mine = sorted((ph for ph in phases if ph.step == s), key=lambda ph: ph.at_event)
+        steps.append(Step(index=s, number=seg.step_numbers[s], start_event=a, end_event=b - 1, complete=complete,
+                          peak_bytes=peak, peak_event=p, start_bytes=start_b, end_bytes=end_b,
+                          phases={ph.name: ph for ph in mine},
+                          by_category=dict(zip(CATEGORIES, next(rows))) if p is not None else {}))
+    return steps
+
+
+def aggregate(steps: list[Step], an: Analysis) -> dict[str, Phase]:
+    """One Phase per name over all steps: highest peak, first start, last end."""
+    specs = []
+    for name in PHASES:
+        occ = [s.phases[name] for s in steps if name in s.phases]
+        if not occ:
+            continue
+        top = max(occ, key=lambda p: p.peak_bytes)
+        ran = [p for p in occ if p.n_events]
+        allocs = sorted((a for p in occ for a in p.top_allocations), key=lambda a: (-a.size, a.event))
+        specs.append(dict(
+            name=name, step=None, peak_bytes=top.peak_bytes,
+            start_bytes=occ[0].start_bytes, end_bytes=occ[-1].end_bytes,
+            start_event=ran[0].start_event if ran else None, end_event=ran[-1].end_event if ran else None,
+            peak_event=top.peak_event, n_events=sum(p.n_events for p in occ), source=occ[0].source,
+            confidence=min(p.confidence for p in occ),
+            top_allocations=allocs[:TOP_K], at_event=occ[0].at_event, by_category=top.by_category,
+        ))
+    return {s["name"]: Phase(**s) for s in specs}
+
+
+def _step_numbers(tl: Timeline, a: int, b: int) -> tuple[int | None, int, int, int]:
+    """(peak event, peak, start bytes, end bytes) of the step over events a..b-1."""
+    if b <= a:
+        return None, 0, 0, 0
+    p = a + int(np.argmax(tl.level[a:b]))
+    return p, int(tl.level[p]), int(tl.active_before[a]), int(tl.active_after[b - 1])
+
+
+def _phases_that_ran(trace: Trace, tl: Timeline, seg: Segmentation) -> list[dict]:
+    """A Phase's fields for each (step, phase) that made events: grouped by one sort of the events."""
     nph = len(PHASES)
     in_step = seg.step_of >= 0
     key = (seg.step_of.astype(np.int64) * nph + seg.labels)[in_step]
-    idx = np.flatnonzero(in_step)
     order = np.argsort(key, kind="stable")
     k_sorted = key[order]
-    i_sorted = idx[order]
-    if len(k_sorted):
-        cut = np.flatnonzero(np.diff(k_sorted)) + 1
-        starts = np.concatenate([[0], cut])
-        groups = k_sorted[starts]
-        first = i_sorted[starts]
-        last = i_sorted[np.concatenate([cut - 1, [len(i_sorted) - 1]])]
-        lv = level[i_sorted]
-        gmax = np.maximum.reduceat(lv, starts)
-        counts = np.diff(np.concatenate([starts, [len(i_sorted)]]))
-        pos = np.where(lv == np.repeat(gmax, counts), np.arange(len(lv)), len(lv))
-        peak_at = i_sorted[np.minimum.reduceat(pos, starts)]
-    else:
-        groups = first = last = gmax = counts = peak_at = np.zeros(0, np.int64)
-
+    i_sorted = np.flatnonzero(in_step)[order]
+    if not len(k_sorted):
+        return []
+    cut = np.flatnonzero(np.diff(k_sorted)) + 1
+    starts = np.concatenate([[0], cut])
+    last = i_sorted[np.concatenate([cut - 1, [len(i_sorted) - 1]])]
+    lv = tl.level[i_sorted]
+    gmax = np.maximum.reduceat(lv, starts)
+    counts = np.diff(np.concatenate([starts, [len(i_sorted)]]))
+    pos = np.where(lv == np.repeat(gmax, counts), np.arange(len(lv)), len(lv))
+    peak_at = i_sorted[np.minimum.reduceat(pos, starts)]
     tops = _top_allocations(trace, tl, seg)
-    found: dict[int, Phase] = {}
-    for g, f, l, m, p, c in zip(groups.tolist(), first.tolist(), last.tolist(), gmax.tolist(),
+    out = []
+    for g, f, l, m, p, c in zip(k_sorted[starts].tolist(), i_sorted[starts].tolist(), last.tolist(), gmax.tolist(),
                                 peak_at.tolist(), counts.tolist()):
         s, code = divmod(g, nph)
         name = PHASES[code]
-        found[g] = Phase(
-            name=name, step=s, peak_bytes=m, start_bytes=int(before[f]), end_bytes=int(after[l]),
+        out.append(dict(
+            name=name, step=s, peak_bytes=m, start_bytes=int(tl.active_before[f]), end_bytes=int(tl.active_after[l]),
             start_event=f, end_event=l, peak_event=p, n_events=c,
             source=seg.sources.get(name, "markers") if name != "other" else "none",
-            confidence=(seg.confidence or {}).get(name, 1.0),
-            top_allocations=tops.get(g, []),
-        )
-    at = {g: ph.start_event for g, ph in found.items()}
-    for g, ph in found.items():
-        ph.at_event = float(ph.start_event)
+            confidence=(seg.confidence or {}).get(name, 1.0), top_allocations=tops.get(g, []), at_event=float(f)))
+    return out
 
-    # Phases the markers say ran but that made no event (zero_grad before any gradient exists):
-    # reported with the memory level at that moment and no event indices.
+
+def _phases_without_events(seg: Segmentation, tl: Timeline, n: int, ran: set) -> list[dict]:
+    """Phases the markers say ran but that made no event (zero_grad before any gradient exists):
+    the memory level at that moment and no event indices."""
+    out, seen = [], set(ran)
     for iv in seg.intervals:
         s = step_at_time(seg, iv.t1)
-        if iv.first < iv.stop or iv.phase == "loss" or s < 0:
+        if iv.first < iv.stop or iv.phase == "loss" or s < 0 or (s, iv.phase) in seen:
             continue
-        g = s * nph + PHASES.index(iv.phase)
-        if g not in found:
-            lvl = int(before[iv.first]) if iv.first < n else int(after[-1])  # ran after the last event
-            found[g] = Phase(
-                name=iv.phase, step=g // nph, peak_bytes=lvl, start_bytes=lvl, end_bytes=lvl,
-                start_event=None, end_event=None, peak_event=None, n_events=0,
-                source=iv.source, top_allocations=[], confidence=(seg.confidence or {}).get(iv.phase, 1.0),
-            )
-            at[g] = iv.first - 0.5  # it ran before the event at iv.first
-            found[g].at_event = at[g]
-
-    steps = []
-    for s, (a, b, complete) in enumerate(seg.steps):
-        mine = sorted((g for g in found if g // nph == s), key=at.__getitem__)
-        phases = {found[g].name: found[g] for g in mine}
-        if b > a:
-            seg_level = level[a:b]
-            p = a + int(np.argmax(seg_level))
-            peak, start_b, end_b = int(level[p]), int(before[a]), int(after[b - 1])
-        else:
-            p, peak, start_b, end_b = None, 0, 0, 0
-        steps.append(Step(index=s, number=seg.step_numbers[s], start_event=a, end_event=b - 1, complete=complete,
-                          peak_bytes=peak, peak_event=p, start_bytes=start_b, end_bytes=end_b, phases=phases))
-    return steps
+        seen.add((s, iv.phase))
+        lvl = int(tl.active_before[iv.first]) if iv.first < n else int(tl.active_after[-1])  # after the last event
+        out.append(dict(
+            name=iv.phase, step=s, peak_bytes=lvl, start_bytes=lvl, end_bytes=lvl,
+            start_event=None, end_event=None, peak_event=None, n_events=0, source=iv.source,
+            top_allocations=[], confidence=(seg.confidence or {}).get(iv.phase, 1.0),
+            at_event=iv.first - 0.5))  # it ran before the event at iv.first
+    return out
 
 
 def _top_allocations(trace: Trace, tl: Timeline, seg: Segmentation) -> dict[int, list[Allocation]]:

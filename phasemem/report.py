@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any
 
 import numpy as np
 
+from .analysis import Analysis
+from .categories import CategoryCurves
 from .errors import RECORD_HINT
+from .live import LiveMemory
 from .model import Allocation, DeviceSummary, OutOfMemory, Pattern, Phase, Step
 from .output import atomic_write
+from .segment import Segmentation
 from .spans import phase_runs
+from .timeline import Timeline
+from .trace import Trace
 from .units import format_bytes
 from .vocab import CATEGORIES, CATEGORY_NAMES, PHASES
 
@@ -44,14 +49,36 @@ class Report:
     other_devices: list[DeviceSummary] = field(default_factory=list)
     #: A snapshot without allocation history (legacy recording, bare segment list): what was alive when
     #: it was taken (``phasemem.live.LiveMemory``); then there are no steps, phases or shapes.
-    live: Any = None
-    # The arrays the picture is drawn from; not part of to_dict().
-    label_codes: np.ndarray = field(default=None, repr=False)
-    step_of: np.ndarray = field(default=None, repr=False)
-    trace: Any = field(default=None, repr=False)
-    timeline: Any = field(default=None, repr=False)
-    segmentation: Any = field(default=None, repr=False)
-    category_curves: Any = field(default=None, repr=False)
+    live: LiveMemory | None = None
+    #: The analysed trace the picture and the categories at any event are drawn from (not in to_dict()).
+    analysis: Analysis | None = field(default=None, repr=False)
+
+    # Read-only views of the analysis, for the picture and for scripts that predate it.
+    @property
+    def trace(self) -> Trace | None:
+        return self.analysis.trace if self.analysis else None
+
+    @property
+    def timeline(self) -> Timeline | None:
+        return self.analysis.timeline if self.analysis else None
+
+    @property
+    def segmentation(self) -> Segmentation | None:
+        return self.analysis.segmentation if self.analysis else None
+
+    @property
+    def category_curves(self) -> CategoryCurves | None:
+        return self.analysis.categories if self.analysis else None
+
+    @property
+    def label_codes(self) -> np.ndarray | None:
+        """The phase code of every event (vocab.PhaseCode)."""
+        return self.analysis.labels if self.analysis else None
+
+    @property
+    def step_of(self) -> np.ndarray | None:
+        """The step position of every event, -1 outside every step."""
+        return self.analysis.step_of if self.analysis else None
 
     @property
     def labels(self) -> np.ndarray:
@@ -76,13 +103,13 @@ class Report:
                 return int(obj)
             return obj
 
-        skip = {"label_codes", "step_of", "trace", "timeline", "segmentation", "category_curves", "live"}
+        skip = {"analysis", "live"}
         out = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
         if self.live is not None:
             out["live"] = _live_dict(self.live)
             return out
         out["labels"] = [list(r) for r in self.label_runs()]
-        if self.category_curves is not None:
+        if self.analysis is not None:
             out["category_curve"] = self.category_curve()
         return out
 

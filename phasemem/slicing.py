@@ -134,7 +134,7 @@ def _why_not_exact(trace: Trace, seg, life, n: int) -> str:
         return "no optimizer markers or annotations to cut steps at"
     if not seg.steps:
         return "no steps"
-    paired = (life.alloc_event >= 0) & (life.free_event < n)
+    paired = life.paired
     alloc, free = life.alloc_event[paired], life.free_event[paired]
     if (trace.action[free] == A["alloc"]).any():
         return "some allocations reuse a live address (a free was lost)"

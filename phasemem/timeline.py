@@ -28,6 +28,7 @@ class Lifetimes:
     free_event: np.ndarray
     addr: np.ndarray
     size: np.ndarray
+    n_events: int  # len(trace): the free_event of what is still alive at the end
 
     def __len__(self) -> int:
         return len(self.size)
@@ -35,6 +36,11 @@ class Lifetimes:
     @property
     def preexisting(self) -> np.ndarray:
         return self.alloc_event < 0
+
+    @property
+    def paired(self) -> np.ndarray:
+        """Allocations the trace saw both made and freed."""
+        return (self.alloc_event >= 0) & (self.free_event < self.n_events)
 
     def free_of(self, alloc_events: np.ndarray) -> np.ndarray:
         """The free event of each given alloc event (``len(trace)`` while still alive)."""
@@ -79,36 +85,7 @@ class Timeline:
     @classmethod
     def from_trace(cls, trace: Trace) -> "Timeline":
         n = len(trace)
-        act = trace.action
-        is_alloc = act == A["alloc"]
-        is_free = (act == A["free_completed"]) | (act == A["free"])
-        ev = np.flatnonzero(is_alloc | is_free)
-        # Pair each alloc with the next free at the same address: sort by (address, event index),
-        # then an alloc followed by a free of the same address is one allocation's life.
-        order = ev[np.lexsort((ev, trace.addr[ev]))]
-        o_addr = trace.addr[order]
-        o_alloc = is_alloc[order]
-        same_next = np.zeros(len(order), dtype=bool)
-        same_next[:-1] = o_addr[1:] == o_addr[:-1]
-        nxt = np.roll(order, -1)
-        nxt_is_alloc = np.roll(o_alloc, -1)
-
-        # alloc → its free (or, if the same address is allocated again first, that re-alloc: the
-        # free was lost, and ending the life there keeps the totals honest).
-        a_mask = o_alloc
-        a_has_next = a_mask & same_next
-        alloc_ev = order[a_mask]
-        free_ev = np.where(a_has_next[a_mask], nxt[a_mask], n)
-        refree = a_has_next[a_mask] & nxt_is_alloc[a_mask]  # lost free: no event to subtract at
-        by_time = np.argsort(alloc_ev, kind="stable")
-        alloc_ev, free_ev, refree = alloc_ev[by_time], free_ev[by_time], refree[by_time]
-
-        # A free not preceded by an alloc of its address: allocated before the trace began.
-        prev_is_alloc = np.zeros(len(order), dtype=bool)
-        prev_is_alloc[1:] = o_alloc[:-1] & same_next[:-1]
-        orphan = ~o_alloc & ~prev_is_alloc
-        orphan_ev = order[orphan]
-
+        alloc_ev, free_ev, refree, orphan_ev = _pair(trace)
         delta = np.zeros(n, dtype=np.int64)
         delta[alloc_ev] = trace.size[alloc_ev]
         # A free returns what its alloc took (the two sizes agree in real traces; a corrupt one
@@ -117,30 +94,51 @@ class Timeline:
         delta[free_ev[matched]] = -trace.size[alloc_ev[matched]]
         delta[orphan_ev] = -trace.size[orphan_ev]
         # A lost free is charged at the re-alloc so memory does not creep upward forever.
-        lost_at = free_ev[refree]
-        np.subtract.at(delta, lost_at, trace.size[alloc_ev[refree]])
+        np.subtract.at(delta, free_ev[refree], trace.size[alloc_ev[refree]])
 
+        # Blocks of the snapshot's segments that no alloc of the trace made: alive all along.
         live_end = set(trace.addr[alloc_ev[free_ev == n]].tolist())
         blocks = trace.live_blocks
         keep = np.fromiter((a not in live_end for a in blocks[:, 0].tolist()), dtype=bool, count=len(blocks))
         pre_blocks = blocks[keep]
-
         baseline = int(trace.size[orphan_ev].sum() + pre_blocks[:, 1].sum())
-        active_after = baseline + np.cumsum(delta)
-
         lifetimes = Lifetimes(
             alloc_event=np.concatenate([np.full(len(orphan_ev) + len(pre_blocks), -1, np.int64), alloc_ev]),
             free_event=np.concatenate([orphan_ev, np.full(len(pre_blocks), n, np.int64), free_ev]),
             addr=np.concatenate([trace.addr[orphan_ev], pre_blocks[:, 0], trace.addr[alloc_ev]]),
             size=np.concatenate([trace.size[orphan_ev], pre_blocks[:, 1], trace.size[alloc_ev]]),
+            n_events=n,
         )
-        return cls(
-            active_after=active_after,
-            delta=delta,
-            baseline=baseline,
-            reserved_after=_reserved(trace),
-            lifetimes=lifetimes,
-        )
+        return cls(active_after=baseline + np.cumsum(delta), delta=delta, baseline=baseline,
+                   reserved_after=_reserved(trace), lifetimes=lifetimes)
+
+
+def _pair(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each alloc with the next free at its address, in alloc order: (alloc events, free events
+    (len(trace) while alive), lost frees, frees of blocks allocated before the trace)."""
+    n = len(trace)
+    act = trace.action
+    is_alloc = act == A["alloc"]
+    ev = np.flatnonzero(is_alloc | (act == A["free_completed"]) | (act == A["free"]))
+    # Sort by (address, event index): an alloc followed by a free of the same address is one life.
+    order = ev[np.lexsort((ev, trace.addr[ev]))]
+    o_addr = trace.addr[order]
+    o_alloc = is_alloc[order]
+    same_next = np.zeros(len(order), dtype=bool)
+    same_next[:-1] = o_addr[1:] == o_addr[:-1]
+    nxt = np.roll(order, -1)
+    nxt_is_alloc = np.roll(o_alloc, -1)
+    # alloc → its free (or, if the same address is allocated again first, that re-alloc: the
+    # free was lost, and ending the life there keeps the totals honest).
+    a_has_next = (o_alloc & same_next)[o_alloc]
+    alloc_ev = order[o_alloc]
+    free_ev = np.where(a_has_next, nxt[o_alloc], n)
+    refree = a_has_next & nxt_is_alloc[o_alloc]  # lost free: no event to subtract at
+    by_time = np.argsort(alloc_ev, kind="stable")
+    # A free not preceded by an alloc of its address: allocated before the trace began.
+    prev_is_alloc = np.zeros(len(order), dtype=bool)
+    prev_is_alloc[1:] = o_alloc[:-1] & same_next[:-1]
+    return alloc_ev[by_time], free_ev[by_time], refree[by_time], order[~o_alloc & ~prev_is_alloc]
 
 
 def _reserved(trace: Trace) -> np.ndarray:

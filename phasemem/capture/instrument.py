@@ -14,17 +14,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from ..errors import PhasememError
 from . import cpu
 from .hooks import MARKERS, PREFIX, hook_forward, hook_optimizer, patch_backward, wrap_method
 
 
 def _error(msg: str) -> Exception:
-    # The analysis side owns the error type; capture must work (and fail clearly) even where that
-    # module is absent, so it is looked up only when an error is raised.
-    try:
-        from phasemem.errors import PhasememError
-    except ImportError:
-        return RuntimeError(msg)
     return PhasememError(msg)
 
 
@@ -326,6 +321,7 @@ class Run:
     def report(self, **kwargs: Any) -> Any:
         """``phasemem.analyze.analyze(run.snapshot, **kwargs)``."""
         snap = self._need_snapshot()
+        # Capture sits below the pipeline: this convenience calls up into it, lazily, at the end.
         from phasemem.analyze import analyze
 
         return analyze(snap, **kwargs)

@@ -46,7 +46,7 @@ def zero_grad_from_lifetimes(trace: Trace, tl: Timeline, labels: np.ndarray) -> 
     backward run and outlives it. Needs no frames (gradients never have any)."""
     life = tl.lifetimes
     n = len(trace)
-    born = (life.alloc_event >= 0) & (life.free_event < n)
+    born = life.paired
     a, f = life.alloc_event[born], life.free_event[born]
     first, last, code, _ = runs(labels, np.zeros(n, np.int32))
     run_of = np.searchsorted(first, np.arange(n), "right") - 1

@@ -134,7 +134,7 @@ def frees_say_nothing(trace: Trace, tl: Timeline | None) -> bool:
     if float(np.mean(has_python(trace)[frees])) < 0.05:
         return True
     life = (tl or Timeline.from_trace(trace)).lifetimes
-    pair = (life.alloc_event >= 0) & (life.free_event < len(trace))
+    pair = life.paired
     a, f = life.alloc_event[pair], life.free_event[pair]
     framed = trace.stack[a] >= 0
     return bool(framed.any()) and float(np.mean(trace.stack[a][framed] == trace.stack[f][framed])) > 0.9

@@ -13,12 +13,16 @@ from ..timeline import Timeline
 from ..trace import Trace
 
 GRAD_SHARE = 0.25  # of the parameters' distinct sizes a backward must allocate
+#: Fewer distinct parameter sizes than this say nothing about which later blocks are gradients or
+#: optimizer work (a one-layer toy, a model made after recording began): the size tests then pass,
+#: and other evidence (mountains, bursts) decides. An MLP of two equal layers has two sizes.
+MIN_PARAM_SIZES = 3
 
 
 def covers_parameters(params: np.ndarray, sizes: np.ndarray) -> bool:
     """Do these blocks come in enough of the parameters' sizes to be gradients, or an optimizer's
-    temporaries? With fewer than 3 parameter sizes known there is nothing to compare: yes."""
-    return len(params) < 3 or float(np.isin(params, sizes).mean()) >= GRAD_SHARE
+    temporaries? With fewer than MIN_PARAM_SIZES parameter sizes known there is nothing to compare: yes."""
+    return len(params) < MIN_PARAM_SIZES or float(np.isin(params, sizes).mean()) >= GRAD_SHARE
 
 
 def sized_like_an_optimizer(params: np.ndarray, grads: np.ndarray, sizes: np.ndarray) -> bool:
@@ -29,7 +33,7 @@ def sized_like_an_optimizer(params: np.ndarray, grads: np.ndarray, sizes: np.nda
     ref = params if len(params) else np.unique(grads)
     if not len(ref) or not len(sizes):
         return False
-    if len(ref) < 3:  # an MLP of equal layers has two sizes: one must recur
+    if len(ref) < MIN_PARAM_SIZES:  # an MLP of equal layers has two sizes: one must recur
         return bool(np.isin(ref, sizes).any())
     return float(np.isin(ref, sizes).mean()) >= GRAD_SHARE
 
@@ -50,7 +54,7 @@ def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: in
     unscale -- and only then the optimizer. Those last gradients are labelled backward here.
     """
     ours = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, end, "right")]
-    if len(params) < 3 or not len(ours):
+    if len(params) < MIN_PARAM_SIZES or not len(ours):
         return b1 + 1
     sized = np.isin(trace.size[ours], params)
     if not sized.any():

@@ -6,13 +6,15 @@ how accurate they are.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..vocab import P
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import BURST, burst_freed
-from .gradients import (covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
+from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
@@ -49,6 +51,12 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
     return labels, starts
 
 
+#: Passes closer together than this share of a step's period are micro-batches of one step
+#: (gradient accumulation): gpt_forloop_accum's and gpt_fp16_accum's passes are 0.25-0.5 of a period
+#: apart, separate steps of the fixtures at least 0.9.
+MICROBATCH_SHARE = 0.8
+
+
 def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
                   fill: bool = True) -> tuple[np.ndarray, list[int], list[int], list[int]]:
     """Labels, step starts, the length in events of each training pass found, and every pass's top."""
@@ -59,70 +67,87 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         return labels, [0], [], []
     mts = passes(trace, tl, mts)
     life = tl.lifetimes
-    born = (life.alloc_event >= 0) & (life.free_event < n)
+    born = life.paired
     la, lf = life.alloc_event[born], life.free_event[born]
-    free_of = tl.freed_at
-    allocs = np.flatnonzero(trace.action == A["alloc"])
-    params = parameter_sizes(tl)
+    w = _Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
     # A trace trains only if some backward leaves gradients behind: parameter-sized blocks made
     # after a top that outlive its pass (until zero_grad, or for good). An inference loop's
     # parameter-sized activations (a CNN's per-channel tensors) die within the pass.
     nexts = [f0 for f0, _, _ in mts[1:]] + [n]
-    trains = len(params) < 3 or any(keeps_gradients(trace, allocs, params, free_of, top, b1, nx)
-                                    for (_, top, b1), nx in zip(mts, nexts))
+    trains = len(w.params) < MIN_PARAM_SIZES or any(
+        keeps_gradients(trace, w.allocs, w.params, w.free_of, top, b1, nx) for (_, top, b1), nx in zip(mts, nexts))
     starts = [0]
     lengths = []
-    burst = burst_freed(trace)
     # Burst frees of what the trace itself allocated: a foreach optimizer's temporaries (or
     # gradients zero_grad frees); pre-existing blocks freed at the start say nothing of a step.
     freed_in_burst = np.zeros(n, bool)
-    freed_in_burst[lf[burst[lf]]] = True
+    freed_in_burst[lf[w.burst[lf]]] = True
     first = mts[0][0]
     if freed_in_burst[:first].sum() >= BURST:
         # The trace starts inside a step (the ring buffer wrapped): its optimizer ends that step.
-        last = int(np.flatnonzero(freed_in_burst[:first])[-1])
-        labels[:last + 1] = P["optimizer"]
+        labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
         starts.append(first)
     prev_end = -1
-    for k, (f0, top, b1) in enumerate(mts):
-        nxt = mts[k + 1][0] if k + 1 < len(mts) else n
+    for (f0, top, b1), nxt in zip(mts, nexts):
         # Passes closer together than a step are micro-batches of one step (accumulation), unless
         # an optimizer's bursts come between them (a step made longer by an evaluation loop).
-        if k and (period_events is None or f0 - starts[-1] >= 0.8 * period_events
-                  or burst[prev_end + 1:f0].sum() >= BURST):
+        if prev_end >= 0 and (period_events is None or f0 - starts[-1] >= MICROBATCH_SHARE * period_events
+                              or w.burst[prev_end + 1:f0].sum() >= BURST):
             starts.append(f0)
         prev_end = b1
-        if not (trains and has_backward(la, lf, f0, top) and makes_gradients(trace, allocs, params, top, b1)):
-            # No backward, so no optimizer either (inference) -- unless what follows makes
-            # parameter-sized temporaries and frees them in bursts, as a foreach optimizer does
-            # after a backward the trace cannot see (a CUDA-graphed model's replay makes no events).
-            made = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, nxt, "left")]
-            temps = made[burst[np.minimum(free_of[made], n - 1)] & (free_of[made] < nxt)]
-            opt = len(temps) >= BURST and covers_parameters(params, trace.size[temps])
-            labels[f0:nxt] = P["forward"]
-            if opt:
-                labels[b1 + 1:nxt] = P["optimizer"]
+        if not (trains and has_backward(la, lf, f0, top) and makes_gradients(trace, w.allocs, w.params, top, b1)):
+            _label_forward_only(labels, w, f0, b1, nxt)
             continue
         lengths.append(b1 - f0)
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
-        span = loss_span(trace, free_of, f0, top, allocs)
+        span = loss_span(trace, w.free_of, f0, top, w.allocs)
         if span and span[1] <= b1:
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]
-        # What follows backward up to the next forward is the optimizer, if it allocates at all --
-        # up to its last burst of frees when it has them (a foreach optimizer's temporaries, or
-        # zero_grad's); what allocates after that is a forward the loop ran with no backward (an
-        # evaluation), the rest 'other'.
-        tail = np.arange(b1 + 1, nxt)
-        tail_allocs = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, nxt, "left")]
-        made = allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]
-        grads = trace.size[made[free_of[made] > b1]]
-        if len(tail_allocs) and sized_like_an_optimizer(params, grads, trace.size[tail_allocs]):
-            bursts = np.flatnonzero(burst[tail])
-            end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
-            labels[optimizer_start(trace, allocs, params, b1, end, labels):end + 1] = P["optimizer"]
-            rest = np.searchsorted(allocs, nxt, "left") - np.searchsorted(allocs, end, "right")
-            if rest >= MIN_SAVED:
-                labels[end + 1:nxt] = P["forward"]
+        _label_after_backward(labels, w, top, b1, nxt)
     return labels, starts, lengths, [top for _, top, _ in mts]
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What every pass's labelling reads: the trace, when each event's block is freed, the alloc
+    events, the parameters' sizes, and which frees come in bursts."""
+    trace: Trace
+    free_of: np.ndarray
+    allocs: np.ndarray
+    params: np.ndarray
+    burst: np.ndarray
+
+    def allocs_in(self, after: int, before: int) -> np.ndarray:
+        """Alloc events e with after < e < before."""
+        return self.allocs[np.searchsorted(self.allocs, after, "right"):np.searchsorted(self.allocs, before, "left")]
+
+
+def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int) -> None:
+    """A pass with no backward, so no optimizer either (inference) -- unless what follows makes
+    parameter-sized temporaries and frees them in bursts, as a foreach optimizer does after a
+    backward the trace cannot see (a CUDA-graphed model's replay makes no events)."""
+    n = len(w.trace)
+    made = w.allocs_in(b1, nxt)
+    temps = made[w.burst[np.minimum(w.free_of[made], n - 1)] & (w.free_of[made] < nxt)]
+    labels[f0:nxt] = P["forward"]
+    if len(temps) >= BURST and covers_parameters(w.params, w.trace.size[temps]):
+        labels[b1 + 1:nxt] = P["optimizer"]
+
+
+def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: int) -> None:
+    """What follows backward up to the next forward is the optimizer, if it allocates at all -- up
+    to its last burst of frees when it has them (a foreach optimizer's temporaries, or zero_grad's);
+    what allocates after that is a forward the loop ran with no backward (an evaluation), the rest
+    'other'."""
+    tail_allocs = w.allocs_in(b1, nxt)
+    made = w.allocs_in(top, b1 + 1)
+    grads = w.trace.size[made[w.free_of[made] > b1]]
+    if not (len(tail_allocs) and sized_like_an_optimizer(w.params, grads, w.trace.size[tail_allocs])):
+        return
+    bursts = np.flatnonzero(w.burst[b1 + 1:nxt])
+    end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
+    labels[optimizer_start(w.trace, w.allocs, w.params, b1, end, labels):end + 1] = P["optimizer"]
+    if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
+        labels[end + 1:nxt] = P["forward"]

@@ -95,7 +95,7 @@ def graphed_steps(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | 
     loss, backward up to the optimizer's first burst-freed temporary, optimizer to its last."""
     n = len(trace)
     life = tl.lifetimes
-    born = (life.alloc_event >= 0) & (life.free_event < n)
+    born = life.paired
     loss0, bwd0 = fingerprints(trace, tl)
     if not len(loss0):
         return None

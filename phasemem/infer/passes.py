@@ -64,7 +64,7 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
     """
     n = len(trace)
     life = tl.lifetimes
-    born = (life.alloc_event >= 0) & (life.free_event < n)
+    born = life.paired
     a, f, s = life.alloc_event[born], life.free_event[born], life.size[born]
     # Anything alive for most of a step is not one pass's activation (logits the loop keeps until
     # the next step, a batch prefetched a step ahead).
@@ -142,7 +142,7 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     """
     n = len(trace)
     life = tl.lifetimes
-    born = (life.alloc_event >= 0) & (life.free_event < n)
+    born = life.paired
     a, f = life.alloc_event[born], life.free_event[born]
     # Burst frees are zero_grad's or the optimizer's, not backward's -- except inside the backward
     # the activation mountain already shows (the embedding's backward freeing several at once), of

@@ -9,8 +9,12 @@ from ..units import format_bytes
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
-    out = []
     grads = gradient_allocs(ctx, step)
+    return _stripes(ctx, step, grads) + _releases(ctx, step) + _accumulation(ctx, step, grads)
+
+
+def _stripes(ctx: Context, step: int, grads) -> list[Pattern]:
+    out = []
     if len(grads):
         first, last = int(ctx.alloc[grads[0]]), int(ctx.alloc[grads[-1]])
         total = int(ctx.size[grads].sum())
@@ -33,6 +37,11 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             ),
             details={"count": int(len(grads)), "last_bytes": tail},
         ))
+    return out
+
+
+def _releases(ctx: Context, step: int) -> list[Pattern]:
+    out = []
     for z0, z1 in ctx.runs_of(step, "zero_grad"):
         # count by the curve, so gradients made before recording began (a warm-up step) count too
         d = ctx.timeline.delta[z0:z1 + 1]
@@ -50,6 +59,11 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             ),
             details={"release": True, "count": int(len(freed))},
         ))
+    return out
+
+
+def _accumulation(ctx: Context, step: int, grads) -> list[Pattern]:
+    out = []
     pairs = [(f, b) for f, b in zip(ctx.runs_of(step, "forward"), ctx.runs_of(step, "backward"))]
     bwd = ctx.runs_of(step, "backward")
     # Accumulation keeps the gradients across the passes: a zero_grad between two of them resets them

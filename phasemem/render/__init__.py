@@ -15,6 +15,7 @@ costs about what a thousand-event one does and no one-event spike is lost.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 from matplotlib import colors as mcolors
@@ -35,6 +36,7 @@ from .chrome import (_MIN_STEP_DOTS_PX, _axes_style, _legends, _mark_handles, _o
 from .colours import COLOR_MODES, STACK_PALETTE, UNSURE  # noqa: F401  (public here too)
 from .colours import _CURVE, _FOLDED, _RESERVED, _band_colors, _shade, _unsure
 from .labels import CALLOUT_PT, PEAK_PT, STRIP_PT
+from .live import plot_live
 
 _FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 
@@ -60,67 +62,88 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
         >>> fig.savefig("memory.png")   # or report.save_png("memory.png", steps="1-2")
     """
     width, height = _check_options(report, size, dpi, by, color, max_bands)
-    tl = report.timeline
-
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, facecolor="white")
-    canvas = FigureCanvasAgg(fig)
-    lay = _labels.Layout(canvas, width, height, dpi)
-
+    lay = _labels.Layout(FigureCanvasAgg(fig), width, height, dpi)
     a, b, shown = visible_range(report, steps, events)
-    X = _x_values(report, by)
-    level = tl.level
+    sc = _scene(report, lay, _x_values(report, by), a, b, shown, int(max_bands), color)
+    ax_box, rows = lay.axes_box(sc.groups)
+    ax = fig.add_axes(ax_box)
+    fig.phasemem_callouts = _draw(ax, lay, report, sc, ax_box)
+    _axes_style(ax, by, sc.unit, sc.X[b] - sc.X[a], ax_box[2] * width, ax_box[3] * height)
+    _title(fig, lay, report, shown, width, height)
+    _legends(fig, lay, sc.groups, rows, height)
+    fig.phasemem_stack = sc.st
+    return fig
+
+
+@dataclass
+class _Scene:
+    """What is drawn, before any of it is: the visible events, their columns and bands, the scale."""
+    X: np.ndarray
+    a: int
+    b: int
+    shown: list
+    cols: object  # bands.Columns
+    st: object  # bands.Stack
+    fills: list
+    groups: list  # legend groups: bands, then phases and marks
+    patterns: list
+    ticks: list
+    top: int
+    unit_div: float
+    unit: str
+    show_reserved: bool
+
+
+def _scene(report, lay, X, a, b, shown, max_bands: int, color: str) -> _Scene:
+    tl = report.timeline
     # The CPU profiler has no caching allocator, hence no reserved memory: no line at zero.
     show_reserved = report.reserved_peak_bytes > 0
-
     # The axes' width does not depend on the legend (only its height does): columns first.
-    ncols = max(int(lay.axes_box([])[0][2] * width), 1)
-    cols = _bands.columns(X, level, tl.active_after, tl.reserved_after, tl.delta, a, b, ncols)
+    ncols = max(int(lay.axes_box([])[0][2] * lay.width), 1)
+    cols = _bands.columns(X, tl.level, tl.active_after, tl.reserved_after, tl.delta, a, b, ncols)
     codes = _category_codes(report)
-    st = _bands.stack(tl.lifetimes, cols, report.n_events, int(max_bands),
-                      base_key=codes if color == "category" else None)
+    st = _bands.stack(tl.lifetimes, cols, report.n_events, max_bands, base_key=codes if color == "category" else None)
     top = int(max(cols.level.max(), cols.reserved.max() if show_reserved else 0, 1))
     unit_div, unit = axis_unit(top)
-
     fills, band_handles = _band_colors(report, st, color, codes, CATEGORIES)
     patterns = [p for p in report.patterns if a <= p.peak_event < b]
     ticks = _silent_phases(report, shown, a, b)
     groups = [band_handles, _phase_and_mark_handles(report, shown, a, b, ticks, patterns, show_reserved)]
-    ax_box, rows = lay.axes_box(groups)
-    ax = fig.add_axes(ax_box)
-    ax_h_px = ax_box[3] * height
+    return _Scene(X, a, b, shown, cols, st, fills, groups, patterns, ticks, top, unit_div, unit, show_reserved)
 
+
+def _draw(ax, lay, report, sc: _Scene, ax_box) -> object:
+    """Every layer, bottom to top: phase shading, bands, lines, marks, then the labels, which are
+    placed only where they overlap nothing drawn before them. Returns what the callouts named."""
+    X, a, b, unit_div = sc.X, sc.a, sc.b, sc.unit_div
+    ax_h_px = ax_box[3] * lay.height
     strip_px = lay.px(STRIP_PT) * 1.9
-    y_top = (top / unit_div) / max(1 - _headroom_px(lay, strip_px, patterns) / ax_h_px, 0.5)
+    y_top = (sc.top / unit_div) / max(1 - _headroom_px(lay, strip_px, sc.patterns) / ax_h_px, 0.5)
     ax.set_xlim(X[a], X[b])
     ax.set_ylim(0, y_top)
     strip_frac = strip_px / ax_h_px
-
-    view = _labels.View(ax_box, width, height, X[a], X[b], y_top)
+    view = _labels.View(ax_box, lay.width, lay.height, X[a], X[b], y_top)
     runs = _runs(report.label_codes, report.step_of, a, b)
     _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, _unsure(report))
     placed = _labels.Boxes()
-    _draw_bands(ax, lay, view, placed, st, fills, unit_div, X[a], X[b])
-    step_px = _step_px(view, X, shown, a, b)
+    _draw_bands(ax, lay, view, placed, sc.st, sc.fills, unit_div, X[a], X[b])
+    step_px = _step_px(view, X, sc.shown, a, b)
     dense = len(step_px) > 0 and float(np.median(step_px)) < _MIN_STEP_DOTS_PX
-    _draw_lines(ax, cols, unit_div, show_reserved, outline=not dense)
-    _step_marks(ax, lay, view, X, shown, a, b, step_px)
+    _draw_lines(ax, sc.cols, unit_div, sc.show_reserved, outline=not dense)
+    _step_marks(ax, lay, view, X, sc.shown, a, b, step_px)
     _oom_marks(ax, lay, view, placed, X, report, a, b, strip_px)
-
     ceiling = view.top_px - strip_px - 2
     _labels.overall_peak(ax, lay, view, placed, X, report, unit_div, a, b)
-    curve = _labels.Curve(view, cols.edges, cols.level / unit_div)
+    curve = _labels.Curve(view, sc.cols.edges, sc.cols.level / unit_div)
     # Ticks a few pixels apart would paint the strip over in their colour.
     if not dense:
-        _phase_ticks(ax, X, ticks, strip_frac)
-    fig.phasemem_callouts = _labels.callouts(ax, lay, view, curve, placed, patterns, X, level, unit_div,
-                                             ceiling, dense)
-    pts = _labels.phase_dots(ax, X, shown, step_px >= _MIN_STEP_DOTS_PX, unit_div, a, b, PHASE_COLORS)
+        _phase_ticks(ax, X, sc.ticks, strip_frac)
+    callouts = _labels.callouts(ax, lay, view, curve, placed, sc.patterns, X, report.timeline.level, unit_div,
+                                ceiling, dense)
+    pts = _labels.phase_dots(ax, X, sc.shown, step_px >= _MIN_STEP_DOTS_PX, unit_div, a, b, PHASE_COLORS)
     _labels.peak_labels(ax, lay, view, placed, X, report, pts, runs, unit_div, a, b, ceiling)
-    _axes_style(ax, by, unit, X[b] - X[a], ax_box[2] * width, ax_h_px)
-    _title(fig, lay, report, shown, width, height)
-    _legends(fig, lay, groups, rows, height)
-    fig.phasemem_stack = st
-    return fig
+    return callouts
 
 
 def _check_options(report, size, dpi, by, color, max_bands) -> tuple[int, int]:
@@ -174,7 +197,6 @@ def picture_writer(report, path, **options):
     if fmt is None:
         raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg or .pdf")
     if report.live is not None:  # no history: what was alive, by allocation site
-        from .live import plot_live
 
         fig = plot_live(report.live, size=options.get("size", (1600, 900)), dpi=options.get("dpi", 100))
     else:
