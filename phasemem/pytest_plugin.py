@@ -15,8 +15,8 @@ On CUDA a test may use ``instrument()`` itself: its block nests in this recordin
 name the phases. On the CPU, where torch's profiler does not nest, this recording stops when the
 test's own ``instrument()`` block starts, and the budgets read that block.
 
-Loaded by pytest in every session once phasemem is installed, so it imports nothing of phasemem,
-torch or matplotlib until a marked test runs.
+Loaded by pytest in every session once phasemem is installed, so it imports no torch, no matplotlib
+and no analysis beyond what ``import phasemem`` loads until a marked test runs.
 """
 from __future__ import annotations
 
