@@ -15,11 +15,13 @@ from .analysis import Analysis
 from .measure import aggregate, measure
 from .model import DeviceSummary, OutOfMemory, Step
 from .patterns import detect as detect_patterns
+from .peak import breakdown
 from .report import Report
 from .segment import Segmentation
 from .slicing import StepIndex, build_index, can_slice, slice_in_memory
 from .stream import read_trace
 from .trace import A, Trace
+from .whatif import replays, what_if, would_fit
 from .vocab import CATEGORIES, MARKER_PREFIX, P, PHASES
 
 PARTIAL_NOTE = "some steps are partial (the trace starts or ends inside them)"
@@ -159,6 +161,8 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report
     """The Report of one device's trace, built complete."""
     an = Analysis.of(trace, marker_prefix)
     steps = measure(an)
+    patterns = detect_patterns(an.facts)
+    replayed = replays(an, patterns)
     level = an.timeline.level
     peak_event = int(np.argmax(level))
     name = str(trace.meta.get("device") or f"cuda:{trace.device}")
@@ -172,14 +176,16 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report
         steps=steps,
         phases=aggregate(steps, an),
         sources=dict(an.segmentation.sources),
-        patterns=detect_patterns(an.facts),
+        patterns=patterns,
         by_category=dict(zip(CATEGORIES, an.categories_at_level([peak_event])[0].tolist())),
-        ooms=_ooms(an, steps, name),
+        ooms=_ooms(an, steps, name, patterns, replayed),
         notes=_notes(trace, an.segmentation, steps),
         other_devices=[DeviceSummary(device=f"cuda:{d['device']}", index=d["device"], events=d["events"],
                                      allocated_bytes=d["allocated_bytes"], reserved_bytes=d["reserved_bytes"],
                                      ooms=len(d["ooms"]))
                        for d in trace.other_devices if d["events"] or d["allocated_bytes"]],
+        peak=breakdown(an, patterns, steps, peak_event) if len(trace) else None,
+        what_if=what_if(an, patterns, replayed),
         analysis=an,
     )
 
@@ -207,15 +213,18 @@ def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
     return notes
 
 
-def _ooms(an: Analysis, steps: list[Step], device: str) -> list[OutOfMemory]:
+def _ooms(an: Analysis, steps: list[Step], device: str, patterns, replayed) -> list[OutOfMemory]:
     trace, seg = an.trace, an.segmentation
     out = []
     for e, free in sorted(trace.oom_device_free.items()):
         s = int(seg.step_of[e])
+        reserved = int(an.timeline.reserved_after[e])
         out.append(OutOfMemory(
             event=e, step=s if s >= 0 else None, phase=PHASES[int(seg.labels[e])],
             requested_bytes=int(trace.size[e]), device_free_bytes=free,
             allocated_bytes=int(an.timeline.active_after[e]),
             by_category=dict(zip(CATEGORIES, an.categories.at([e + 1])[0].tolist())), device=device,
-            step_number=steps[s].number if s >= 0 else None))
+            step_number=steps[s].number if s >= 0 else None, reserved_bytes=reserved,
+            by_shape=breakdown(an, patterns, steps, e).by_shape,
+            would_fit=would_fit(replayed, e, int(trace.size[e]), reserved)))
     return out

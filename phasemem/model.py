@@ -67,6 +67,9 @@ class Pattern:
     #: How sure: that of the phase it sits in (1 where markers or PyTorch's annotations placed it;
     #: an inferred phase's measured precision otherwise, docs/accuracy.md).
     confidence: float = 1.0
+    #: The allocations that make up the shape, as indices of the trace's own allocations in event
+    #: order (``Analysis.facts.alloc``): what the peak decomposition and the what-ifs move. Not in JSON.
+    members: tuple = field(default=(), repr=False, compare=False)
 
 
 @dataclass
@@ -82,6 +85,11 @@ class OutOfMemory:
     by_category: dict[str, int] = field(default_factory=dict)
     device: str = ""  # where it happened: the report's device, or another one of the snapshot
     step_number: int | None = None  # the step's number (Step.number) on that device
+    reserved_bytes: int = 0  # reserved from the driver when it happened
+    by_shape: dict[str, int] = field(default_factory=dict)  # the shapes alive then (peak.breakdown)
+    #: Remedies whose replay, up to this moment, stays below what was reserved when the allocation
+    #: failed even with the request added: {remedy: margin in bytes}. Empty when none is known to fit.
+    would_fit: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -135,3 +143,22 @@ class PeakBreakdown:
     by_category: dict[str, int] = field(default_factory=dict)
     by_shape: dict[str, int] = field(default_factory=dict)
     rest_by_category: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class WhatIf:
+    """A remedy replayed on the trace: its blocks dropped, resized or re-timed, the curve summed again.
+
+    Example:
+        >>> best = max((w for w in report.what_if if w.applies), key=lambda w: w.saves_bytes)
+        >>> best.remedy, best.predicted_peak_bytes, best.new_peak_phase
+    """
+
+    remedy: str
+    applies: bool
+    predicted_peak_bytes: int | None
+    predicted_phase_peaks: dict[str, int]
+    saves_bytes: int | None
+    new_peak_phase: str | None
+    explanation: str
+    assumptions: list[str] = field(default_factory=list)

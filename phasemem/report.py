@@ -10,7 +10,7 @@ from .analysis import Analysis
 from .categories import CategoryCurves
 from .errors import RECORD_HINT
 from .live import LiveMemory
-from .model import Allocation, DeviceSummary, OutOfMemory, Pattern, Phase, Step
+from .model import Allocation, DeviceSummary, OutOfMemory, Pattern, PeakBreakdown, Phase, Step, WhatIf
 from .output import atomic_write
 from .segment import Segmentation
 from .spans import phase_runs
@@ -47,6 +47,10 @@ class Report:
     ooms: list[OutOfMemory] = field(default_factory=list)  # every device's, this one's first
     notes: list[str] = field(default_factory=list)
     other_devices: list[DeviceSummary] = field(default_factory=list)
+    #: What is alive at the overall peak, by category and by shape (phasemem.peak).
+    peak: PeakBreakdown | None = None
+    #: The remedies replayed on the trace (phasemem.whatif), ranked by what they save.
+    what_if: list[WhatIf] = field(default_factory=list)
     #: A snapshot without allocation history (legacy recording, bare segment list): what was alive when
     #: it was taken (``phasemem.live.LiveMemory``); then there are no steps, phases or shapes.
     live: LiveMemory | None = None
@@ -93,8 +97,8 @@ class Report:
     def to_dict(self) -> dict:
         """Everything in the report as JSON-ready Python values."""
         def plain(obj):
-            if isinstance(obj, (Phase, Step, Allocation, Pattern, OutOfMemory, DeviceSummary)):
-                return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
+            if isinstance(obj, (Phase, Step, Allocation, Pattern, OutOfMemory, DeviceSummary, PeakBreakdown, WhatIf)):
+                return {f.name: plain(getattr(obj, f.name)) for f in fields(obj) if f.name != "members"}
             if isinstance(obj, dict):
                 return {k: plain(v) for k, v in obj.items()}
             if isinstance(obj, (list, tuple)):
@@ -230,6 +234,8 @@ def format_report(r: Report) -> str:
     if r.by_category:
         parts = [f"{CATEGORY_NAMES.get(k, k)} {format_bytes(v)}" for k, v in r.by_category.items() if v]
         lines.append("  made of " + ", ".join(parts))
+    if r.peak is not None and r.peak.by_shape:
+        lines.append("  of which shapes: " + _shapes(r.peak.by_shape))
     if r.other_devices:
         lines.append("other devices: " + "; ".join(
             f"{d.device} {d.events:,} events, {format_bytes(d.allocated_bytes)} allocated at the end"
@@ -282,9 +288,39 @@ def format_report(r: Report) -> str:
 def _oom_line(r: Report, o: OutOfMemory) -> str:
     where = f"step {o.step_number}, {o.phase}" if o.step_number is not None else o.phase
     held = ", ".join(f"{k} {format_bytes(v)}" for k, v in o.by_category.items() if v)
-    return (f"OUT OF MEMORY on {o.device or r.device} at event {o.event} ({where}): asked for "
+    line = (f"OUT OF MEMORY on {o.device or r.device} at event {o.event} ({where}): asked for "
             f"{format_bytes(o.requested_bytes)} with {format_bytes(o.device_free_bytes)} free on the device; "
             f"{format_bytes(o.allocated_bytes)} allocated" + (f" ({held})" if held else ""))
+    if o.reserved_bytes:
+        line += (f"; {format_bytes(o.reserved_bytes)} reserved, so {format_bytes(o.reserved_bytes - o.allocated_bytes)}"
+                 f" cached but free (in blocks too small for the request, or fragmented)")
+    if o.by_shape:
+        line += "\n  shapes alive then: " + _shapes(o.by_shape)
+    if o.would_fit:
+        line += "\n  would have got past this allocation (replayed, within what was reserved then): " + ", ".join(
+            f"{k} (margin {format_bytes(v)})" for k, v in o.would_fit.items())
+    elif o.device == r.device or not o.device:
+        line += "\n  no remedy phasemem can replay keeps this allocation within what was reserved then"
+    return line
+
+
+def _shapes(by_shape: dict[str, int]) -> str:
+    return ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(by_shape.items(), key=lambda kv: -kv[1]))
+
+
+def format_what_if(r: Report) -> str:
+    """The remedies, ranked by what they save, then those that do not apply and why."""
+    if not r.what_if:
+        return "what-if: nothing to replay (no allocation history)"
+    lines = [f"what-if (the trace replayed with each remedy; peak now {format_bytes(r.peak_bytes)}):"]
+    for w in r.what_if:
+        if w.applies:
+            lines.append(f"  {w.remedy:<26} peak {format_bytes(w.predicted_peak_bytes):>11}  saves "
+                         f"{format_bytes(w.saves_bytes):>11}  peak then in {w.new_peak_phase}")
+            lines.append(f"      {w.explanation} Assumes: {'; '.join(w.assumptions)}.")
+        else:
+            lines.append(f"  {w.remedy:<26} does not apply: {w.explanation}")
+    return "\n".join(lines)
 
 
 def _conf(r: Report, phase: str) -> str:

@@ -31,6 +31,9 @@ def register(sub) -> None:
     a.add_argument("--fail-if", dest="fail_if", action="append", default=[], metavar="BUDGET",
                    help="a budget, repeatable: peak>20GiB, optimizer.peak>6GiB, activation>3GiB "
                    "(a category at the peak), logits>1GiB (a shape); exit 1 when one is broken, after writing")
+    a.add_argument("--what-if", dest="what_if", action="store_true",
+                   help="also print what each remedy (fused optimizer, chunked cross-entropy, checkpointing, "
+                        "half the batch, ...) would do to the peak, replayed on this trace, ranked by saving")
     picture_options(a)
     a.set_defaults(run=run)
 
@@ -39,6 +42,7 @@ def run(args) -> int:
     from ..analyze import analyze
     from ..budgets import parse_budgets
     from ..render import visible_range
+    from ..report import format_what_if
     from ..steps import parse_steps
 
     budgets = parse_budgets(args.fail_if, absolute=True)  # one that does not parse fails now, not as a pass
@@ -61,7 +65,7 @@ def run(args) -> int:
         outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **picture_kwargs(args))))
         if json_path:
             outputs.append((json_path, r.json_writer()))
-    print("\n\n".join(str(r) for r in reports))
+    print("\n\n".join(str(r) + (("\n\n" + format_what_if(r)) if args.what_if else "") for r in reports))
     broken = _over_budget(budgets, reports, every)  # a budget that cannot be checked fails before writing
     write_all(outputs)  # all of them or none
     print(f"\nwrote {', '.join(p for p, _ in outputs)}")

@@ -36,6 +36,7 @@ def _stripes(ctx: Context, step: int, grads) -> list[Pattern]:
                 f"stay until zero_grad or the next step; their total is about the size of the trainable parameters."
             ),
             details={"count": int(len(grads)), "last_bytes": tail},
+            members=tuple(grads.tolist()),
         ))
     return out
 
@@ -81,5 +82,6 @@ def _accumulation(ctx: Context, step: int, grads) -> list[Pattern]:
                 f"all of them; peak memory is set by one micro-batch, not by the whole batch."
             ),
             details={"microbatches": n_micro},
+            members=tuple(grads.tolist()),
         ))
     return out

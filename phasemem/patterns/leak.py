@@ -39,5 +39,6 @@ def detect(ctx: Context) -> list[Pattern]:
                 f"across steps — a loss accumulated without .item() or .detach(), outputs appended to a list, a cache."
             ),
             details={"count": int(len(idx))},
+            members=tuple(idx.tolist()),
         ))
     return out

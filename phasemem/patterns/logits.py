@@ -124,6 +124,7 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
         ),
         details={"vocab_share_of_peak": round(share, 4), "vocab_bytes_at_peak": vocab_bytes,
                  "copies": int(len(vocab))},
+        members=(int(logits),),
     )
 
 
@@ -154,6 +155,7 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
             f"chunked cross-entropy, or dropping the logits before the loss, removes it."
         ),
         details={"tensors": int(len(transient)) + 1, "sets_phase_peak": sets},
+        members=tuple(transient.tolist()),
     )
 
 
@@ -183,4 +185,5 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int) -> Patte
             f"the rest of backward runs far lower."
         ),
         details={"spike_bytes": spike, "cliff_bytes": cliff},
+        members=tuple(np.union1d(alive, grads).tolist()),
     )

@@ -128,6 +128,7 @@ def _state_pattern(ctx: Context, step: int, kept: np.ndarray, grad_bytes: int, c
         ),
         details={"count": int(len(kept)), "ratio_to_gradients": round(ratio, 4) if ratio else None,
                  "optimizer": cls},
+        members=tuple(kept.tolist()),
     )
 
 
@@ -177,5 +178,6 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                 ),
                 details={"count": int(len(temp)), "flagpole_bytes": pole_bytes, "optimizer": cls,
                          "own_code": mine},
+                members=tuple(temp.tolist()),
             ))
     return out

@@ -84,5 +84,6 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             ),
             details={"count": len(good), "bytes_per_layer": per_layer,
                      "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]},
+            members=tuple(int(i) for a, b in good for i in bwd[a:b].tolist()),
         ))
     return out

@@ -41,6 +41,7 @@ def workspaces(ctx: Context) -> list[Pattern]:
             f"CUBLAS_WORKSPACE_CONFIG can make cuBLAS's smaller."
         ),
         details={"count": int(len(idx)), "sizes": sorted({int(x) for x in ctx.size[idx]})},
+        members=tuple(idx.tolist()),
     )]
 
 

@@ -1,0 +1,291 @@
+"""What a remedy would do to the peak: the trace replayed with the remedy applied.
+
+Each remedy is a transformation of the recorded blocks -- dropped, resized, re-timed, or added --
+after which the memory curve is summed again, event by event. Nothing is guessed from a model's
+config: what a remedy moves is what the trace shows (the shapes' member allocations, the
+categories, the phases). A remedy whose evidence is missing does not apply, and says why, rather
+than predicting a saving of zero. docs/what-if.md compares each prediction with the real run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .analysis import Analysis
+from .model import Pattern, WhatIf
+from .units import format_bytes
+from .vocab import C, P, PHASES
+
+#: Token chunks a chunked cross-entropy works through one at a time (Liger's fused linear
+#: cross-entropy and fixtures/record_pairs.py's chunked_ce use 4-8); the vocabulary-sized blocks shrink by it.
+CE_CHUNKS = 4
+#: 8-bit optimizer state (bitsandbytes' AdamW8bit) keeps 1 byte per number where torch keeps 4.
+STATE_FACTOR = 0.25
+#: Half the batch: what scales with the tokens halves.
+BATCH_FACTOR = 0.5
+#: A layer period must repeat this share of the saved activations' sizes (a transformer's blocks are
+#: identical; 0.9 leaves room for the first block's extra casts).
+PERIOD_MATCH = 0.9
+#: Fewer repeated blocks than this are no stack of layers to checkpoint.
+MIN_BLOCKS = 2
+
+
+@dataclass
+class _Change:
+    size: np.ndarray
+    free: np.ndarray
+    explanation: str
+    assumptions: list[str] = field(default_factory=list)
+    added: tuple = ()  # extra blocks: (alloc events, free events, sizes)
+
+
+def replay(n: int, alloc: np.ndarray, free: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """The memory level at each of ``n`` events of blocks alive from alloc (-1: before the trace)
+    to free (n: to the end), counted after an alloc and before a free as ``Timeline.level`` is."""
+    # bincount over float64 is exact below 2**53 bytes and far faster than np.add.at
+    d = (np.bincount(alloc + 1, weights=size, minlength=n + 2)[:n + 2]
+         - np.bincount(free + 1, weights=size, minlength=n + 2)[:n + 2])
+    pts = np.cumsum(d)[:n + 1].astype(np.int64)
+    return np.maximum(pts[:-1], pts[1:])
+
+
+def replays(an: Analysis, patterns: list[Pattern]) -> list[tuple[str, _Change | str, np.ndarray | None]]:
+    """Per remedy: its change (or why it does not apply) and the replayed level of every event."""
+    life = an.timeline.lifetimes
+    n = len(an.trace)
+    facts = _Facts(an, patterns)
+    out = []
+    for name, remedy in REMEDIES.items():
+        change = remedy(facts) if n else "the trace has no events"
+        if isinstance(change, str):
+            out.append((name, change, None))
+            continue
+        alloc, free, size = life.alloc_event, change.free, change.size
+        if change.added:
+            alloc = np.concatenate([alloc, change.added[0]])
+            free = np.concatenate([free, change.added[1]])
+            size = np.concatenate([size, change.added[2]])
+        out.append((name, change, replay(n, alloc, free, size)))
+    return out
+
+
+def what_if(an: Analysis, patterns: list[Pattern], replayed=None) -> list[WhatIf]:
+    """Every remedy of REMEDIES, replayed on the trace, ranked by what it saves.
+
+    Example:
+        >>> for w in what_if(report.analysis, report.patterns):
+        ...     print(w.remedy, w.applies, w.saves_bytes)
+    """
+    if not len(an.trace):
+        return []
+    base_peak = int(an.timeline.level.max())
+    out = []
+    for name, change, level in replayed if replayed is not None else replays(an, patterns):
+        if level is None:
+            out.append(WhatIf(name, False, None, {}, None, None, change))
+            continue
+        peak_at = int(np.argmax(level))
+        phases = np.zeros(len(PHASES), np.int64)
+        np.maximum.at(phases, an.labels.astype(np.int64), level)
+        ran = np.bincount(an.labels.astype(np.int64), minlength=len(PHASES)) > 0
+        out.append(WhatIf(
+            remedy=name, applies=True, predicted_peak_bytes=int(level[peak_at]),
+            predicted_phase_peaks={PHASES[k]: int(phases[k]) for k in np.flatnonzero(ran)},
+            saves_bytes=base_peak - int(level[peak_at]), new_peak_phase=PHASES[int(an.labels[peak_at])],
+            explanation=change.explanation, assumptions=change.assumptions))
+    return sorted(out, key=lambda w: (not w.applies, -(w.saves_bytes or 0)))
+
+
+def would_fit(replayed, event: int, request: int, capacity: int) -> dict[str, int]:
+    """The remedies under which everything up to ``event`` plus the failed ``request`` stays within
+    ``capacity`` (what was reserved when it failed: known to be obtainable), with the margin left.
+    What would have come after the failure was never recorded, so a fit says: the step gets past here."""
+    out = {}
+    for name, _, level in replayed:
+        if level is None:
+            continue
+        need = max(int(level[:event + 1].max()), int(level[event]) + int(request))
+        if need <= capacity:
+            out[name] = capacity - need
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+class _Facts:
+    """What the remedies read: the blocks (Lifetimes order), their categories, the shapes' members."""
+
+    def __init__(self, an: Analysis, patterns: list[Pattern]):
+        self.an = an
+        life = an.timeline.lifetimes
+        self.n = len(an.trace)
+        self.n_pre = int(life.preexisting.sum())
+        self.alloc, self.free, self.size = life.alloc_event, life.free_event, life.size
+        self.cat = an.categories.codes
+        self.patterns = patterns
+        labels = an.labels
+        self.phase_alloc = np.where(self.alloc >= 0, labels[np.maximum(self.alloc, 0)], -1)
+        self.phase_free = np.where(self.free < self.n, labels[np.minimum(self.free, self.n - 1)], -1)
+
+    def members(self, *kinds: str) -> np.ndarray:
+        parts = [np.asarray(p.members, np.int64) for p in self.patterns if p.kind in kinds and p.members]
+        return self.n_pre + np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+    def change(self, explanation: str, *assumptions: str) -> _Change:
+        return _Change(self.size.copy(), self.free.copy(), explanation, list(assumptions))
+
+
+def _fused_optimizer(f: _Facts):
+    temps = f.members("optimizer_temporaries")
+    if not len(temps):
+        return ("no optimizer temporaries in this trace (the optimizer is fused already, updates without "
+                "intermediates, or ran where the trace does not show it)")
+    ch = f.change(f"A fused optimizer updates in place: the {len(temps)} update temporaries "
+                  f"({format_bytes(int(f.size[temps].max()))} the largest) are not made.",
+                  "fused AdamW allocates nothing after its first step (measured on the H200, torch 2.11)")
+    ch.size[temps] = 0
+    return ch
+
+
+def _vocab(f: _Facts) -> np.ndarray:
+    return f.members("logits", "softmax_spike", "logits_release")
+
+
+def _chunked_cross_entropy(f: _Facts):
+    vocab = _vocab(f)
+    if not len(vocab):
+        return "no logits found: no vocabulary-sized output consumed by a loss in this trace"
+    ch = f.change(f"The loss is computed over {CE_CHUNKS} chunks of the tokens, one at a time: the logits, their "
+                  f"fp32 copies, the softmax and their gradients ({len(vocab)} vocabulary-sized blocks) exist one "
+                  f"chunk at a time, never whole.",
+                  f"{CE_CHUNKS} chunks (whatif.CE_CHUNKS)",
+                  "a fused linear cross-entropy also keeps the hidden states' and the head weight's gradients "
+                  "from forward on; those are not added")
+    ch.size[vocab] = f.size[vocab] // CE_CHUNKS
+    return ch
+
+
+def _bf16_logits(f: _Facts):
+    vocab = _vocab(f)
+    if not len(vocab):
+        return "no logits found: no vocabulary-sized output consumed by a loss in this trace"
+    small = int(f.size[vocab].min())
+    wide = vocab[f.size[vocab] >= 2 * small]
+    if not len(wide) or len(wide) == len(vocab):
+        return ("the vocabulary-sized blocks all have one width: no fp32 upcast of bf16/fp16 logits is seen "
+                "(the model computes its logits in fp32, or never in half precision)")
+    ch = f.change(f"The loss reads the half-precision logits without an fp32 copy: the {len(wide)} "
+                  f"fp32 vocabulary-sized blocks are half as large.",
+                  "the loss runs outside autocast: inside it, cross_entropy upcasts to fp32 by itself")
+    ch.size[wide] = f.size[wide] // 2
+    return ch
+
+
+def _zero_grad_before_forward(f: _Facts):
+    fx = f.an.facts
+    moved = []
+    for s in range(len(f.an.segmentation.steps)):
+        fwd = fx.run_first[(fx.run_step == s) & (fx.run_phase == P["forward"])]
+        zg = [(a, b) for a, b in fx.runs_of(s, "zero_grad")]
+        for z0, z1 in zg:
+            if not len(fwd) or fwd[0] >= z0:
+                continue
+            idx = np.flatnonzero((f.free >= z0) & (f.free <= z1))
+            moved.append((idx, int(fwd[0]) - 1))
+    if not moved or not sum(len(i) for i, _ in moved):
+        return "zero_grad already runs before forward (or frees nothing after it): nothing to move"
+    ch = f.change("zero_grad(set_to_none=True) moves before forward: last step's gradients are freed before the "
+                  "forward's activations are made instead of after them.",
+                  "the gradients are not read between forward and the old zero_grad")
+    for idx, at in moved:
+        ch.free[idx] = at
+    return ch
+
+
+def _batch_dependent(f: _Facts) -> np.ndarray:
+    """Blocks that scale with the tokens: made in forward, loss or backward, or an input; not the
+    weights, their gradients, the optimizer's state, weight-sized copies, or one-off workspaces."""
+    made = np.isin(f.phase_alloc, [P["forward"], P["loss"], P["backward"]]) | (f.cat == C["input"])
+    kept = np.isin(f.cat, [C["parameter"], C["gradient"], C["optimizer_state"]])
+    weight_sized = np.isin(f.size, f.an.facts.param_sizes)
+    out = made & ~kept & ~weight_sized & (f.alloc >= 0)
+    out[f.members("workspace", "gradients")] = False
+    return out
+
+
+def _half_batch(f: _Facts):
+    scaled = _batch_dependent(f)
+    if not scaled.any():
+        return "no block made in forward or backward scales with the batch here"
+    ch = f.change(f"Half the batch: the {int(scaled.sum())} blocks that scale with the tokens (activations, "
+                  f"per-token temporaries, logits, inputs) halve; parameters, gradients and optimizer state stay.",
+                  "blocks of a parameter's size are weights' copies (bf16 casts) and do not scale",
+                  "the allocator's rounding (512 B, 2 MiB for large blocks) is ignored")
+    ch.size[scaled] = f.size[scaled] // 2
+    return ch
+
+
+def _smaller_optimizer_state(f: _Facts):
+    state = np.flatnonzero(f.cat == C["optimizer_state"])
+    if not len(state):
+        return "no optimizer state in this trace"
+    ch = f.change(f"8-bit optimizer state: {format_bytes(int(f.size[state].sum()))} of state kept in a quarter "
+                  f"of the bytes.", f"{STATE_FACTOR:g}× the state's bytes (whatif.STATE_FACTOR)")
+    ch.size[state] = (f.size[state] * STATE_FACTOR).astype(np.int64)
+    return ch
+
+
+def _layer_period(sizes: np.ndarray) -> int | None:
+    """The smallest period the sizes repeat with, over at least MIN_BLOCKS blocks."""
+    for p in range(2, len(sizes) // MIN_BLOCKS + 1):
+        if float((sizes[p:] == sizes[:-p]).mean()) >= PERIOD_MATCH:
+            return p
+    return None
+
+
+def _activation_checkpointing(f: _Facts):
+    if f.members("checkpoint_recompute").size:
+        return "activation checkpointing is on already: backward recomputes blocks (checkpoint_recompute)"
+    vocab = np.zeros(len(f.size), bool)
+    vocab[_vocab(f)] = True
+    saved = (f.phase_alloc == P["forward"]) & (f.phase_free == P["backward"]) & (f.cat == C["activation"]) & ~vocab
+    ch = f.change("Activation checkpointing of every repeated block: forward keeps only each block's input; "
+                  "backward recomputes one block at a time.",
+                  "a block's input is its saved tensor of the most common size (the residual stream)",
+                  "recompute holds one block's saved activations through backward (the ripples' height)")
+    added, steps = ([], [], []), 0
+    for s, (a, b, _) in enumerate(f.an.segmentation.steps):
+        idx = np.flatnonzero(saved & (f.alloc >= a) & (f.alloc < b))
+        period = _layer_period(f.size[idx]) if len(idx) >= 2 * MIN_BLOCKS else None
+        if period is None:
+            continue
+        blocks = len(idx) // period
+        body = idx[:blocks * period].reshape(blocks, period)
+        sizes, counts = np.unique(f.size[body[0]], return_counts=True)
+        keep_size = sizes[np.argmax(counts)]
+        first_kept = np.argmax(f.size[body] == keep_size, axis=1)
+        drop = np.ones(body.shape, bool)
+        drop[np.arange(blocks), first_kept] = False
+        ch.size[body[drop]] = 0
+        bwd = f.an.facts.run_first[(f.an.facts.run_step == s) & (f.an.facts.run_phase == P["backward"])]
+        bwd_last = f.an.facts.run_last[(f.an.facts.run_step == s) & (f.an.facts.run_phase == P["backward"])]
+        if len(bwd):
+            added[0].append(int(bwd[0]))
+            added[1].append(int(bwd_last[-1]))
+            added[2].append(int(f.size[body[0]].sum()))
+        steps += 1
+    if not steps:
+        return "no stack of repeated blocks among the saved activations: nothing to checkpoint by block"
+    ch.added = tuple(np.asarray(x, np.int64) for x in added)
+    return ch
+
+
+#: The remedies, by name (what ``--what-if`` prints and the JSON's "remedy" says).
+REMEDIES = {
+    "fused_optimizer": _fused_optimizer,
+    "chunked_cross_entropy": _chunked_cross_entropy,
+    "bf16_logits": _bf16_logits,
+    "zero_grad_before_forward": _zero_grad_before_forward,
+    "activation_checkpointing": _activation_checkpointing,
+    "half_batch": _half_batch,
+    "smaller_optimizer_state": _smaller_optimizer_state,
+}
