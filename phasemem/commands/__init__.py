@@ -5,6 +5,7 @@
                               [--max-bands N] [--size WxH] [--dpi N]
     phasemem diff A B [-o diff.png] [--json diff.json] [--steps steady|all|N|N:M] [--fail-if BUDGET ...]
     phasemem convert SNAPSHOT -o trace.npz [--device N] [--markers PREFIX] [--trust]
+    phasemem annotate SNAPSHOT -o labelled.pickle [--device N|all] [--markers PREFIX] [--trust]
     phasemem demo [-o demo.png] [--json demo.json] [--device cpu|cuda] [--steps 3] [picture options]
 
 Input phasemem cannot use is reported as one line, ``phasemem: error: ...``, with exit status 2 and
@@ -18,10 +19,10 @@ import os
 import sys
 
 from ..errors import PhasememError
-from . import analyze, convert, demo, diff
+from . import analyze, annotate, convert, demo, diff
 
 # One module per subcommand, each with register(subparsers) and run(args); listed in --help order.
-COMMANDS = (analyze, diff, convert, demo)
+COMMANDS = (analyze, diff, annotate, convert, demo)
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
