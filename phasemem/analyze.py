@@ -21,7 +21,7 @@ from .segment import Segmentation
 from .slicing import StepIndex, build_index, can_slice, slice_in_memory
 from .stream import read_trace
 from .trace import A, Trace
-from .whatif import replays, what_if, would_fit
+from .whatif import oom_fits, replays, upcast_source, what_if
 from .vocab import CATEGORIES, MARKER_PREFIX, P, PHASES
 
 PARTIAL_NOTE = "some steps are partial (the trace starts or ends inside them)"
@@ -226,5 +226,7 @@ def _ooms(an: Analysis, steps: list[Step], device: str, patterns, replayed) -> l
             by_category=dict(zip(CATEGORIES, an.categories.at([e + 1])[0].tolist())), device=device,
             step_number=steps[s].number if s >= 0 else None, reserved_bytes=reserved,
             by_shape=breakdown(an, patterns, steps, e).by_shape,
-            would_fit=would_fit(replayed, e, int(trace.size[e]), reserved)))
+            would_fit=oom_fits(an, replayed, e, int(trace.size[e]), reserved),
+            upcast_of=(int(an.timeline.lifetimes.size[u]) if (u := upcast_source(an, e, int(trace.size[e]))) is not None
+                       else None)))
     return out

@@ -90,6 +90,9 @@ class OutOfMemory:
     #: Remedies whose replay, up to this moment, stays below what was reserved when the allocation
     #: failed even with the request added: {remedy: margin in bytes}. Empty when none is known to fit.
     would_fit: dict[str, int] = field(default_factory=dict)
+    #: When the request is twice the size of forward's last output, still alive (an fp32 tensor of a
+    #: half-precision output's shape: the logits' upcast or log-softmax for the loss): that output's size.
+    upcast_of: int | None = None
 
 
 @dataclass

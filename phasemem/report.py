@@ -294,6 +294,10 @@ def _oom_line(r: Report, o: OutOfMemory) -> str:
     if o.reserved_bytes:
         line += (f"; {format_bytes(o.reserved_bytes)} reserved, so {format_bytes(o.reserved_bytes - o.allocated_bytes)}"
                  f" cached but free (in blocks too small for the request, or fragmented)")
+    if o.upcast_of:
+        line += (f"\n  the request is twice the size of forward's last output ({format_bytes(o.upcast_of)}): an fp32 "
+                 f"tensor of its shape made from half-precision values; in a language model, the logits' fp32 copy "
+                 f"or their log-softmax for the loss")
     if o.by_shape:
         line += "\n  shapes alive then: " + _shapes(o.by_shape)
     if o.would_fit:

@@ -20,6 +20,11 @@ from .vocab import C, P, PHASES
 #: Token chunks a chunked cross-entropy works through one at a time (Liger's fused linear
 #: cross-entropy and fixtures/record_pairs.py's chunked_ce use 4-8); the vocabulary-sized blocks shrink by it.
 CE_CHUNKS = 4
+#: A chunk's working set, in units of the largest vocabulary-sized block (the fp32 logits): its fp32 logits
+#: and their gradient (softmax minus one-hot). fixtures/pairs/chunked_ce measured 0.85 of two (1.31 GB
+#: above forward's end for a 3.07 GB block over 4 chunks); the remaining difference is the head's
+#: weight gradient made in forward.
+CHUNK_WORKING_SET = 2
 #: 8-bit optimizer state (bitsandbytes' AdamW8bit) keeps 1 byte per number where torch keeps 4.
 STATE_FACTOR = 0.25
 #: Half the batch: what scales with the tokens halves.
@@ -97,6 +102,47 @@ def what_if(an: Analysis, patterns: list[Pattern], replayed=None) -> list[WhatIf
     return sorted(out, key=lambda w: (not w.applies, -(w.saves_bytes or 0)))
 
 
+def upcast_source(an: Analysis, event: int, request: int) -> int | None:
+    """The block (Lifetimes index) a failed request has the shape of, in fp32: alive, made by forward
+    as its last output, and exactly half the request's size (bf16 logits whose fp32 log-softmax
+    failed: fixtures/pairs/oom_base). None when the request is no such tensor."""
+    life = an.timeline.lifetimes
+    q = event
+    alive = np.flatnonzero((life.alloc_event >= 0) & (life.alloc_event < q) & (life.free_event >= q))
+    if not len(alive):
+        return None
+    made_fwd = alive[an.labels[life.alloc_event[alive]] == P["forward"]]
+    if not len(made_fwd):
+        return None
+    last = made_fwd[np.argmax(life.alloc_event[made_fwd])]
+    return int(last) if 2 * int(life.size[last]) == int(request) else None
+
+
+def oom_fits(an: Analysis, replayed, event: int, request: int, capacity: int) -> dict[str, int]:
+    """``would_fit`` plus, when the failed request is an fp32 upcast of forward's output, the two
+    remedies that act on it, replayed up to the failure: the loss on the half-precision output (no
+    copy is made), or a chunked loss (the output never whole, one chunk's working set instead)."""
+    out = would_fit(replayed, event, request, capacity)
+    src = upcast_source(an, event, request)
+    if src is None:
+        return out
+    life = an.timeline.lifetimes
+    # fp32 tensors of the output's shape made since it (the upcast copy before a failed log-softmax)
+    copies = np.flatnonzero((life.alloc_event >= life.alloc_event[src]) & (life.alloc_event < event)
+                            & (life.free_event >= event) & (life.size == request))
+    n = len(an.trace)
+    for name, gone, asked in (("bf16_logits", copies, int(life.size[src])),  # the loss reads the bf16 output
+                              ("chunked_cross_entropy", np.append(copies, src),
+                               CHUNK_WORKING_SET * int(request) // CE_CHUNKS)):
+        size = life.size.copy()
+        size[gone] = 0
+        level = replay(n, life.alloc_event, life.free_event, size)
+        need = max(int(level[:event + 1].max()), int(level[event]) + asked)
+        if need <= capacity and name not in out:
+            out[name] = capacity - need
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def would_fit(replayed, event: int, request: int, capacity: int) -> dict[str, int]:
     """The remedies under which everything up to ``event`` plus the failed ``request`` stays within
     ``capacity`` (what was reserved when it failed: known to be obtainable), with the margin left.
@@ -154,13 +200,33 @@ def _chunked_cross_entropy(f: _Facts):
     vocab = _vocab(f)
     if not len(vocab):
         return "no logits found: no vocabulary-sized output consumed by a loss in this trace"
-    ch = f.change(f"The loss is computed over {CE_CHUNKS} chunks of the tokens, one at a time: the logits, their "
-                  f"fp32 copies, the softmax and their gradients ({len(vocab)} vocabulary-sized blocks) exist one "
-                  f"chunk at a time, never whole.",
+    ch = f.change(f"The loss is computed over {CE_CHUNKS} chunks of the tokens, one at a time, its gradient with it "
+                  f"(a fused linear cross-entropy): the {len(vocab)} vocabulary-sized blocks (logits, fp32 copies, "
+                  f"softmax, gradients) never exist whole; while the loss runs, one chunk's fp32 logits and their "
+                  f"gradient do, and nothing vocabulary-sized is kept for backward.",
                   f"{CE_CHUNKS} chunks (whatif.CE_CHUNKS)",
-                  "a fused linear cross-entropy also keeps the hidden states' and the head weight's gradients "
-                  "from forward on; those are not added")
-    ch.size[vocab] = f.size[vocab] // CE_CHUNKS
+                  f"a chunk's working set is {CHUNK_WORKING_SET} of the largest vocabulary-sized block, over the chunks",
+                  "the gradients of the hidden states and of the head's weight, made in forward by such a loss, "
+                  "are not added (a few hundred MiB for a GPT-2-sized head)")
+    added = ([], [], [])
+    fx = f.an.facts
+    for s in range(len(f.an.segmentation.steps)):
+        mine = np.concatenate([np.asarray(p.members, np.int64) for p in f.patterns if p.step == s and p.members
+                               and p.kind in ("logits", "softmax_spike", "logits_release")] or [np.zeros(0, np.int64)])
+        if not len(mine):
+            continue
+        mine = np.unique(mine) + f.n_pre
+        first = int(f.alloc[mine].min())
+        here = (fx.run_step == s) & (fx.run_first > first)
+        loss = fx.run_first[here & (fx.run_phase == P["loss"])]
+        bwd = fx.run_first[here & (fx.run_phase == P["backward"])]
+        last = int(bwd[0]) - 1 if len(bwd) else int(min(f.free[mine].max(), f.n - 1))
+        start = int(loss[0]) if len(loss) and loss[0] <= last else first + 1
+        added[0].append(start)
+        added[1].append(max(last, start))
+        added[2].append(CHUNK_WORKING_SET * int(f.size[mine].max()) // CE_CHUNKS)
+    ch.size[vocab] = 0
+    ch.added = tuple(np.asarray(x, np.int64) for x in added)
     return ch
 
 

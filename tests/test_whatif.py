@@ -1,0 +1,135 @@
+"""The peak decomposed, the what-ifs, and the OOM post-mortem (issue 15), on real H200 traces.
+
+Expected values come from the raw snapshots (tests/reference.py's naive replay) and from what the
+recorded programs measured themselves (``torch.cuda.max_memory_allocated``, in each run's JSON).
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import phasemem
+from phasemem.whatif import REMEDIES, replay
+from reference import replay as naive_replay
+from conftest import FIXTURES, load_snapshot
+
+PAIRS = FIXTURES / "pairs"
+OOM = FIXTURES / "oom"
+ALL = sorted(FIXTURES.rglob("*.pkl.xz"))
+
+# Which real run applies each remedy to fixtures/pairs/base (fixtures/record_pairs.py).
+REAL_RUN = {"fused_optimizer": "fused", "chunked_cross_entropy": "chunked_ce", "activation_checkpointing": "ckpt",
+            "half_batch": "half_batch", "zero_grad_before_forward": "zero_grad_before", "bf16_logits": "bf16_logits"}
+#: The target of issue 15: each prediction within 5 % of the peak the real run measured.
+WITHIN = 0.05
+
+
+def _meta(path: Path) -> dict:
+    return json.loads(path.with_name(path.name.replace(".pkl.xz", ".json")).read_text())
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.name.split('.')[0]}")
+def test_peak_decomposition_sums_to_the_raw_traces_peak(path):
+    snap = load_snapshot(path)
+    report = phasemem.analyze(snap)
+    if report.live is not None or report.peak is None:
+        pytest.skip("no allocation history")
+    dev = report.analysis.trace.device
+    pre, after, deltas = naive_replay(snap["device_traces"][dev], snap.get("segments", []), dev)
+    levels = [max(a, a - d) for a, d in zip(after, deltas)]
+    b = report.peak
+    assert b.bytes == max(levels) == report.peak_bytes
+    assert sum(b.by_category.values()) == b.bytes
+    assert sum(b.by_shape.values()) + sum(b.rest_by_category.values()) == b.bytes
+    assert all(v > 0 for v in b.by_shape.values())
+
+
+@pytest.mark.parametrize("path", ALL[:12], ids=lambda p: p.name.split(".")[0])
+def test_replay_without_a_change_is_the_memory_curve(path):
+    report = phasemem.analyze(str(path))
+    life = report.timeline.lifetimes
+    assert np.array_equal(replay(report.n_events, life.alloc_event, life.free_event, life.size), report.timeline.level)
+
+
+@pytest.fixture(scope="module")
+def base():
+    if not (PAIRS / "base.pkl.xz").exists():
+        pytest.skip("fixtures/pairs not recorded")
+    return phasemem.analyze(str(PAIRS / "base.pkl.xz"))
+
+
+@pytest.mark.parametrize("remedy", sorted(REAL_RUN))
+def test_prediction_from_the_base_trace_matches_the_real_run(base, remedy):
+    w = {x.remedy: x for x in base.what_if}[remedy]
+    real = PAIRS / f"{REAL_RUN[remedy]}.pkl.xz"
+    measured = _meta(real)["peak_allocated"]  # torch.cuda.max_memory_allocated over the run
+    assert w.applies, w.explanation
+    assert abs(w.predicted_peak_bytes - measured) <= WITHIN * measured
+    assert w.saves_bytes == base.peak_bytes - w.predicted_peak_bytes
+    assert sum(1 for _ in w.predicted_phase_peaks) >= 4  # every phase that ran gets its predicted peak
+
+
+def test_what_if_lists_every_remedy_ranked_and_the_rest_say_why(base):
+    assert {w.remedy for w in base.what_if} == set(REMEDIES)
+    saves = [w.saves_bytes for w in base.what_if if w.applies]
+    assert saves == sorted(saves, reverse=True)
+    for w in base.what_if:
+        assert w.applies or (w.predicted_peak_bytes is None and w.explanation)
+
+
+@pytest.mark.parametrize("run,remedy", [("fused", "fused_optimizer"), ("ckpt", "activation_checkpointing"),
+                                        ("zero_grad_before", "zero_grad_before_forward"),
+                                        ("bf16_logits", "bf16_logits"), ("chunked_ce", "chunked_cross_entropy")])
+def test_a_remedy_already_applied_does_not_apply(run, remedy):
+    path = PAIRS / f"{run}.pkl.xz"
+    if not path.exists():
+        pytest.skip("fixtures/pairs not recorded")
+    w = {x.remedy: x for x in phasemem.analyze(str(path)).what_if}[remedy]
+    assert not w.applies and w.saves_bytes is None
+
+
+def test_oom_post_mortem_names_the_request_and_a_fix_that_really_fit():
+    path = OOM / "oom_base.pkl.xz"
+    if not path.exists():
+        pytest.skip("fixtures/oom not recorded")
+    snap = load_snapshot(path)
+    report = phasemem.analyze(snap)
+    (o,) = report.ooms
+    raw = [e for e in snap["device_traces"][0] if e["action"] == "oom"]
+    assert o.requested_bytes == raw[0]["size"]
+    # what the recorded program measured: the fix ran for real under the same cap and fitted
+    assert _meta(OOM / "oom_fix_chunked_ce.pkl.xz")["oom"] is False
+    assert "chunked_cross_entropy" in o.would_fit and o.would_fit["chunked_cross_entropy"] > 0
+    # checkpointing ran out of memory for real (in backward): nothing may say it fits this one
+    assert _meta(OOM / "oom_fix_ckpt.pkl.xz")["oom"] is True
+    assert "activation_checkpointing" not in o.would_fit
+    assert o.upcast_of is not None and 2 * o.upcast_of == o.requested_bytes
+    assert o.reserved_bytes >= o.allocated_bytes
+    text = str(report)
+    assert text.startswith("OUT OF MEMORY") and "chunked_cross_entropy" in text.splitlines()[2]
+    assert "what_if" in report.to_dict() and report.to_dict()["ooms"][0]["would_fit"]
+
+
+def test_json_carries_peak_and_what_if(base):
+    d = base.to_dict()
+    assert sum(d["peak"]["by_category"].values()) == d["peak_bytes"]
+    assert [w["remedy"] for w in d["what_if"]] == [w.remedy for w in base.what_if]
+    assert all("members" not in p for p in d["patterns"])
+
+
+SHARED = FIXTURES.parent.parent / "shared"
+_shared = sorted((SHARED / "wild").glob("*.pickle")) + sorted((SHARED / "gpu-snapshots").glob("*.pkl.xz"))
+
+
+@pytest.mark.parametrize("path", _shared or [None], ids=lambda p: p.name.split(".")[0] if p else "missing")
+def test_peak_decomposition_sums_exactly_on_the_shared_traces_shared(path):
+    if path is None:
+        pytest.skip(f"no ../shared beside the repository ({SHARED})")
+    report = phasemem.analyze(str(path))
+    if report.peak is None:
+        assert report.live is not None  # only a snapshot without history has no peak to decompose
+        return
+    b = report.peak
+    assert sum(b.by_category.values()) == b.bytes == report.peak_bytes
+    assert sum(b.by_shape.values()) + sum(b.rest_by_category.values()) == b.bytes
