@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import phasemem  # noqa: E402
-from phasemem.comparison import pct, signed  # noqa: E402
+from phasemem.comparison import named_floor, pct, signed  # noqa: E402
 from phasemem.units import format_bytes  # noqa: E402
 from phasemem.vocab import CATEGORY_NAMES  # noqa: E402
 
@@ -59,16 +59,22 @@ def section(name: str, a: Path, b: Path, what: str) -> tuple[str, dict | None]:
              "| phase | A peak | B peak | Δ | Δ % |", "|---|---:|---:|---:|---:|"]
     for p in c.phases.values():
         cell = lambda v: format_bytes(v) if v is not None else "—"  # noqa: E731
-        lines.append(f"| {p.name} | {cell(p.a_peak)} | {cell(p.b_peak)} | "
+        lines.append(f"| {p.name}{'' if p.aligned else '*'} | {cell(p.a_peak)} | {cell(p.b_peak)} | "
                      f"{signed(p.delta) if p.delta is not None else '—'} | {pct(p.delta, p.a_peak)} |")
     lines.append(f"| **peak** | {format_bytes(c.a.peak_bytes)} | {format_bytes(c.b.peak_bytes)} | "
                  f"{signed(c.delta)} | {pct(c.delta, c.a.peak_bytes)} |")
+    if not all(p.aligned for p in c.phases.values()):
+        lines.append("\n(* ran at another place of the step in B: its two peaks are of different moments)")
     changed = [s for s in c.shapes if s.change != "same"]
-    lines += ["", "Shapes: " + ("; ".join(f"{s.phase} {s.said()}" for s in changed) if changed else "none changed") + ".",
-              "", "The peak's change by cause: " + ", ".join(
-                  f"{_cause(x)} {signed(x.bytes)}" for x in c.attribution) +
-              f"; unexplained {signed(c.unexplained_bytes)}. Named causes sum to {signed(named)} of "
-              f"{signed(c.delta)} ({_share(named, c.delta)})."]
+    lines += ["", "Shapes: " + ("; ".join(f"{s.phase} {s.said()}" for s in changed) if changed else "none changed") + "."]
+    floor = format_bytes(named_floor(c.a.peak_bytes, c.b.peak_bytes))
+    if c.attribution:
+        lines += ["", "The peak's change by cause: " + ", ".join(f"{_cause(x)} {signed(x.bytes)}" for x in c.attribution)
+                  + f"; unexplained {signed(c.unexplained_bytes)}. Named causes sum to {signed(named)} of "
+                  f"{signed(c.delta)} ({_share(named, c.delta)})."]
+    else:
+        lines += ["", f"No cause of the peak's change is named: it is {signed(c.delta)}, under the {floor} a cause "
+                  f"needs."]
     return "\n".join(lines), main
 
 

@@ -1,11 +1,15 @@
-"""What is alive at a report's peak (or one step's), by category and by shape, and where an event
-sits (its step, its phase, the shape it is the peak of). Reads a Report's public parts only.
+"""What is alive at a compared peak, by (shape, category), and where an event sits (its step, its
+phase, the shape it is the peak of), for the comparison and the budgets.
 
-``peak_breakdown`` reads ``Report.peak`` (issue 15) once reports carry it; until then a small
-fallback stands in, marked TEMPORARY below, to be deleted with it.
+Built on ``peak.alive_at`` and ``peak.shape_codes`` (issue 15), so its sums are those of
+``Report.peak``; two differences make two runs comparable. Only the shapes *of the compared step*
+claim bytes (what earlier steps made and left alive — the optimizer's state made in step 0, a
+workspace — counts by its category alone, so a run whose first step the ring buffer lost compares
+equal), and the bytes are kept per (shape, category), so that a shape's change is read inside its
+category's change.
 
 Example:
-    >>> bd = peak_breakdown(report)
+    >>> bd = peak_breakdown(report, report.steps[1])
     >>> sum(bd.by_shape.values()) + sum(bd.rest_by_category.values()) == bd.bytes
     True
 """
@@ -13,49 +17,66 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
+
+from .errors import PhasememError
 from .model import PeakBreakdown, Step
+from .peak import SHAPE_PRIORITY, alive_at, shape_codes
 from .report import Report
+from .vocab import CATEGORIES
+
+#: bytes alive, per (shape kind or None for no shape, category)
+Cells = dict[tuple[str | None, str], int]
+
+
+def composition(report: Report, step: Step | None = None) -> tuple[int, Cells]:
+    """The peak event of ``step`` (or of the whole recording) and what is alive there, per (shape,
+    category); the cells sum to the peak.
+
+    Example:
+        >>> event, cells = composition(report, report.steps[1])
+        >>> cells[("logits", "activation")]
+    """
+    an = report.analysis
+    if an is None:
+        raise PhasememError("this report holds no trace to decompose (a snapshot without allocation history)")
+    event = report.peak_event if step is None else step.peak_event
+    if event is None:  # a step that allocated and freed nothing: its level is where it ran
+        event = max(step.start_event, 0)
+    patterns = report.patterns if step is None else [p for p in report.patterns if p.step == step.index]
+    alive = alive_at(an, int(event))
+    size = an.timeline.lifetimes.size[alive]
+    key = (shape_codes(an, patterns)[alive] + 1) * len(CATEGORIES) + an.categories.codes[alive]
+    # int64 sums, not bincount's float weights: a peak of many GiB stays exact to the byte
+    order = np.argsort(key, kind="stable")
+    keys, first = np.unique(key[order], return_index=True)
+    sums = np.add.reduceat(size[order], first) if len(first) else np.zeros(0, np.int64)
+    names = (None,) + SHAPE_PRIORITY
+    cells = {(names[int(k) // len(CATEGORIES)], CATEGORIES[int(k) % len(CATEGORIES)]): int(v)
+             for k, v in zip(keys.tolist(), sums.tolist())}
+    return int(event), cells
 
 
 def peak_breakdown(report: Report, step: Step | None = None) -> PeakBreakdown:
-    """What is alive at the peak of ``step`` (a ``Step`` of ``report``), or of the whole recording.
+    """``composition`` as a ``PeakBreakdown`` (the compared step's shapes only).
 
     Example:
         >>> peak_breakdown(report, report.steps[1]).by_category["activation"]
     """
-    got = getattr(report if step is None else step, "peak", None)
-    if isinstance(got, PeakBreakdown) and (step is None or got.step == step.index):
-        return got
-    return _fallback_breakdown(report, step)
-
-
-# ---- TEMPORARY: delete from here to "end of TEMPORARY" once Report.peak (issue 15) exists. ----------
-_FALLBACK_CATEGORY = {"logits": "activation", "softmax_spike": "temporary", "checkpoint_recompute": "activation",
-                      "gradients": "gradient", "gradient_accumulation": "gradient",
-                      "optimizer_state_init": "optimizer_state", "optimizer_temporaries": "temporary",
-                      "amp_unscale": "temporary", "grad_clip": "temporary", "workspace": "other", "leak": "other"}
-
-
-def _fallback_breakdown(report: Report, step: Step | None) -> PeakBreakdown:
-    """Categories at the peak (exact), and the shapes spanning it, each taken out of the category its
-    kind usually is and capped at what that category holds, so that the sums stay exact."""
-    event = report.peak_event if step is None else step.peak_event
-    total = report.peak_bytes if step is None else step.peak_bytes
-    cats = {k: int(v) for k, v in (report.by_category if step is None else step.by_category).items()}
-    rest, shapes = dict(cats), {}
-    for p in report.patterns:
-        cat = _FALLBACK_CATEGORY.get(p.kind)
-        if event is None or cat is None or p.details.get("release") or not p.start_event <= event <= p.end_event:
-            continue
-        take = min(int(p.bytes), rest.get(cat, 0))
-        if take > 0:
-            shapes[p.kind] = shapes.get(p.kind, 0) + take
-            rest[cat] -= take
+    event, cells = composition(report, step)
+    by_cat = {c: 0 for c in CATEGORIES}
+    by_shape: dict[str, int] = {}
+    rest: dict[str, int] = {}
+    for (shape, cat), v in cells.items():
+        by_cat[cat] += v
+        if shape is None:
+            rest[cat] = rest.get(cat, 0) + v
+        else:
+            by_shape[shape] = by_shape.get(shape, 0) + v
     at = step_at(report, event)
-    return PeakBreakdown(bytes=int(total), event=int(event if event is not None else -1),
-                         step=at.index if at else None, step_number=at.number if at else None,
-                         phase=phase_at(report, event), by_category=cats, by_shape=shapes, rest_by_category=rest)
-# ---- end of TEMPORARY -----------------------------------------------------------------------------
+    return PeakBreakdown(bytes=sum(cells.values()), event=event, step=at.index if at else None,
+                         step_number=at.number if at else None, phase=phase_at(report, event),
+                         by_category=by_cat, by_shape=by_shape, rest_by_category=rest)
 
 
 def phase_at(report: Report, event: int | None) -> str:

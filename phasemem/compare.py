@@ -17,10 +17,10 @@ import re
 from typing import Any
 
 from .analyze import analyze
-from .breakdown import peak_breakdown, phase_at, shape_at, step_at
-from .comparison import NAMED_CAUSE_BYTES, Cause, Comparison, PhaseDelta, ShapeDelta, Side, Slot
+from .breakdown import Cells, composition, peak_breakdown, phase_at, shape_at, step_at
+from .comparison import Cause, Comparison, PhaseDelta, ShapeDelta, Side, Slot, named_floor
 from .errors import RECORD_HINT, PhasememError
-from .model import PeakBreakdown, Step
+from .model import Step
 from .report import Report
 from .vocab import CATEGORIES, KINDS, PHASES
 
@@ -60,7 +60,7 @@ def compare_reports(ra: Report, rb: Report, pick_a: Step | None, pick_b: Step | 
                     names=("A", "B"), notes=()) -> Comparison:
     """The comparison of two Reports at chosen steps (None: the whole recording)."""
     sa, sb = _side(ra, pick_a, names[0]), _side(rb, pick_b, names[1])
-    causes, unexplained = attribute(sa.breakdown, sb.breakdown)
+    causes, unexplained = attribute(sa.cells, sb.cells)
     cats = {c: {"a": int(sa.breakdown.by_category.get(c, 0)), "b": int(sb.breakdown.by_category.get(c, 0))}
             for c in CATEGORIES}
     for v in cats.values():
@@ -70,9 +70,14 @@ def compare_reports(ra: Report, rb: Report, pick_a: Step | None, pick_b: Step | 
         low = sorted(p for p, s in r.sources.items() if s == "inferred")
         if low:
             notes.append(f"{n}: phases {', '.join(low)} were inferred, not marked; their peaks are less sure")
-    return Comparison(a=sa, b=sb, phases=phase_deltas(ra, rb, pick_a, pick_b), shapes=shape_deltas(ra, rb, pick_a, pick_b),
-                      categories=cats, attribution=causes, unexplained_bytes=unexplained,
-                      slots=align_runs(_runs(ra, _drawn(ra, pick_a)), _runs(rb, _drawn(rb, pick_b))),
+    slots = align_runs(_runs(ra, _drawn(ra, pick_a)), _runs(rb, _drawn(rb, pick_b)))
+    phases = phase_deltas(ra, rb, pick_a, pick_b)
+    for name in {s.phase for s in slots if s.a is None or s.b is None} & set(phases):
+        if any(s.phase == name and s.a is not None for s in slots) and any(
+                s.phase == name and s.b is not None for s in slots):
+            phases[name].aligned = False  # both ran it, at different places of the step
+    return Comparison(a=sa, b=sb, phases=phases, shapes=shape_deltas(ra, rb, pick_a, pick_b),
+                      categories=cats, attribution=causes, unexplained_bytes=unexplained, slots=slots,
                       notes=notes, a_report=ra, b_report=rb)
 
 
@@ -138,34 +143,52 @@ def _name(x, default: str) -> str:
 
 
 def _side(report: Report, step: Step | None, name: str) -> Side:
+    event, cells = composition(report, step)
     bd = peak_breakdown(report, step)
-    at = step_at(report, bd.event)
+    at = step_at(report, event)
     return Side(name=name, device=report.device, n_events=report.n_events,
                 steps=[s.number for s in report.steps] if step is None else [step.number],
-                peak_bytes=int(bd.bytes), peak_event=int(bd.event), peak_step=at.number if at else None,
-                peak_phase=phase_at(report, bd.event), peak_shape=shape_at(report, bd.event),
-                run_peak_bytes=int(report.peak_bytes), breakdown=bd, sources=dict(report.sources))
+                peak_bytes=int(bd.bytes), peak_event=event, peak_step=at.number if at else None,
+                peak_phase=phase_at(report, event), peak_shape=shape_at(report, event),
+                run_peak_bytes=int(report.peak_bytes), breakdown=bd, sources=dict(report.sources), cells=cells)
 
 
 # -- the two sides together -------------------------------------------------------------------------
 
 
-def attribute(pa: PeakBreakdown, pb: PeakBreakdown) -> tuple[list[Cause], int]:
-    """The peak's change split into shapes and the categories' unclaimed bytes, largest first, and the
-    unexplained rest (category "other", and causes under ``NAMED_CAUSE_BYTES``): they add up to
-    ``pb.bytes - pa.bytes`` exactly.
+def attribute(ca: Cells, cb: Cells) -> tuple[list[Cause], int]:
+    """The peak's change split into named causes, largest first, and the unexplained rest; they add up
+    to the change exactly. Read category by category (the categories at a peak sum to it): a category
+    whose change is under ``comparison.named_floor`` is no cause, whatever its shapes did (bytes that
+    only moved between a shape and the rest of their category); otherwise each shape's change in it
+    and the rest of its change are causes. Category "other", and causes under the floor, are the
+    unexplained rest.
 
     Example:
-        >>> causes, rest = attribute(peak_breakdown(ra), peak_breakdown(rb))
-        >>> sum(c.bytes for c in causes) + rest == rb.peak_bytes - ra.peak_bytes
+        >>> causes, rest = attribute(composition(ra, sa)[1], composition(rb, sb)[1])
+        >>> sum(c.bytes for c in causes) + rest == sb.peak_bytes - sa.peak_bytes
         True
     """
-    causes = [Cause(k, "shape", int(pb.by_shape.get(k, 0)) - int(pa.by_shape.get(k, 0)))
-              for k in _ordered(set(pa.by_shape) | set(pb.by_shape), KINDS)]
-    causes += [Cause(c, "category", int(pb.rest_by_category.get(c, 0)) - int(pa.rest_by_category.get(c, 0)))
-               for c in CATEGORIES if c != "other"]
-    named = sorted((c for c in causes if abs(c.bytes) >= NAMED_CAUSE_BYTES), key=lambda c: -abs(c.bytes))
-    return named, int(pb.bytes) - int(pa.bytes) - sum(c.bytes for c in named)
+    floor = max(named_floor(sum(ca.values()), sum(cb.values())), 1)
+    shapes: dict[str, int] = {}
+    causes, unexplained = [], 0
+    for cat in CATEGORIES:
+        d = {k[0]: cb.get(k, 0) - ca.get(k, 0) for k in set(ca) | set(cb) if k[1] == cat}
+        total = sum(d.values())
+        if abs(total) < floor:
+            unexplained += total
+            continue
+        for kind, v in d.items():
+            if kind is not None and abs(v) >= floor:
+                shapes[kind] = shapes.get(kind, 0) + v
+                total -= v
+        if cat != "other" and abs(total) >= floor:
+            causes.append(Cause(cat, "category", total))
+        else:
+            unexplained += total
+    causes += [Cause(k, "shape", v) for k, v in shapes.items() if v]
+    causes.sort(key=lambda c: -abs(c.bytes))
+    return causes, unexplained
 
 
 def phase_deltas(ra: Report, rb: Report, pa: Step | None, pb: Step | None) -> dict[str, PhaseDelta]:
@@ -254,7 +277,30 @@ def align_runs(ra: list[tuple[int, int, str]], rb: list[tuple[int, int, str]]) -
         if pi < n and pj < m:
             out.append(Slot(ra[pi][2], ra[pi][:2], rb[pj][:2]))
         i, j = pi + 1, pj + 1
+    _span(out, "a", "b")
+    _span(out, "b", "a")
     return out
+
+
+def _span(slots: list[Slot], side: str, other: str) -> None:
+    """Where ``side`` ran a phase in two pieces with something else between (loss, zero_grad, loss) and
+    ``other`` ran it in one, split ``other``'s run between the two pieces in proportion to their events,
+    so the same work is drawn in the same place (``zero_grad_before``'s loss against base's)."""
+    for i, s in enumerate(slots):
+        if getattr(s, side) is None or getattr(s, other) is None:
+            continue
+        j = i + 1
+        while j < len(slots) and getattr(slots[j], other) is None and slots[j].phase != s.phase:
+            j += 1
+        if j == i + 1 or j == len(slots) or getattr(slots[j], other) is not None or getattr(slots[j], side) is None:
+            continue
+        (f, l), (a0, a1), (b0, b1) = getattr(s, other), getattr(s, side), getattr(slots[j], side)
+        n = l - f + 1
+        if n < 2:
+            continue
+        k = min(max(round(n * (a1 - a0 + 1) / (a1 - a0 + b1 - b0 + 2)), 1), n - 1)
+        setattr(s, other, (f, f + k - 1))
+        setattr(slots[j], other, (f + k, l))
 
 
 def _lcs(x: list[str], y: list[str]) -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from ..comparison import Comparison, headline, pct, signed
+from ..comparison import Cause, Comparison, headline, pct, signed
 from ..errors import PhasememError
 from ..output import check_picture_size
 from ..units import axis_unit, format_bytes
@@ -266,9 +266,30 @@ def _causes(fig, lay, c: Comparison, top, bottom, width, height) -> None:
     ax.set_xlim(-scale / div * 2.1, scale / div * 2.1)
     ax.tick_params(axis="x", labelsize=TICK_PT)
     ax.set_title(f"the peak's change by cause ({unit})", fontsize=LABEL_PT, loc="left")
+    main, said = c.main_cause(), ""
+    if not c.moved and main is not None:  # say where the change went when the peak itself stayed
+        said = _wrap(lay, f"The peak did not move; the largest change is {main['where']}'s peak "
+                          f"{signed(main['phase_delta'])}, mostly {_cause_label(Cause(main['cause'], main['type'], 0))} "
+                          f"{signed(main['bytes'])}.", LABEL_PT, 0.98 * width - CURVES_SHARE * width - 24)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    _phase_table(fig, lay, c, (CURVES_SHARE * width + 16) / width, (height - top - bars_h - 48) / height)
+    y = height - top - bars_h - 48
+    if said:
+        fig.text((CURVES_SHARE * width + 16) / width, y / height, said, fontsize=LABEL_PT, va="top", ha="left",
+                 color="#1b1b1b", fontweight="bold")
+        y -= (said.count("\n") + 2) * lay.px(LABEL_PT) * 1.3
+    _phase_table(fig, lay, c, (CURVES_SHARE * width + 16) / width, y / height)
+
+
+def _wrap(lay, text: str, pt: float, room: float, weight: str = "bold") -> str:
+    lines, line = [], ""
+    for word in text.split():
+        trial = f"{line} {word}".strip()
+        if line and lay.text_size(trial, pt, weight)[0] > room:
+            lines.append(line)
+            trial = word
+        line = trial
+    return "\n".join(lines + [line])
 
 
 def _cause_label(x) -> str:
@@ -281,8 +302,11 @@ def _phase_table(fig, lay, c: Comparison, x, y_top) -> None:
         a = format_bytes(p.a_peak) if p.a_peak is not None else "—"
         b = format_bytes(p.b_peak) if p.b_peak is not None else "—"
         d = signed(p.delta) if p.delta is not None else "—"
-        lines.append(f"{p.name:<10}{a:>11}{b:>11}{d:>12}{pct(p.delta, p.a_peak):>9}")
+        name = p.name + ("*" if not p.aligned else "")
+        lines.append(f"{name:<10}{a:>11}{b:>11}{d:>12}{pct(p.delta, p.a_peak):>9}")
     lines.append(f"{'peak':<10}{format_bytes(c.a.peak_bytes):>11}{format_bytes(c.b.peak_bytes):>11}"
                  f"{signed(c.delta):>12}{pct(c.delta, c.a.peak_bytes):>9}")
+    if not all(p.aligned for p in c.phases.values()):
+        lines.append("* ran at another place of the step in B")
     fig.text(x, y_top, "\n".join(lines), family="monospace", fontsize=TICK_PT, va="top", ha="left",
              linespacing=1.35)
