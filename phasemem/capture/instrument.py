@@ -17,6 +17,7 @@ import torch
 from ..errors import PhasememError
 from . import cpu
 from .hooks import MARKERS, PREFIX, hook_forward, hook_optimizer, patch_backward, wrap_method
+from .window import StepWindow
 
 
 def _error(msg: str) -> Exception:
@@ -112,7 +113,10 @@ class Run:
         max_entries: int = 1_000_000,
         stacks: str | None = "python",
         oom_dump: str | os.PathLike | None = None,
+        steps: Any = None,
     ) -> None:
+        # A bad range fails here, where the user wrote it, not thousands of steps later.
+        self._window = steps if isinstance(steps, StepWindow) or steps is None else StepWindow(steps)
         self._model = model
         self.oom_dump = os.fspath(oom_dump) if oom_dump is not None else None
         self._opts = _optimizers(optimizer)
@@ -141,8 +145,9 @@ class Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        recording = self._state == "running"  # an OOM outside a step window left nothing to dump
         self.stop(failed=exc_type is not None)
-        if self.oom_dump and isinstance(exc, torch.OutOfMemoryError):
+        if self.oom_dump and recording and isinstance(exc, torch.OutOfMemoryError):
             self._dump_oom()
         return False
 
@@ -164,6 +169,15 @@ class Run:
     def start(self) -> "Run":
         if self._state != "new":
             raise _error("this instrument() run was already started; make a new one per recording")
+        if self._window is not None:
+            _resolve_device(self._device_arg)  # a bad device fails now, not when the window opens
+            self._state = "waiting"
+            # Counts steps; calls _begin() when the window opens (at once for step 0) and stop() after it.
+            self._window.arm(self, self._opts, self._model)
+            return self
+        return self._begin()
+
+    def _begin(self) -> "Run":
         self._state = "running"
         dev = _resolve_device(self._device_arg)
         self.device = f"cuda:{dev.index}" if dev.type == "cuda" else "cpu"
@@ -183,9 +197,13 @@ class Run:
 
     def stop(self, failed: bool = False) -> None:
         """End the recording; ``failed`` says the block raised, so cleanup errors must not mask it."""
+        if self._state == "waiting":
+            self._window.block_ended(self)
         if self._state != "running":
             return
         errors = self._teardown(take_snapshot=True)
+        if self._window is not None:  # after the hooks: one wrapped over the step counter is gone by now
+            self._window.close()
         if errors and not failed:
             first = errors[0]
             if not isinstance(first, Exception):  # KeyboardInterrupt/SystemExit are the user's: pass them on
@@ -264,6 +282,8 @@ class Run:
             "recording_was_on": self._was_recording,
             "nested": self.nested,
         }
+        if self._window is not None:
+            snap["phasemem"].update(self._window.meta())
         return snap
 
     # -- hooks -----------------------------------------------------------------------------
@@ -359,6 +379,7 @@ def instrument(
     max_entries: int = 1_000_000,
     stacks: str | None = "python",
     oom_dump: str | os.PathLike | None = None,
+    steps: str | None = None,
 ) -> Run:
     """Record GPU (or, without CUDA, CPU) memory around a training loop, marking its phases.
 
@@ -383,5 +404,11 @@ def instrument(
     None (no frames: smaller, faster). ``oom_dump="oom.pkl.xz"``: when the block raises
     ``torch.OutOfMemoryError``, write the snapshot there and its report and picture beside it
     (``oom.json``, ``oom.png``), then re-raise.
+
+    ``steps="5000-5002"`` records only those steps of the block (counted from 0 by the first optimizer's
+    ``step()`` calls, or the model's forward calls without one): recording starts when step 4999 ends
+    and the snapshot is taken when step 5002 ends, so the steps outside pay one Python call each before
+    the window and nothing after it (``docs/integrations.md``).
     """
-    return Run(model, optimizer, device=device, max_entries=max_entries, stacks=stacks, oom_dump=oom_dump)
+    return Run(model, optimizer, device=device, max_entries=max_entries, stacks=stacks, oom_dump=oom_dump,
+               steps=steps)
