@@ -218,7 +218,7 @@ def check_comparison(budgets: list[Budget], c: Comparison) -> list[str]:
 
     Example:
         >>> check_comparison([parse_budget("peak>+5%")], phasemem.compare(base, new))
-        ['over budget: peak>+5%: peak 1.56 GiB → 1.73 GiB (+174.1 MiB, +11.2 %), at backward ...']
+        ['over budget: peak>+5%: peak 1.56 GiB → 1.73 GiB (+174.1 MiB, +10.9 %); peak at backward (logits_release); ...']
     """
     out = []
     for b in budgets:

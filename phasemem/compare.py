@@ -7,9 +7,9 @@ What it returns is a ``comparison.Comparison`` (its text, JSON and picture).
 Example:
     >>> c = phasemem.compare("fixtures/gpt_zero_grad_keep.pkl.xz", "fixtures/gpt_zero_grad_end.pkl.xz")
     >>> c.delta, c.a.peak_phase, c.b.peak_phase
-    (-182550528, 'backward', 'backward')
+    (-182562816, 'backward', 'backward')
     >>> [(x.cause, x.bytes) for x in c.attribution]
-    [('gradient', -182550528)]
+    [('gradient', -182562816)]
 """
 from __future__ import annotations
 

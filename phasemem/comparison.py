@@ -163,7 +163,7 @@ class Comparison:
 
         Example:
             >>> phasemem.compare(a, b).main_cause()
-            {'where': 'peak', 'cause': 'gradient', 'type': 'category', 'bytes': -182550528}
+            {'where': 'peak', 'cause': 'gradient', 'type': 'category', 'bytes': -182562816}
         """
         if self.moved:
             sign = 1 if self.delta > 0 else -1
