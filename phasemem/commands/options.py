@@ -7,7 +7,7 @@ import os
 from ..errors import PhasememError
 from ..output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES
 
-_PICTURE_EXTS = (".png", ".svg", ".pdf")
+_PICTURE_EXTS = (".png", ".svg", ".pdf", ".html")
 
 
 def picture_size(text: str) -> tuple[int, int]:
@@ -32,7 +32,7 @@ def dpi_number(text: str) -> int:
 
 def picture_file(text: str) -> str:
     if os.path.splitext(text)[1].lower() not in _PICTURE_EXTS:
-        raise argparse.ArgumentTypeError(f"{text!r}: name the picture .png, .svg or .pdf")
+        raise argparse.ArgumentTypeError(f"{text!r}: name the picture .png, .svg or .pdf, or the interactive page .html")
     return text
 
 

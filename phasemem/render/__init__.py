@@ -31,6 +31,7 @@ from ..units import axis_unit, format_bytes
 from ..vocab import C, CATEGORIES, PHASE_COLORS
 from . import bands as _bands
 from . import labels as _labels
+from .html import page_writer
 from .chrome import (_MIN_STEP_DOTS_PX, _axes_style, _legends, _mark_handles, _oom_marks, _phase_ticks,
                      _shade_phases, _step_marks, _step_px, _title)
 from .colours import COLOR_MODES, STACK_PALETTE, UNSURE  # noqa: F401  (public here too)
@@ -38,7 +39,7 @@ from .colours import _CURVE, _FOLDED, _RESERVED, _band_colors, _shade, _unsure
 from .labels import CALLOUT_PT, PEAK_PT, STRIP_PT
 from .live import plot_live
 
-_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".html": "html"}
 
 
 def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=None, max_bands=2000,
@@ -195,12 +196,14 @@ def picture_writer(report, path, **options):
     that writes it, in the format ``path``'s extension names, to the path it is given."""
     fmt = _FORMATS.get(os.path.splitext(os.fspath(path))[1].lower())
     if fmt is None:
-        raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg or .pdf")
+        raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg, .pdf or .html")
     if report.live is not None:  # no history: what was alive, by allocation site
 
         fig = plot_live(report.live, size=options.get("size", (1600, 900)), dpi=options.get("dpi", 100))
     else:
         fig = plot(report, **options)
+    if fmt == "html":  # the interactive page (render/html.py): this figure as SVG, zoomable, with what each band is
+        return page_writer(report, fig, **options)
 
     def write(tmp):
         # savefig's own dpi default comes from rcParams; pin it so the pixel size is the one asked for.

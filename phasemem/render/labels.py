@@ -69,11 +69,12 @@ class Layout:
             return False
         return self.text_size(s, pt, weight)[0] + 4 <= room
 
-    def axes_box(self, groups) -> tuple[list[float], list[int]]:
-        """The axes rectangle in figure fractions, and how many rows each legend group below it needs."""
+    def axes_box(self, groups, right_px: float = 0.0) -> tuple[list[float], list[int]]:
+        """The axes rectangle in figure fractions, and how many rows each legend group below it needs;
+        ``right_px`` more pixels are kept free right of it (the peak's bar)."""
         W, H = self.width, self.height
         left = self.text_size("00.00", TICK_PT)[0] + self.px(LABEL_PT) * 2.2 + 8
-        right = self.px(TICK_PT) * 1.5
+        right = self.px(TICK_PT) * 1.5 + right_px
         top = self.px(TITLE_PT) * 1.9 + self.px(STEP_PT) * 1.9
         rows = []
         for handles in groups:

@@ -1,0 +1,353 @@
+"""The interactive page: one self-contained HTML file (no network, no new dependency) holding the
+labelled picture as SVG, zoomable to a step, a phase or a shape, each band telling on hover its size,
+lifetime, phase, category, shapes and the stack that made it; the tables and the text report below.
+
+The picture is ``plot()``'s own figure saved as SVG (labels, callouts, strip, legends as in the PNG),
+with its allocation bands drawn here from the same scene: the figure's ``bands.Stack``, ``bands.polygons``
+and ``colours._band_colors``, each band a path that names its allocation. Zooming is an x-only
+transform of what lies in the axes; a zoomed step shows bands sampled again over that step alone
+(``bands.columns`` at the axes' width), as long as the page stays under LAYER_BUDGET. Texts laid out for
+the whole picture are hidden while zoomed; the script draws the axis, step and phase names instead.
+
+Example:
+    >>> write = page_writer(report, plot(report))   # render.picture_writer does this for .html
+    >>> write("report.html")
+"""
+from __future__ import annotations
+
+import io
+import math
+import xml.etree.ElementTree as ET
+
+import numpy as np
+from matplotlib import colors as mcolors
+from matplotlib import rc_context
+from matplotlib.collections import PathCollection
+
+from ..stacks import short_path
+from ..units import axis_unit, format_bytes
+from ..vocab import CATEGORIES, C, PHASES
+from . import bands as _bands
+from .colours import _CURVE, _FOLDED, _RESERVED, _band_colors
+from .html_page import page
+from .labels import STRIP_PT
+
+#: Band vertices the zoom layers of single steps may add to the page (about 12 bytes each). The whole
+#: picture of a 5,000-event GPT trace has 180,000 (fixtures/gpt_big_foreach), its three steps 270,000.
+LAYER_BUDGET = 400_000
+
+#: Frames of an allocation's stack shown on hover (innermost first, as memory_viz lists them).
+STACK_FRAMES = 14
+
+_SVG_NS = "{http://www.w3.org/2000/svg}"
+_XLINK_HREF = "{http://www.w3.org/1999/xlink}href"
+
+
+def page_writer(report, fig, **options):
+    """A function writing the page of ``report`` whose picture ``fig`` is (``plot(report, **options)``).
+
+    Example:
+        >>> page_writer(report, plot(report, steps="1-2"), steps="1-2")("report.html")
+    """
+    if report.live is not None:  # no history: the live picture, the text
+        svg, data = _svg_text(fig, {}, None), {"views": {}}
+    else:
+        scene = _Scene(report, fig, options.get("by", "event"), options.get("color", "category"),
+                       int(options.get("max_bands", 2000)))
+        svg, data = _svg_text(fig, _tag(fig), scene), scene.data()
+    text = page(report, svg, data, int(round(fig.get_size_inches()[0] * fig.dpi)))
+
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    return write
+
+
+class _Scene:
+    """The figure's geometry (data → SVG user units, which are points), its band layers and what each
+    band is."""
+
+    def __init__(self, report, fig, by, color, max_bands):
+        self.r, self.by, self.color, self.max_bands = report, by, color, max_bands
+        ax = fig.axes[0]
+        (x0, y0), (x1, y1) = ax.get_position().get_points()
+        w, h = fig.get_size_inches() * 72
+        self.L, self.R, self.T, self.B = x0 * w, x1 * w, (1 - y1) * h, (1 - y0) * h
+        self.X0, self.X1 = ax.get_xlim()
+        self.ytop = ax.get_ylim()[1]
+        self.dpi = fig.dpi
+        self.X = _x_values(report, by)
+        st = fig.phasemem_stack
+        self.ncols = len(st.columns)
+        # the events drawn, [a, b): X ties (events at one µs, by="time") only add events of no width
+        self.a, self.b = int(np.searchsorted(self.X, self.X0)), int(np.searchsorted(self.X, self.X1))
+        cols = st.columns
+        self.unit = axis_unit(int(max(cols.level.max(), cols.reserved.max() if report.reserved_peak_bytes else 0, 1)))[0]
+        self.codes = _category_codes(report)
+        self.lines = {"curve": any(str(ln.get_color()) == _CURVE for ln in ax.lines),
+                      "reserved": report.reserved_peak_bytes > 0}
+        self.layers = [self._layer(st, 2)]  # the whole picture: the very stack plot() drew
+        self.step_layer = self._step_layers()
+        self.base = st
+        self.drawn = sorted({int(i) for _, paths, _ in self.layers for i in paths})
+
+    # -- geometry ---------------------------------------------------------------------------------
+    def ux(self, x):
+        return self.L + (np.asarray(x, float) - self.X0) * (self.R - self.L) / (self.X1 - self.X0)
+
+    def vy(self, y_units):
+        return self.B - np.asarray(y_units, float) * (self.B - self.T) / self.ytop
+
+    # -- layers -----------------------------------------------------------------------------------
+    def _layer(self, st, nd):
+        """(vertex count, {lifetime index: path}, extra elements) of one stack, in SVG user units."""
+        (rgb, _), _ = _band_colors(self.r, st, self.color, self.codes, CATEGORIES)
+        polys = _bands.polygons(st, self.unit)
+        paths = {}
+        for i, poly, c in zip(st.index.tolist(), polys, rgb):
+            paths[i] = ("path", {"d": _d(self.ux(poly[:, 0]), self.vy(poly[:, 1]), nd), "fill": mcolors.to_hex(c),
+                                 "data-i": str(i), "class": "pm-band"})
+        extra = []
+        edges = st.columns.edges
+        if st.folded.any():
+            lo = st.drawn_top()
+            xs, yb = _bands.step_outline(edges, lo, self.unit)
+            _, yt = _bands.step_outline(edges, lo + st.folded, self.unit)
+            d = _d(self.ux(np.concatenate([xs, xs[::-1]])), self.vy(np.concatenate([yb, yt[::-1]])), nd)
+            extra.append(("path", {"d": d, "fill": _FOLDED, "class": "pm-band",
+                                   "data-t": f"{st.n_folded:,} smaller allocations, summed (not drawn one by one)"}))
+        for name, values, ink in (("curve", st.columns.level, _CURVE), ("reserved", st.columns.reserved, _RESERVED)):
+            if self.lines[name]:
+                xs, ys = _bands.step_outline(edges, values, self.unit)
+                extra.append(("path", {"d": _d(self.ux(xs), self.vy(ys), nd, close=False), "fill": "none",
+                                       "stroke": ink, "stroke-width": f"{0.9 * self.dpi / 72:.2f}", "class": "pm-line"}))
+        return sum(len(p[1]["d"]) for p in paths.values()) // 12, paths, extra
+
+    def _step_layers(self) -> dict[int, int]:
+        """Step position → its layer, for the steps shown, the peak's step first, while within budget."""
+        r, tl = self.r, self.r.timeline
+        shown = [s for s in r.steps if s.start_event < self.b and s.end_event >= self.a]
+        peak = int(r.step_of[r.peak_event]) if r.step_of is not None and r.peak_event >= 0 else -1
+        shown.sort(key=lambda s: (s.index != peak, s.index))
+        out, spent = {}, 0
+        for s in shown:
+            a, b = max(s.start_event, self.a), min(s.end_event + 1, self.b)
+            if b - a < 2:
+                continue
+            cols = _bands.columns(self.X, tl.level, tl.active_after, tl.reserved_after, tl.delta, a, b, self.ncols)
+            st = _bands.stack(tl.lifetimes, cols, r.n_events, self.max_bands,
+                              base_key=self.codes if self.color == "category" else None)
+            zoom = (self.X1 - self.X0) / max(self.X[b] - self.X[a], 1e-9)
+            layer = self._layer(st, min(2 + math.ceil(math.log10(max(zoom, 1))), 6))
+            if spent + layer[0] > LAYER_BUDGET:
+                break
+            spent += layer[0]
+            out[s.index] = len(self.layers)
+            self.layers.append(layer)
+        return out
+
+    # -- what the script reads ----------------------------------------------------------------------
+    def data(self) -> dict:
+        r, X = self.r, self.X
+        geo = {"L": self.L, "R": self.R, "T": self.T, "B": self.B, "X0": self.X0, "X1": self.X1,
+               "strip": STRIP_PT * 1.9, "by": self.by, "ytop": self.ytop, "unit": self.unit}
+        views = {"all": [self.X0, self.X1, 0, "the whole picture", None]}
+        steps = []
+        for s in r.steps:
+            a, b = max(s.start_event, self.a), min(s.end_event + 1, self.b)
+            if b <= a:
+                continue
+            layer = self.step_layer.get(s.index, 0)
+            key = f"s{s.index}"
+            views[key] = [X[a], X[b], layer, f"step {s.number}: events {a:,}–{b - 1:,}", "all"]
+            for name, ph in s.phases.items():
+                if ph.n_events and ph.start_event < b and ph.end_event >= a:
+                    pa, pb = max(ph.start_event, a), min(ph.end_event + 1, b)
+                    views[f"{key}.{name}"] = [X[pa], X[pb], layer, f"step {s.number} {name}: events {pa:,}–{pb - 1:,}", key]
+            runs = [[PHASES[c], X[max(f, a)], X[min(e + 1, b)]] for f, e, c, k in zip(*_runs(r)) if k == s.index]
+            steps.append({"key": key, "n": s.number, "a": X[a], "b": X[b], "runs": runs})
+        for j, p in enumerate(r.patterns):
+            a, b = max(p.start_event, self.a), min(p.end_event + 1, self.b)
+            if b > a:
+                inside = [lay for k, lay in self.step_layer.items() if r.steps[k].start_event <= a and b <= r.steps[k].end_event + 1]
+                views[f"k{j}"] = [X[a], X[b], inside[0] if inside else 0,
+                                  f"{p.kind} of step {r.steps[p.step].number}: events {a:,}–{b - 1:,}", "all"]
+        bands_meta, stacks = _band_meta(r, self.drawn)
+        return {"geo": geo, "views": views, "steps": steps, "bands": bands_meta, "stacks": stacks,
+                "axis": "event (position in the allocator trace)" if self.by == "event" else "time since the first event"}
+
+
+def _runs(r):
+    """(first, last, phase code, step position) arrays of the report's label runs."""
+    runs = r.label_runs()
+    return ([x[0] for x in runs], [x[1] for x in runs], [PHASES.index(x[2]) for x in runs], [x[3] for x in runs])
+
+
+def _d(x, y, nd: int, close: bool = True) -> str:
+    """An SVG path through the points, H and V where a side is flat (band outlines are rectilinear)."""
+    xs = [f"{v:.{nd}f}" for v in np.asarray(x, float).tolist()]
+    ys = [f"{v:.2f}" for v in np.asarray(y, float).tolist()]
+    out = [f"M{xs[0]} {ys[0]}"]
+    for k in range(1, len(xs)):
+        if ys[k] == ys[k - 1]:
+            if xs[k] != xs[k - 1]:
+                out.append(f"H{xs[k]}")
+        elif xs[k] == xs[k - 1]:
+            out.append(f"V{ys[k]}")
+        else:
+            out.append(f"L{xs[k]} {ys[k]}")
+    return "".join(out) + ("Z" if close else "")
+
+
+def _x_values(report, by) -> np.ndarray:
+    """x of every event's left edge and one past the last, as plot() places them."""
+    n = report.n_events
+    if by == "event":
+        return np.arange(n + 1, dtype=np.float64)
+    t = report.trace.time_us
+    X = np.empty(n + 1, dtype=np.float64)
+    X[:n] = t - t[0]
+    X[n] = X[n - 1] + max((X[n - 1] - X[0]) / max(n - 1, 1), 1.0)
+    return X
+
+
+def _category_codes(report) -> np.ndarray:
+    curves = report.category_curves
+    if curves is None:
+        return np.full(len(report.timeline.lifetimes), C["other"], np.int64)
+    return np.asarray(curves.codes, dtype=np.int64)
+
+
+def _band_meta(r, drawn: list[int]) -> tuple[dict, list]:
+    """Hover texts of every drawn allocation (Lifetimes index → size, when made, when freed, category,
+    shapes, stack id, a note) and the stacks they name."""
+    life, tr = r.timeline.lifetimes, r.trace
+    n, numbers = r.n_events, [s.number for s in r.steps]
+    n_pre = int(life.preexisting.sum())
+    shapes: dict[int, list[str]] = {}
+    for p in r.patterns:
+        for m in p.members:
+            kinds = shapes.setdefault(n_pre + m, [])
+            if p.kind not in kinds:
+                kinds.append(p.kind)
+
+    def where(e: int) -> str:
+        ph = PHASES[int(r.label_codes[e])]
+        return f"step {numbers[int(r.step_of[e])]} {ph}" if r.step_of[e] >= 0 else ph
+
+    cats = _category_codes(r)
+    stack_ids: dict[int, int] = {}
+    meta = {}
+    for i in drawn:
+        a, f, size = int(life.alloc_event[i]), int(life.free_event[i]), int(life.size[i])
+        made = f"made at event {a:,} ({where(a)})" if a >= 0 else "made before recording"
+        freed = f"freed at event {f:,} ({where(f)})" if f < n else "still alive when the snapshot was taken"
+        if a >= 0 and f < n:
+            freed += f": alive {f - a:,} events, {_duration(int(tr.time_us[f] - tr.time_us[a]))}"
+        sid = int(tr.stack[a]) if a >= 0 else (int(tr.stack[f]) if f < n else -1)
+        meta[i] = [f"{format_bytes(size)} ({size:,} bytes)", made, freed, CATEGORIES[int(cats[i])],
+                   ", ".join(shapes.get(i, [])), stack_ids.setdefault(sid, len(stack_ids)) if sid >= 0 else -1,
+                   "" if a >= 0 else "the stack of its free (its alloc was not recorded)"]
+    stacks = [""] * len(stack_ids)
+    for sid, k in stack_ids.items():
+        frames = [tr.frames[f] for f in tr.stacks[sid]]
+        py = [fr for fr in frames if str(fr[0]).endswith(".py")] or frames
+        lines = [f"{name} ({short_path(str(fn))}:{line})" for fn, line, name in py[:STACK_FRAMES]]
+        stacks[k] = "\n".join(lines + ([f"… {len(py) - STACK_FRAMES} more"] if len(py) > STACK_FRAMES else []))
+    return meta, stacks
+
+
+def _duration(us: int) -> str:
+    return f"{us / 1e6:.2f} s" if us >= 1e6 else f"{us / 1e3:.1f} ms" if us >= 1e3 else f"{us} µs"
+
+
+def _tag(fig) -> dict[str, str]:
+    """Name each artist of the axes by what zooming does to it (gid → role); empty the bands, the folded
+    band and the memory curves, which the scene's layers draw instead."""
+    ax = fig.axes[0]
+    roles = {}
+    for k, c in enumerate(ax.collections):
+        old = c.get_gid()
+        role = {"band": "layers", "band-folded": "gone", "band-base": "base"}.get(old) or (
+            "mark" if isinstance(c, PathCollection) else "zx")
+        if role in ("layers", "gone"):
+            c.set_paths([])
+        c.set_gid(f"pm-c{k}")
+        roles[f"pm-c{k}"] = role
+    for k, ln in enumerate(ax.lines):
+        if str(ln.get_color()) in (_CURVE, _RESERVED) and ln.get_gid() is None:
+            ln.set_data([], [])
+        ln.set_gid(f"pm-l{k}")
+        roles[f"pm-l{k}"] = "zx"
+    for k, t in enumerate(ax.texts):
+        t.set_gid(f"pm-t{k}")
+        roles[f"pm-t{k}"] = "label"
+        if getattr(t, "arrow_patch", None) is not None:  # a callout's arrow is drawn apart from its text
+            t.arrow_patch.set_gid(f"pm-a{k}")
+            roles[f"pm-a{k}"] = "label"
+        if getattr(t, "anncoords", None) == "figure pixels":
+            # SVG is drawn at 72 dpi: a callout placed in pixels would move; points are the same at any dpi
+            x, y = t.xyann
+            t.set_anncoords("figure points")
+            t.xyann = (x * 72 / fig.dpi, y * 72 / fig.dpi)
+    ax.xaxis.set_gid("pm-xaxis")
+    roles["pm-xaxis"] = "label"
+    return roles
+
+
+def _svg_text(fig, roles: dict, scene) -> str:
+    """The figure as inline SVG: no XML prolog, namespaces or metadata (nothing that names a URL), the
+    artists classed by role, the scene's layers in place of the bands."""
+    buf = io.BytesIO()
+    with rc_context({"svg.hashsalt": "phasemem", "svg.fonttype": "path"}):  # ids the same every run; text as drawn
+        fig.savefig(buf, format="svg", dpi=fig.dpi, facecolor="white", metadata={"Date": None})
+    root = ET.fromstring(buf.getvalue())
+    parents = {c: p for p in root.iter() for c in p}
+    for el in root.iter():
+        el.tag = el.tag.replace(_SVG_NS, "")
+        if _XLINK_HREF in el.attrib:
+            el.set("href", el.attrib.pop(_XLINK_HREF))
+    for meta in root.findall("metadata"):
+        root.remove(meta)
+    if scene is not None:
+        _wire(root, parents, roles, scene)
+    root.set("id", "pm-svg")
+    return ET.tostring(root, encoding="unicode")
+
+
+def _wire(root, parents, roles, scene) -> None:
+    clip = ET.SubElement(ET.SubElement(root, "defs"), "clipPath", {"id": "pm-clip"})
+    ET.SubElement(clip, "rect", {"x": f"{scene.L:.2f}", "y": f"{scene.T:.2f}", "width": f"{scene.R - scene.L:.2f}",
+                                 "height": f"{scene.B - scene.T:.2f}"})
+    for g in list(root.iter("g")):
+        role = roles.get(g.get("id"))
+        if role is None:
+            continue
+        if role == "label":
+            g.set("class", "pm-lbl")
+            continue
+        if role == "layers":
+            _fill_layers(g, scene)
+        if role == "base":
+            for path, k in zip(g.findall("path"), [k for k, v in zip(scene.base.base_keys, scene.base.base) if v > 0]):
+                size = int(scene.base.base[list(scene.base.base_keys).index(k)])
+                kind = f"{CATEGORIES[int(k)]}, " if scene.color == "category" else ""
+                path.set("data-t", f"alive from before recording to the end: {kind}{format_bytes(size)} ({size:,} bytes)")
+                path.set("class", "pm-band")
+        g.set("class", "pm-mk" if role == "mark" else "pm-zx")
+        parent = parents[g]
+        wrap = ET.Element("g", {"clip-path": "url(#pm-clip)"})
+        parent.insert(list(parent).index(g), wrap)
+        parent.remove(g)
+        wrap.append(g)
+        parents[g] = wrap
+
+
+def _fill_layers(g, scene) -> None:
+    for k, (_, paths, extra) in enumerate(scene.layers):
+        layer = ET.SubElement(g, "g", {"class": "pm-layer", "data-layer": str(k)})
+        if k:
+            layer.set("style", "display:none")
+        for tag, attrs in list(paths.values()) + extra:
+            ET.SubElement(layer, tag, attrs)
