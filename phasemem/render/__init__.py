@@ -67,9 +67,12 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     lay = _labels.Layout(FigureCanvasAgg(fig), width, height, dpi)
     a, b, shown = visible_range(report, steps, events)
     sc = _scene(report, lay, _x_values(report, by), a, b, shown, int(max_bands), color)
-    ax_box, rows = lay.axes_box(sc.groups)
+    bar_px = _peakbar.width_px(lay, report, a, b)
+    ax_box, rows = lay.axes_box(sc.groups, bar_px)
     ax = fig.add_axes(ax_box)
-    fig.phasemem_callouts = _draw(ax, lay, report, sc, ax_box)
+    fig.phasemem_callouts, y_top = _draw(ax, lay, report, sc, ax_box)
+    if bar_px:
+        _peakbar.draw(fig, lay, report, ax_box, y_top, sc.unit_div, bar_px)
     _axes_style(ax, by, sc.unit, sc.X[b] - sc.X[a], ax_box[2] * width, ax_box[3] * height)
     _title(fig, lay, report, shown, width, height)
     _legends(fig, lay, sc.groups, rows, height)
@@ -101,7 +104,7 @@ def _scene(report, lay, X, a, b, shown, max_bands: int, color: str) -> _Scene:
     # The CPU profiler has no caching allocator, hence no reserved memory: no line at zero.
     show_reserved = report.reserved_peak_bytes > 0
     # The axes' width does not depend on the legend (only its height does): columns first.
-    ncols = max(int(lay.axes_box([])[0][2] * lay.width), 1)
+    ncols = max(int(lay.axes_box([], _peakbar.width_px(lay, report, a, b))[0][2] * lay.width), 1)
     cols = _bands.columns(X, tl.level, tl.active_after, tl.reserved_after, tl.delta, a, b, ncols)
     codes = _category_codes(report)
     st = _bands.stack(tl.lifetimes, cols, report.n_events, max_bands, base_key=codes if color == "category" else None)
@@ -116,7 +119,8 @@ def _scene(report, lay, X, a, b, shown, max_bands: int, color: str) -> _Scene:
 
 def _draw(ax, lay, report, sc: _Scene, ax_box) -> object:
     """Every layer, bottom to top: phase shading, bands, lines, marks, then the labels, which are
-    placed only where they overlap nothing drawn before them. Returns what the callouts named."""
+    placed only where they overlap nothing drawn before them. Returns what the callouts named, and
+    the y axis' top (in axis units)."""
     X, a, b, unit_div = sc.X, sc.a, sc.b, sc.unit_div
     ax_h_px = ax_box[3] * lay.height
     strip_px = lay.px(STRIP_PT) * 1.9
@@ -144,7 +148,7 @@ def _draw(ax, lay, report, sc: _Scene, ax_box) -> object:
                                 ceiling, dense)
     pts = _labels.phase_dots(ax, X, sc.shown, step_px >= _MIN_STEP_DOTS_PX, unit_div, a, b, PHASE_COLORS)
     _labels.peak_labels(ax, lay, view, placed, X, report, pts, runs, unit_div, a, b, ceiling)
-    return callouts
+    return callouts, y_top
 
 
 def _check_options(report, size, dpi, by, color, max_bands) -> tuple[int, int]:
