@@ -20,7 +20,6 @@ import math
 import xml.etree.ElementTree as ET
 
 import numpy as np
-from matplotlib import colors as mcolors
 from matplotlib import rc_context
 from matplotlib.collections import PathCollection
 
@@ -104,25 +103,25 @@ class _Scene:
         """(vertex count, {lifetime index: path}, extra elements) of one stack, in SVG user units."""
         (rgb, _), _ = _band_colors(self.r, st, self.color, self.codes, CATEGORIES)
         polys = _bands.polygons(st, self.unit)
-        paths = {}
-        for i, poly, c in zip(st.index.tolist(), polys, rgb):
-            paths[i] = ("path", {"d": _d(self.ux(poly[:, 0]), self.vy(poly[:, 1]), nd), "fill": mcolors.to_hex(c),
-                                 "data-i": str(i), "class": "pm-band"})
+        ds = _paths([self.ux(p[:, 0]) for p in polys], [self.vy(p[:, 1]) for p in polys], nd)
+        hexes = ["#%02x%02x%02x" % tuple(c) for c in np.round(np.asarray(rgb).reshape(-1, 3) * 255).astype(int).tolist()]
+        paths = {i: ("path", {"d": d, "fill": h, "data-i": str(i), "class": "pm-band"})
+                 for i, d, h in zip(st.index.tolist(), ds, hexes)}
         extra = []
         edges = st.columns.edges
         if st.folded.any():
             lo = st.drawn_top()
             xs, yb = _bands.step_outline(edges, lo, self.unit)
             _, yt = _bands.step_outline(edges, lo + st.folded, self.unit)
-            d = _d(self.ux(np.concatenate([xs, xs[::-1]])), self.vy(np.concatenate([yb, yt[::-1]])), nd)
+            d = _paths([self.ux(np.concatenate([xs, xs[::-1]]))], [self.vy(np.concatenate([yb, yt[::-1]]))], nd)[0]
             extra.append(("path", {"d": d, "fill": _FOLDED, "class": "pm-band",
                                    "data-t": f"{st.n_folded:,} smaller allocations, summed (not drawn one by one)"}))
         for name, values, ink in (("curve", st.columns.level, _CURVE), ("reserved", st.columns.reserved, _RESERVED)):
             if self.lines[name]:
                 xs, ys = _bands.step_outline(edges, values, self.unit)
-                extra.append(("path", {"d": _d(self.ux(xs), self.vy(ys), nd, close=False), "fill": "none",
+                extra.append(("path", {"d": _paths([self.ux(xs)], [self.vy(ys)], nd, close=False)[0], "fill": "none",
                                        "stroke": ink, "stroke-width": f"{0.9 * self.dpi / 72:.2f}", "class": "pm-line"}))
-        return sum(len(p[1]["d"]) for p in paths.values()) // 12, paths, extra
+        return sum(len(p) for p in polys), paths, extra
 
     def _step_layers(self) -> dict[int, int]:
         """Step position → its layer, for the steps shown, the peak's step first, while within budget."""
@@ -184,20 +183,26 @@ def _runs(r):
     return ([x[0] for x in runs], [x[1] for x in runs], [PHASES.index(x[2]) for x in runs], [x[3] for x in runs])
 
 
-def _d(x, y, nd: int, close: bool = True) -> str:
-    """An SVG path through the points, H and V where a side is flat (band outlines are rectilinear)."""
-    xs = [f"{v:.{nd}f}" for v in np.asarray(x, float).tolist()]
-    ys = [f"{v:.2f}" for v in np.asarray(y, float).tolist()]
-    out = [f"M{xs[0]} {ys[0]}"]
-    for k in range(1, len(xs)):
-        if ys[k] == ys[k - 1]:
-            if xs[k] != xs[k - 1]:
-                out.append(f"H{xs[k]}")
-        elif xs[k] == xs[k - 1]:
-            out.append(f"V{ys[k]}")
-        else:
-            out.append(f"L{xs[k]} {ys[k]}")
-    return "".join(out) + ("Z" if close else "")
+def _paths(xs: list, ys: list, nd: int, close: bool = True) -> list[str]:
+    """SVG paths through each outline's points (x to ``nd`` decimals), H and V where a side is flat
+    (band outlines are rectilinear): one template and one % for all of them, not one per number."""
+    if not xs:
+        return []
+    lens = np.array([len(x) for x in xs], dtype=np.int64)
+    X = np.round(np.concatenate(xs).astype(float), nd)
+    Y = np.round(np.concatenate(ys).astype(float), 2)
+    first = np.zeros(len(X), bool)
+    first[np.cumsum(lens) - lens] = True
+    same_x = np.concatenate(([False], X[1:] == X[:-1])) & ~first
+    same_y = np.concatenate(([False], Y[1:] == Y[:-1])) & ~first
+    kind = np.where(first, 0, np.where(same_x & same_y, 4, np.where(same_y, 2, np.where(same_x, 3, 1))))
+    fx, fy = f"%.{nd}f", "%.2f"
+    tmpl = np.array([f"M{fx} {fy}", f"L{fx} {fy}", f"H{fx}", f"V{fy}", ""], dtype=object)[kind]
+    last = np.cumsum(lens) - 1
+    tmpl[last] = tmpl[last] + (("Z" if close else "") + "\n")
+    keep = np.stack([np.isin(kind, (0, 1, 2)), np.isin(kind, (0, 1, 3))], axis=1)
+    text = "".join(tmpl.tolist()) % tuple(np.stack([X, Y], axis=1)[keep].tolist())
+    return text.split("\n")[:-1]
 
 
 def _x_values(report, by) -> np.ndarray:
@@ -335,7 +340,8 @@ def _wire(root, parents, roles, scene) -> None:
                 kind = f"{CATEGORIES[int(k)]}, " if scene.color == "category" else ""
                 path.set("data-t", f"alive from before recording to the end: {kind}{format_bytes(size)} ({size:,} bytes)")
                 path.set("class", "pm-band")
-        g.set("class", "pm-mk" if role == "mark" else "pm-zx")
+        # the base spans the whole picture at any zoom: left as drawn, its hatching is not stretched
+        g.set("class", {"mark": "pm-mk", "base": "pm-base"}.get(role, "pm-zx"))
         parent = parents[g]
         wrap = ET.Element("g", {"clip-path": "url(#pm-clip)"})
         parent.insert(list(parent).index(g), wrap)

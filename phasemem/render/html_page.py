@@ -45,8 +45,7 @@ SCRIPT = r"""
 const D = JSON.parse(document.getElementById("pm-data").textContent);
 const svg = document.getElementById("pm-svg"), tip = document.getElementById("pm-tip");
 const showing = document.getElementById("pm-showing");
-document.body.dataset.ready = "1";
-if (!svg || !D.geo) return;
+if (!svg || !D.geo) { document.body.dataset.ready = "1"; return; }
 const G = D.geo, NS = svg.namespaceURI;  // the SVG namespace, read from the page rather than spelt here
 const layers = [...svg.querySelectorAll(".pm-layer")], zx = [...svg.querySelectorAll(".pm-zx")];
 // markers keep their shape: each is moved to where its centre goes (a <use> at x, or a lone <path>)
@@ -168,6 +167,7 @@ function fromHash() {
 }
 addEventListener("hashchange", fromHash);
 fromHash();
+document.body.dataset.ready = "1";  // for scripts driving the page (tests/test_html.py)
 })();
 """
 
