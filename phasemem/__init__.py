@@ -13,9 +13,10 @@ from .analyze import analyze
 from .compare import compare
 from .comparison import Comparison
 from .errors import PhasememError
+from .ranks import RunReport, analyze_ranks
 from .report import Allocation, Phase, Report, Step
 
-__all__ = ["analyze", "compare", "Comparison", "instrument", "PhasememError", "Report", "Step", "Phase", "Allocation"]
+__all__ = ["analyze", "analyze_ranks", "compare", "Comparison", "RunReport", "instrument", "PhasememError", "Report", "Step", "Phase", "Allocation"]
 __version__ = "0.1.0"
 
 

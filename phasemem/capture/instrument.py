@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ..errors import PhasememError
-from . import cpu
+from . import cpu, ranks
 from .hooks import MARKERS, PREFIX, hook_forward, hook_optimizer, patch_backward, wrap_method
 from .window import StepWindow
 
@@ -179,7 +179,8 @@ class Run:
 
     def _begin(self) -> "Run":
         self._state = "running"
-        dev = _resolve_device(self._device_arg)
+        # In a process group each rank records its own device: the one its model is on.
+        dev = _resolve_device(self._device_arg if self._device_arg is not None else ranks.rank_device(self._model))
         self.device = f"cuda:{dev.index}" if dev.type == "cuda" else "cpu"
         self.source = "cuda" if dev.type == "cuda" else "cpu-profiler"
         try:
@@ -281,6 +282,7 @@ class Run:
             "stacks": self.stacks,
             "recording_was_on": self._was_recording,
             "nested": self.nested,
+            **ranks.describe(),  # rank, world_size, backend, local_rank inside a process group
         }
         if self._window is not None:
             snap["phasemem"].update(self._window.meta())
@@ -338,17 +340,24 @@ class Run:
             raise _error("no snapshot: the instrument() block has not finished (or capture failed)")
         return self.snapshot
 
-    def report(self, **kwargs: Any) -> Any:
-        """``phasemem.analyze.analyze(run.snapshot, **kwargs)``."""
+    def report(self, gather: bool = False, **kwargs: Any) -> Any:
+        """``phasemem.analyze.analyze(run.snapshot, **kwargs)``; ``gather=True`` (every rank of a process
+        group must call it) gathers each rank's summary with ``all_gather_object`` and returns the
+        ``phasemem.ranks.RunReport`` of all of them, on every rank."""
         snap = self._need_snapshot()
         # Capture sits below the pipeline: this convenience calls up into it, lazily, at the end.
         from phasemem.analyze import analyze
 
-        return analyze(snap, **kwargs)
+        report = analyze(snap, **kwargs)
+        return ranks.gather(report, snap.get("phasemem") or {}) if gather else report
 
     def save(self, path: str | os.PathLike) -> str:
-        """Write the snapshot as a pickle (xz/gzip by suffix), atomically: readers never see half a file."""
+        """Write the snapshot as a pickle (xz/gzip by suffix), atomically: readers never see half a file.
+        A folder (one that exists, or a path ending in "/") gets this rank's ``rank{r}.pickle.xz`` and
+        its report's ``rank{r}.json``, with no rank waiting on another."""
         snap = self._need_snapshot()
+        if ranks.is_folder(path):
+            return ranks.save_rank(self, path)
         path = os.fspath(path)
         data = pickle.dumps(snap, protocol=4)
         if path.endswith(".xz"):

@@ -13,7 +13,9 @@ def register(sub) -> None:
         description="Analyse a torch.cuda.memory._dump_snapshot pickle (plain, .gz or .xz): print the "
                     "report and draw the labeled picture.",
     )
-    a.add_argument("snapshot", metavar="SNAPSHOT", help="the snapshot file")
+    a.add_argument("snapshot", metavar="SNAPSHOT", nargs="+",
+                   help="the snapshot file; or the ranks of one distributed run: the folder run.save(folder) "
+                        "wrote, several files, or a glob (one report over the ranks, a lane per rank)")
     a.add_argument("-o", "--output", type=picture_file, default="memory.png", metavar="PICTURE",
                    help="picture to write: .png, .svg or .pdf (default: memory.png)")
     a.add_argument("--json", metavar="PATH", help="also write the report as JSON")
@@ -48,6 +50,9 @@ def run(args) -> int:
     budgets = parse_budgets(args.fail_if, absolute=True)  # one that does not parse fails now, not as a pass
     check_outputs(args.output, args.json)
     parse_steps(args.zoom)  # a malformed range fails now, not after a long analysis
+    if _several_ranks(args.snapshot):
+        return _run_ranks(args, budgets)
+    args.snapshot = args.snapshot[0]
     every = args.device == "all"
     report = analyze(args.snapshot, None if every else args.device, trusted=args.trust,
                      marker_prefix=args.markers, steps=args.zoom)
@@ -78,3 +83,37 @@ def _over_budget(budgets, reports, every: bool) -> list[str]:
     from ..budgets import check_report
 
     return [(f"{r.device}: " if every else "") + line for r in reports for line in check_report(budgets, r)]
+
+
+def _several_ranks(sources: list[str]) -> bool:
+    import glob
+    import os
+
+    one = sources[0]
+    return len(sources) > 1 or os.path.isdir(one) or (glob.has_magic(one) and not os.path.exists(one))
+
+
+def _run_ranks(args, budgets) -> int:
+    """A distributed run: every rank analysed, one report over them, the lanes picture (phasemem.ranks)."""
+    from ..budgets import check_report
+    from ..errors import PhasememError
+    from ..ranks import RunReport, each_rank, rank_files
+
+    if args.device == "all" or args.what_if:
+        raise PhasememError(f"{'--device all' if args.device == 'all' else '--what-if'} reads one snapshot; "
+                            "with several ranks, run it on one rank's file")
+    summaries, broken = [], []
+    for path, report, summary in each_rank(rank_files(args.snapshot), device=args.device, trusted=args.trust,
+                                           marker_prefix=args.markers, steps=args.zoom):
+        summaries.append(summary)
+        broken += [f"{path}: {line}" for line in check_report(budgets, report)]
+    run = RunReport.of(summaries)
+    outputs = [(args.output, run.picture_writer(args.output, size=args.size, dpi=args.dpi))]
+    if args.json:
+        outputs.append((args.json, run.json_writer()))
+    print(run)
+    write_all(outputs)  # all of them or none
+    print(f"\nwrote {', '.join(p for p, _ in outputs)}")
+    for line in broken:
+        print(f"phasemem: {line}", file=sys.stderr)
+    return EXIT_OVER_BUDGET if broken else 0

@@ -1,0 +1,103 @@
+"""One recording per rank of a ``torch.distributed`` job: which rank and device this process is, the
+file each rank writes, and the gather of per-rank summaries for ``run.report(gather=True)``.
+
+Nothing here waits on another rank except ``gather`` (one ``all_gather_object``, of summaries, never
+traces): ``save_rank`` writes this rank's files only, so a rank that dies cannot hang the others.
+
+Example:
+    >>> with instrument(ddp_model, opt) as run:     # inside an initialised process group
+    ...     train(3)
+    >>> run.save("mem/")                             # mem/rank{r}.pickle.xz and mem/rank{r}.json
+    >>> run.report(gather=True)                      # every rank: the RunReport of all of them
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: What ``run.save(folder)`` names each rank's files: the snapshot, and its report as JSON.
+RANK_SNAPSHOT = "rank{rank}.pickle.xz"
+RANK_JSON = "rank{rank}.json"
+
+
+def _dist() -> Any:
+    # torch.distributed is imported only when a run asks about ranks (capture is torch's floor).
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def describe() -> dict:
+    """This process's place in the job for ``snapshot["phasemem"]``: ``rank``, ``world_size``,
+    ``backend`` and ``local_rank`` (from ``LOCAL_RANK``, as torchrun sets it); {} outside a process group.
+
+    Example:
+        >>> describe()
+        {'rank': 1, 'world_size': 2, 'backend': 'gloo', 'local_rank': 1}
+    """
+    dist = _dist()
+    if dist is None:
+        return {}
+    local = os.environ.get("LOCAL_RANK", "")
+    return {"rank": int(dist.get_rank()), "world_size": int(dist.get_world_size()),
+            "backend": str(dist.get_backend()), "local_rank": int(local) if local.isdigit() else None}
+
+
+def rank_device(model: Any) -> Any:
+    """The device this rank trains on, for ``instrument(device=None)`` inside a process group: that of
+    the model's first parameter or buffer (each rank put its model on its own device; FSDP2's DTensor
+    parameters report their shard's). None outside a process group, or with nothing to read, so the
+    single-process default (the current CUDA device, else the CPU) stays.
+
+    Example:
+        >>> rank_device(ddp_model)
+        device(type='cuda', index=1)
+    """
+    if _dist() is None or model is None:
+        return None
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return None
+
+
+def is_folder(path: str | os.PathLike) -> bool:
+    """Whether ``run.save(path)`` means a folder of per-rank files: an existing folder, or a path
+    ending in a separator (made if missing)."""
+    text = os.fspath(path)
+    return os.path.isdir(text) or text.endswith((os.sep, "/"))
+
+
+def save_rank(run: Any, folder: str | os.PathLike) -> str:
+    """Write this rank's snapshot (``rank{r}.pickle.xz``) and its report's JSON (``rank{r}.json``) into
+    ``folder``; returns the snapshot's path. Outside a process group the rank is 0.
+
+    Example:
+        >>> save_rank(run, "mem/")
+        'mem/rank1.pickle.xz'
+    """
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)  # every rank may make it; exist_ok makes that race harmless
+    rank = int(((run.snapshot or {}).get("phasemem") or {}).get("rank", 0))
+    path = run.save(os.path.join(folder, RANK_SNAPSHOT.format(rank=rank)))
+    run.report().to_json(os.path.join(folder, RANK_JSON.format(rank=rank)))
+    return path
+
+
+def gather(report: Any, rank_meta: dict) -> Any:
+    """Every rank's summary of its own report, gathered with ``all_gather_object`` (summaries only: a
+    few KiB a rank), as one ``phasemem.ranks.RunReport``, on every rank. Outside a process group the
+    RunReport of this one rank. Every rank must call it (it is a collective).
+
+    Example:
+        >>> print(gather(run.report(), {"rank": 0, "world_size": 2}))
+    """
+    # The analysis side is imported when asked for, as Run.report imports phasemem.analyze.
+    from phasemem.ranks import RunReport, summarize
+
+    mine = summarize(report, rank=rank_meta.get("rank"))
+    dist = _dist()
+    if dist is None:
+        return RunReport.of([mine])
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return RunReport.of(every)

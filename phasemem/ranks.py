@@ -1,0 +1,398 @@
+"""Many ranks of one distributed run as one report: every rank's peaks per step and phase side by side
+(max, min, spread), the rank that sets the run's peak and why, the memory FSDP2 and DDP hold (only where
+the trace shows it), steps aligned by number across ranks.
+
+A rank is read through its own ``Report`` (``phasemem.analyze``), reduced to a ``RankSummary``: plain
+numbers and a few KiB of curve, what ``run.report(gather=True)`` sends between ranks. ``RunReport.of``
+is a pure function of those summaries.
+
+Example:
+    >>> run = phasemem.analyze_ranks("mem/")          # a folder, a glob, or a list of files
+    >>> print(run); run.peak.rank, run.peak.phase
+    >>> run.save_png("ranks.png"); run.to_json("ranks.json")
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .analyze import analyze
+from .breakdown import peak_breakdown, shape_at
+from .errors import PhasememError
+from .output import atomic_write
+from .parallel import DDP_ROLES, FSDP2_ROLES, ROLE_NAMES, backward_ends, role_bytes, roles
+from .report import Report
+from .units import format_bytes
+from .vocab import CATEGORY_NAMES, PHASES
+
+#: Columns of curve kept per phase run of a rank (its highest level in each): the lanes' resolution.
+LANE_COLUMNS = 64
+#: Per-rank columns in the text table up to this many ranks; past it only max, min and spread.
+TABLE_RANKS = 8
+SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.xz", ".pkl.xz", ".pickle.gz", ".pkl.gz", ".npz")
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
+
+
+@dataclass
+class RankSummary:
+    """One rank, as the run report needs it: its peaks, where its peak is and what it is made of.
+
+    ``steps[number]`` = ``{"complete", "peak", "phases": {phase: peak}}``; ``parallel[role]`` = bytes
+    alive at the peak (None: the role applies but the trace cannot show it); ``lanes`` = per phase run
+    inside a step ``(step number, phase, events, highest level per column)``.
+    """
+
+    rank: int | None
+    name: str
+    device: str
+    world_size: int | None
+    n_events: int
+    peak_bytes: int
+    peak_event: int
+    peak_step: int | None
+    peak_phase: str
+    peak_shape: str | None
+    by_category: dict[str, int]
+    steps: dict[int, dict]
+    phases: dict[str, int]
+    wrapper: str | None = None  # "ddp", "fsdp2", or None: no evidence of either
+    evidence: str = "none"  # what told the parallel roles apart: "stack frames", "FSDP2's ranges", "none"
+    parallel: dict[str, int | None] = field(default_factory=dict)
+    parallel_max: dict[str, int | None] = field(default_factory=dict)  # the most each role held at once
+    lanes: list[tuple[int, str, int, list[int]]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def summarize(report: Report, rank: int | None = None, name: str | None = None) -> RankSummary:
+    """A rank's ``Report`` as a ``RankSummary``; ``rank`` defaults to the one its snapshot recorded.
+
+    Example:
+        >>> summarize(phasemem.analyze("mem/rank1.pickle.xz")).peak_phase
+        'backward'
+    """
+    meta = report.trace.meta if report.trace is not None else {}
+    rank = meta.get("rank", rank) if rank is None else rank
+    steps = {s.number: {"complete": s.complete, "peak": int(s.peak_bytes),
+                        "phases": {p.name: int(p.peak_bytes) for p in s.phases.values()}} for s in report.steps}
+    s = RankSummary(rank=None if rank is None else int(rank), name=name or f"rank {rank}", device=report.device,
+                    world_size=meta.get("world_size"), n_events=report.n_events, peak_bytes=int(report.peak_bytes),
+                    peak_event=int(report.peak_event), peak_step=None, peak_phase="other", peak_shape=None,
+                    by_category={k: int(v) for k, v in report.by_category.items()}, steps=steps,
+                    phases={p.name: int(p.peak_bytes) for p in report.phases.values()}, notes=list(report.notes))
+    if report.analysis is None:  # a snapshot without history: live memory only
+        return s
+    bd = peak_breakdown(report)
+    s.peak_step, s.peak_phase, s.peak_shape = bd.step_number, bd.phase, shape_at(report, report.peak_event)
+    s.wrapper, s.evidence, s.parallel, s.parallel_max = parallel_parts(report)
+    s.lanes = _lanes(report)
+    return s
+
+
+def _lanes(report: Report) -> list[tuple[int, str, int, list[int]]]:
+    level = report.timeline.level
+    out = []
+    for a, b, phase, k in report.label_runs():
+        if k < 0:
+            continue
+        cuts = np.linspace(a, b + 1, min(b + 1 - a, LANE_COLUMNS) + 1).astype(np.int64)[:-1]
+        out.append((report.steps[k].number, phase, b + 1 - a, np.maximum.reduceat(level[a:b + 1], cuts - a).tolist()))
+    return out
+
+
+def parallel_parts(report: Report) -> tuple[str | None, str, dict, dict]:
+    """(wrapper, evidence, bytes per role at the peak, the most per role at once) of one rank's report
+    (``phasemem.parallel``); a role the trace cannot show is None.
+
+    Example:
+        >>> parallel_parts(phasemem.analyze("fixtures/heldout4/heldout4_gpt_fsdp2_bf16.pkl.xz"))[:2]
+        ('fsdp2', 'stack frames and FSDP2's ranges')
+    """
+    found = roles(report.trace, report.timeline, report.label_codes, report.step_of,
+                  backward_ends(report.steps, report.n_events))
+    if found.wrapper is None:
+        return None, "none", {}, {}
+    at, most = role_bytes(report.timeline, found.codes, report.peak_event)
+    wanted, known = (FSDP2_ROLES if found.wrapper == "fsdp2" else DDP_ROLES), found.known()
+    at, most = ({r: (d[r] if known else None) for r in wanted} for d in (at, most))
+    if found.wrapper == "fsdp2":  # fully_shard made the shards before the block: the parameters' bytes
+        at["sharded_parameters"] = most["sharded_parameters"] = int(report.by_category.get("parameter", 0))
+    return found.wrapper, found.evidence, at, most
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    """One (step, phase) across ranks: each rank's peak there (``step`` None: over all steps)."""
+
+    step: int | None
+    phase: str
+    peaks: dict[int, int]
+
+    @property
+    def max(self) -> int:
+        return max(self.peaks.values())
+
+    @property
+    def min(self) -> int:
+        return min(self.peaks.values())
+
+    @property
+    def spread(self) -> int:
+        return self.max - self.min
+
+    @property
+    def max_rank(self) -> int:
+        return max(self.peaks, key=lambda r: (self.peaks[r], -r))
+
+
+@dataclass
+class RunPeak:
+    """The rank that sets the run's peak and why: where (step, phase, shape), and the category it
+    holds most more of than the median other rank holds at its own peak (the largest category, alone)."""
+
+    rank: int
+    bytes: int
+    step: int | None
+    phase: str
+    shape: str | None
+    category: str | None
+    category_excess: int  # bytes over the median other rank in that category (its bytes with one rank)
+
+
+@dataclass
+class RunReport:
+    """Every rank of one run, aligned by step number. ``ranks`` in rank order; ``rows`` the common
+    steps' (step, phase) peaks; ``phases`` the peaks over all steps; ``peak`` the highest rank.
+
+    Example:
+        >>> run = phasemem.analyze_ranks("mem/")
+        >>> run.peak.rank, run.spread, [r.spread for r in run.rows]
+    """
+
+    ranks: list[RankSummary]
+    steps: list[int]
+    rows: list[Row]
+    phases: list[Row]
+    peak: RunPeak
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def spread(self) -> int:
+        """Highest rank peak minus lowest."""
+        return max(s.peak_bytes for s in self.ranks) - min(s.peak_bytes for s in self.ranks)
+
+    @classmethod
+    def of(cls, summaries: list[RankSummary]) -> "RunReport":
+        """The run report of some ranks' summaries (pure).
+
+        Example:
+            >>> RunReport.of([summarize(r0), summarize(r1)]).peak.rank
+        """
+        ranks, notes = _number(summaries)
+        steps, more = _common_steps(ranks)
+        notes += more
+        order = [p for p in PHASES if any(p in s.phases for s in ranks)]
+        rows = [Row(n, p, {s.rank: s.steps[n]["phases"][p] for s in ranks})
+                for n in steps for p in order if all(p in s.steps[n]["phases"] for s in ranks)]
+        phases = [Row(None, p, {s.rank: s.phases[p] for s in ranks}) for p in order if all(p in s.phases for s in ranks)]
+        return cls(ranks, steps, rows, phases, _run_peak(ranks), notes)
+
+    def to_dict(self) -> dict:
+        """Everything as JSON-ready values (rows with their max, min and spread)."""
+        def row(r: Row) -> dict:
+            return {"step": r.step, "phase": r.phase, "peaks": {str(k): v for k, v in r.peaks.items()},
+                    "max": r.max, "min": r.min, "spread": r.spread, "max_rank": r.max_rank}
+
+        ranks = [{**asdict(s), "steps": {str(k): v for k, v in s.steps.items()}} for s in self.ranks]
+        return {"ranks": ranks, "steps": self.steps, "rows": [row(r) for r in self.rows],
+                "phases": [row(r) for r in self.phases], "peak": asdict(self.peak), "spread": self.spread,
+                "notes": self.notes}
+
+    def json_writer(self):
+        """A function writing ``to_dict()`` as JSON to the path it is given (``output.write_all``)."""
+        text = json.dumps(self.to_dict(), indent=1)
+
+        def write(tmp):
+            with open(tmp, "w") as f:
+                f.write(text)
+
+        return write
+
+    def to_json(self, path) -> None:
+        atomic_write(path, self.json_writer())
+
+    def picture_writer(self, path, **options):
+        """The lanes (or heat strip) picture drawn now, and a function writing it (``output.write_all``)."""
+        from .render.ranks import picture_writer  # matplotlib only when a picture is asked for
+
+        return picture_writer(self, path, **options)
+
+    def save_png(self, path, **options) -> None:
+        """Draw the picture to ``path`` (.png, .svg, .pdf): a lane per rank, or a heat strip for many."""
+        atomic_write(path, self.picture_writer(path, **options))
+
+    def __str__(self) -> str:
+        return format_run(self)
+
+
+def _number(summaries: list[RankSummary]) -> tuple[list[RankSummary], list[str]]:
+    if not summaries:
+        raise PhasememError("no rank to report on; give the folder or files that run.save wrote")
+    notes, taken = [], {s.rank for s in summaries if s.rank is not None}
+    free = (r for r in range(len(summaries) + len(taken)) if r not in taken)
+    for s in summaries:
+        if s.rank is None:
+            s.rank = next(free)
+            notes.append(f"{s.name} does not say its rank; numbered {s.rank} by its place in the list")
+    seen: dict[int, str] = {}
+    for s in summaries:
+        if s.rank in seen:
+            raise PhasememError(f"{seen[s.rank]} and {s.name} are both rank {s.rank}; give one snapshot per rank")
+        seen[s.rank] = s.name
+    world = max((s.world_size or 0 for s in summaries), default=0)
+    if world > len(summaries):
+        missing = sorted(set(range(world)) - set(seen))
+        notes.append(f"the job had {world} ranks; no snapshot of rank(s) {_list(missing)}")
+    return sorted(summaries, key=lambda s: s.rank), notes
+
+
+def _common_steps(ranks: list[RankSummary]) -> tuple[list[int], list[str]]:
+    have = [set(s.steps) for s in ranks]
+    common = sorted(set.intersection(*have))
+    if not common and any(have):
+        said = "; ".join(f"rank {s.rank}: {_list(sorted(s.steps)) or 'none'}" for s in ranks)
+        raise PhasememError(f"the ranks recorded different steps ({said}), so none can be aligned; record the "
+                            "same steps on every rank (instrument() around the same iterations)")
+    extra = [f"rank {s.rank} also has step(s) {_list(sorted(h - set(common)))}" for s, h in zip(ranks, have)
+             if h - set(common)]
+    return common, ([f"aligned on step(s) {_list(common)}, the ones every rank has; " + ", ".join(extra)]
+                    if extra else [])
+
+
+def _run_peak(ranks: list[RankSummary]) -> RunPeak:
+    top = max(ranks, key=lambda s: (s.peak_bytes, -s.rank))
+    others = [s for s in ranks if s is not top]
+    excess = {c: v - (int(np.median([o.by_category.get(c, 0) for o in others])) if others else 0)
+              for c, v in top.by_category.items()}
+    cat = max(excess, key=excess.get) if excess else None
+    if cat is not None and excess[cat] <= 0:
+        cat = None
+    return RunPeak(top.rank, top.peak_bytes, top.peak_step, top.peak_phase, top.peak_shape, cat,
+                   int(excess[cat]) if cat else 0)
+
+
+def _list(nums: list[int]) -> str:
+    """[0, 1, 2, 5] → '0-2, 5'."""
+    out, k = [], 0
+    while k < len(nums):
+        j = k
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[k]) if j == k else f"{nums[k]}-{nums[j]}")
+        k = j + 1
+    return ", ".join(out)
+
+
+# ---- text ------------------------------------------------------------------------------------------
+
+def format_run(run: RunReport) -> str:
+    ranks, p = run.ranks, run.peak
+    kinds = sorted({s.device.split(":")[0] for s in ranks})
+    lines = [f"phasemem run report — {len(ranks)} rank(s) ({', '.join(kinds)}), "
+             + (f"step(s) {_list(run.steps)} on every rank" if run.steps else "no steps")]
+    lo = min(ranks, key=lambda s: s.peak_bytes)
+    where = f"step {p.step}, {p.phase}" if p.step is not None else p.phase
+    lines.append(f"run peak {format_bytes(p.bytes)} on rank {p.rank} ({where}" + (f", shape {p.shape}" if p.shape else "")
+                 + f"); lowest rank peak {format_bytes(lo.peak_bytes)} on rank {lo.rank}; spread "
+                 + f"{format_bytes(run.spread)} ({run.spread / max(p.bytes, 1):.0%} of the peak)")
+    if p.category and len(ranks) > 1:
+        lines.append(f"  rank {p.rank} holds {format_bytes(p.category_excess)} more "
+                     f"{CATEGORY_NAMES.get(p.category, p.category)} at its peak than the median other rank at its own")
+    lines += [f"note: {n}" for n in run.notes]
+    lines += ["", "what the distributed wrapper holds at each rank's peak:"] + [_parallel_line(s) for s in ranks]
+    shown = [s.rank for s in ranks] if len(ranks) <= TABLE_RANKS else []
+    head = f"{'step':>5} {'phase':<10}" + "".join(f"{'rank ' + str(r):>11}" for r in shown) + \
+        f"{'max':>11}{'min':>11}{'spread':>11}{'max at':>8}"
+    lines += ["", head, "-" * len(head)]
+    for r in run.rows + run.phases:
+        lines.append(f"{'all' if r.step is None else r.step:>5} {r.phase:<10}"
+                     + "".join(f"{format_bytes(r.peaks[k]):>11}" for k in shown)
+                     + f"{format_bytes(r.max):>11}{format_bytes(r.min):>11}{format_bytes(r.spread):>11}"
+                     + f"{'rank ' + str(r.max_rank) if r.spread else '—':>8}")
+    return "\n".join(lines)
+
+
+def _parallel_line(s: RankSummary) -> str:
+    head = f"  rank {s.rank} {s.device} peak {format_bytes(s.peak_bytes)}: "
+    if s.wrapper is None:
+        return head + "no sign of DDP or FSDP2 in the trace"
+    told = {"ddp": "DDP", "fsdp2": "FSDP2"}[s.wrapper]
+    if all(v is None for v in s.parallel.values()):
+        why = "no stack frames" if s.evidence == "none" else "its buckets were made before the recording"
+        return head + f"{told}; " + ", ".join(ROLE_NAMES[r] for r in s.parallel) + f" unknown ({why})"
+    parts = [f"{ROLE_NAMES[r]} {'unknown' if v is None else format_bytes(v)}" for r, v in s.parallel.items()]
+    return head + f"{told} (by {s.evidence}): " + ", ".join(parts)
+
+
+# ---- from files --------------------------------------------------------------------------------------
+
+def rank_files(sources) -> list[str]:
+    """The snapshot files of ``sources``: a folder (its snapshots), a glob, a file, or a list of them,
+    ordered by the rank number in their names.
+
+    Example:
+        >>> rank_files("mem/")
+        ['mem/rank0.pickle.xz', 'mem/rank1.pickle.xz']
+    """
+    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    found: list[str] = []
+    for item in map(os.fspath, items):
+        if os.path.isdir(item):
+            inside = [os.path.join(item, f) for f in os.listdir(item) if f.lower().endswith(SNAPSHOT_SUFFIXES)]
+            if not inside:
+                raise PhasememError(f"{item}: no snapshot in this folder (files ending "
+                                    f"{', '.join(SNAPSHOT_SUFFIXES)}); run.save(folder) writes rank<r>.pickle.xz")
+            found += inside
+        elif os.path.exists(item):
+            found.append(item)
+        elif glob.has_magic(item) and glob.glob(item):
+            found += [f for f in glob.glob(item) if os.path.isfile(f)]
+        else:
+            raise PhasememError(f"{item}: no such file, folder or matching files; give the folder run.save wrote")
+    unique = list(dict.fromkeys(found))
+    return sorted(unique, key=lambda f: (_rank_of_name(f) is None, _rank_of_name(f) or 0, f))
+
+
+def _rank_of_name(path: str) -> int | None:
+    m = _RANK_IN_NAME.search(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def each_rank(paths: list[str], **analyze_options):
+    """``(path, report, summary)`` per file, one at a time (a report holds its whole trace: only its
+    summary is kept). ``analyze_options`` go to ``phasemem.analyze``."""
+    for path in paths:
+        report = analyze(path, **analyze_options)
+        yield path, report, summarize(report, name=path, rank=_meta_rank(report, path))
+
+
+def _meta_rank(report: Report, path: str) -> int | None:
+    meta = report.trace.meta if report.trace is not None else {}
+    return meta.get("rank", _rank_of_name(path))
+
+
+def analyze_ranks(sources, **analyze_options) -> RunReport:
+    """Analyse every rank of a run: a folder ``run.save`` wrote, a glob, or several files; the options
+    (``device``, ``trusted``, ``marker_prefix``, ``steps``) go to ``phasemem.analyze`` for each rank.
+
+    Example:
+        >>> run = phasemem.analyze_ranks("mem/")
+        >>> run.peak.rank, run.rows[0].spread
+    """
+    return RunReport.of([s for _, _, s in each_rank(rank_files(sources), **analyze_options)])
