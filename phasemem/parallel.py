@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,16 +157,22 @@ def _range_events(trace: Trace):
 
 def _gradients_of_reduce(life, codes: np.ndarray, labels: np.ndarray, step_of: np.ndarray,
                          backward_end: np.ndarray) -> None:
-    """What FSDP2's reduce-scatter makes and keeps past its step's backward until a zero_grad frees it
-    (or, made in the last step, to the end) is the sharded gradient (``foreach_reduce`` views its output
-    as ``param.grad``). The rest stay buffers: on a 4-rank gloo run a 130 KiB buffer of gloo's
-    all-gather thread, made inside a reduce range and kept to the end from step 1, was called a
-    gradient by the lifetime alone (docs/distributed.md)."""
+    """What FSDP2's reduce-scatter makes and keeps past its step's backward until a zero_grad frees it is
+    the sharded gradient (``foreach_reduce`` views its output as ``param.grad``); in the last step, one
+    kept to the end is, where the step before left one of its size to zero_grad. The rest stay buffers:
+    gloo's worker thread makes buffers inside the reduce ranges and may keep them to the end (a 130 KiB
+    and a 258 KiB one on two of 22 CPU ranks, docs/distributed.md)."""
     mine = np.flatnonzero(codes == R["reduce_scatter_buffers"])
-    n = len(labels)
+    n, last = len(labels), len(backward_end) - 2  # backward_end ends with the entry for "no step"
     k = step_of[life.alloc_event[mine]]
     free = life.free_event[mine]
     kept = free > backward_end[k]
-    zeroed = (free < n) & (labels[np.minimum(free, n - 1)] == P["zero_grad"])
-    to_the_end = (free >= n) & (k == len(backward_end) - 2)  # backward_end ends with the no-step entry
-    codes[mine[kept & (zeroed | to_the_end)]] = R["sharded_gradients"]
+    zeroed = kept & (free < n) & (labels[np.minimum(free, n - 1)] == P["zero_grad"])
+    before = Counter(life.size[mine[zeroed & (k == last - 1)]].tolist())
+    tail = np.flatnonzero(kept & (free >= n) & (k == last))
+    for j in tail.tolist():  # the last step's few survivors, each matched to one of the step before
+        size = int(life.size[mine[j]])
+        if before[size] > 0:
+            before[size] -= 1
+            zeroed[j] = True
+    codes[mine[zeroed]] = R["sharded_gradients"]
