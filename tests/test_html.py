@@ -301,3 +301,23 @@ def _wait(check, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return check()
+
+
+if __name__ == "__main__":
+    # The screenshots in docs/interactive.md: python3 tests/test_html.py docs/img
+    import sys
+
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.html"
+        assert main(["analyze", str(FIXTURE), "-o", str(out), "--size", "1400x700"]) == 0
+        b = Browser(1440, 760)
+        b.open(out.as_uri())
+        (folder / "html_whole.png").write_bytes(b.screenshot())
+        b.open(out.as_uri() + "#zoom=s1")
+        events = raw_events()
+        e = max(range(858, 1692), key=lambda i: (events[i]["size"] if events[i]["action"] == "alloc" else -1, -i))
+        _hover(b, _band_of(page_data(out), e))
+        (folder / "html_step_hover.png").write_bytes(b.screenshot())
+        b.close()
+    print(f"wrote {folder / 'html_whole.png'}, {folder / 'html_step_hover.png'}")

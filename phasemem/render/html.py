@@ -35,6 +35,10 @@ from .labels import STRIP_PT
 #: picture of a 5,000-event GPT trace has 180,000 (fixtures/gpt_big_foreach), its three steps 270,000.
 LAYER_BUDGET = 400_000
 
+#: A step wider than this share of the picture gets no layer of its own: zoomed, it would stretch the
+#: picture's columns by under 1/0.9 (the one step of ../shared/wild/wedsonlin_medium512_train).
+WHOLE_SHARE = 0.9
+
 #: Frames of an allocation's stack shown on hover (innermost first, as memory_viz lists them).
 STACK_FRAMES = 14
 
@@ -132,7 +136,8 @@ class _Scene:
         out, spent = {}, 0
         for s in shown:
             a, b = max(s.start_event, self.a), min(s.end_event + 1, self.b)
-            if b - a < 2:
+            # a step drawn over most of the picture is as fine in it already (and too short a one has no bands)
+            if b - a < 2 or self.X[b] - self.X[a] > WHOLE_SHARE * (self.X1 - self.X0):
                 continue
             cols = _bands.columns(self.X, tl.level, tl.active_after, tl.reserved_after, tl.delta, a, b, self.ncols)
             st = _bands.stack(tl.lifetimes, cols, r.n_events, self.max_bands,
