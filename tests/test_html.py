@@ -303,6 +303,46 @@ def _wait(check, timeout: float = 5.0) -> bool:
     return check()
 
 
+
+def test_page_of_some_steps_zooms_only_into_them(tmp_path):
+    import phasemem
+
+    out = tmp_path / "r.html"
+    assert main(["analyze", str(FIXTURE), "-o", str(out), "--steps", "1-2"]) == 0
+    views = page_data(out)["views"]
+    report = phasemem.analyze(str(FIXTURE), steps="1-2")  # the report of those steps alone, as analyze makes it
+    assert [s.number for s in report.steps] == [1, 2]
+    assert views["all"][:2] == [report.steps[0].start_event, report.steps[1].end_event + 1]
+    assert [v[3].split(":")[0] for k, v in views.items() if k.startswith("s") and "." not in k] == ["step 1", "step 2"]
+
+
+def test_history_less_snapshot_gets_its_live_page(tmp_path):
+    import pickle
+
+    src, out = tmp_path / "segments.pickle", tmp_path / "live.html"
+    src.write_bytes(pickle.dumps({"segments": [{"device": 0, "address": 0, "total_size": 2048, "stream": 0,
+                                                "blocks": [{"size": 2048, "state": "active_allocated"}]}],
+                                  "device_traces": [[]]}, protocol=4))
+    assert main(["analyze", str(src), "-o", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "holds no allocation history" in text and "<svg" in text and page_data(out)["views"] == {}
+
+
+@needs_chromium
+def test_time_axis_zooms_to_the_steps_microseconds(browser, tmp_path):
+    import phasemem
+
+    out = tmp_path / "t.html"
+    assert main(["analyze", str(FIXTURE), "-o", str(out), "--by", "time"]) == 0
+    events, step = raw_events(), phasemem.analyze(str(FIXTURE)).steps[2]
+    t0 = events[0]["time_us"]
+    browser.open(out.as_uri() + "#zoom=s2")
+    view = [float(v) for v in browser.js("document.getElementById('pm-svg').dataset.view").split()]
+    # from the raw trace: the step's first event's time, and the time of the event after its last
+    assert view == [events[step.start_event]["time_us"] - t0, events[step.end_event + 1]["time_us"] - t0]
+    axis = browser.js("document.querySelector('#pm-over .pm-axl').textContent")
+    assert axis == "time since the first event (ms)"
+
 if __name__ == "__main__":
     # The screenshots in docs/interactive.md: python3 tests/test_html.py docs/img
     import sys
