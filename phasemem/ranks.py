@@ -35,6 +35,9 @@ LANE_COLUMNS = 64
 #: Per-rank columns in the text table up to this many ranks; past it only max, min and spread.
 TABLE_RANKS = 8
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.xz", ".pkl.xz", ".pickle.gz", ".pkl.gz", ".npz")
+#: In a folder, an out-of-memory dump beside the rank's recording (``oom_rank<r>.pickle.xz``, what the
+#: trainer callbacks write, phasemem/integrations) is another recording of that rank: left out.
+OOM_PREFIX = "oom_"
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
 
 
@@ -309,8 +312,9 @@ def format_run(run: RunReport) -> str:
     lo = min(ranks, key=lambda s: s.peak_bytes)
     where = f"step {p.step}, {p.phase}" if p.step is not None else p.phase
     lines.append(f"run peak {format_bytes(p.bytes)} on rank {p.rank} ({where}" + (f", shape {p.shape}" if p.shape else "")
-                 + f"); lowest rank peak {format_bytes(lo.peak_bytes)} on rank {lo.rank}; spread "
-                 + f"{format_bytes(run.spread)} ({run.spread / max(p.bytes, 1):.0%} of the peak)")
+                 + ")" + (f"; lowest rank peak {format_bytes(lo.peak_bytes)} on rank {lo.rank}; spread "
+                          f"{format_bytes(run.spread)} ({run.spread / max(p.bytes, 1):.0%} of the peak)"
+                          if len(ranks) > 1 else ""))
     if p.category and len(ranks) > 1:
         lines.append(f"  rank {p.rank} holds {format_bytes(p.category_excess)} more "
                      f"{CATEGORY_NAMES.get(p.category, p.category)} at its peak than the median other rank at its own")
@@ -354,7 +358,8 @@ def rank_files(sources) -> list[str]:
     found: list[str] = []
     for item in map(os.fspath, items):
         if os.path.isdir(item):
-            inside = [os.path.join(item, f) for f in os.listdir(item) if f.lower().endswith(SNAPSHOT_SUFFIXES)]
+            inside = [os.path.join(item, f) for f in os.listdir(item)
+                      if f.lower().endswith(SNAPSHOT_SUFFIXES) and not f.startswith(OOM_PREFIX)]
             if not inside:
                 raise PhasememError(f"{item}: no snapshot in this folder (files ending "
                                     f"{', '.join(SNAPSHOT_SUFFIXES)}); run.save(folder) writes rank<r>.pickle.xz")

@@ -250,6 +250,15 @@ def test_cli_folder_errors_are_one_line(job, tmp_path, capsys):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_folder_leaves_out_oom_dumps(job, tmp_path):
+    import phasemem
+
+    folder = tmp_path / "with_oom"
+    shutil.copytree(_folder(job, "ddp"), folder)
+    shutil.copy(folder / "rank0.pickle.xz", folder / "oom_rank0.pickle.xz")  # as the trainer callbacks name it
+    assert [s.rank for s in phasemem.analyze_ranks(folder).ranks] == list(range(WORLD))
+
+
 def test_ranks_with_different_steps_say_so(job):
     import phasemem
     from phasemem.ranks import RunReport, summarize

@@ -128,9 +128,9 @@ def _title(fig, lay, run: RunReport) -> float:
              color=_INK)
     y2 = y1 - lay.px(TITLE_PT) * 1.6
     lo = min(run.ranks, key=lambda s: s.peak_bytes)
-    fig.text(0.01, y2 / H, f"lowest rank peak {format_bytes(lo.peak_bytes)} (rank {lo.rank}); spread "
-             f"{format_bytes(run.spread)}, {run.spread / max(p.bytes, 1):.0%} of the peak", fontsize=LABEL_PT,
-             va="center")
+    said = (f"lowest rank peak {format_bytes(lo.peak_bytes)} (rank {lo.rank}); spread {format_bytes(run.spread)}, "
+            f"{run.spread / max(p.bytes, 1):.0%} of the peak") if len(run.ranks) > 1 else "one rank"
+    fig.text(0.01, y2 / H, said, fontsize=LABEL_PT, va="center")
     return H - y2 + lay.px(LABEL_PT) * 1.2
 
 
