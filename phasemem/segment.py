@@ -176,6 +176,7 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
         steps, numbers, ends = _steps_from_labels(trace, labels, starts)
     else:
         steps, numbers, ends = _steps(intervals, labels, n)
+    steps = _cut_by_oom(trace, labels, steps)
     step_of = np.full(n, -1, dtype=np.int32)
     for k, (a, b, _) in enumerate(steps):
         step_of[a:b] = k
@@ -297,3 +298,16 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int) -> tuple[list,
         steps = [(bounds[k], bounds[k + 1], True) for k in range(len(bounds) - 1)]
         return steps, list(range(len(steps))), [t0 - 1 for _, t0 in starts] + [big]
     return [(0, n, True)], [0], [big]
+
+
+def _cut_by_oom(trace: Trace, labels: np.ndarray, steps: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
+    """A step that an out-of-memory error cut short is not whole: no optimizer ran after it in the step
+    (fixtures/oom: the program caught the error and stopped recording in the middle of the loss or backward)."""
+    ooms = sorted(trace.oom_device_free)
+    if not ooms:
+        return steps
+    out = []
+    for a, b, complete in steps:
+        cut = any(a <= e < b and not (labels[e:b] == P["optimizer"]).any() for e in ooms)
+        out.append((a, b, complete and not cut))
+    return out

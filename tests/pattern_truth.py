@@ -34,7 +34,11 @@ def load(path: Path) -> tuple[dict, dict, str]:
     if "snapshot" in obj:  # the shared files wrap the snapshot
         meta = {**obj["meta"], **SHARED_META[obj["meta"]["name"]]}
         return obj["snapshot"], meta, "gt::"
-    return obj, obj["phasemem"]["meta"], obj["phasemem"].get("markers", "phasemem::")
+    meta = obj["phasemem"]["meta"]
+    if "config" in meta:  # fixtures/record_pairs.py keeps the dimensions under "config"
+        cfg = meta["config"]
+        meta = {**cfg, "checkpointing": cfg.get("ckpt"), **meta}
+    return obj, meta, obj["phasemem"].get("markers", "phasemem::")
 
 
 def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:

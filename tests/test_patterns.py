@@ -266,6 +266,6 @@ def test_gradient_clipping_and_gradscaler_told_apart(path):
     clip, scaler = ran("clip_grad.py"), ran("grad_scaler.py")
     for e in events:
         e["frames"] = []
-    report = phasemem.analyze(snap, marker_prefix=snap["phasemem"].get("markers", "phasemem::"))
+    report = phasemem.analyze(snap, marker_prefix=(snap.get("phasemem") or {}).get("markers", "phasemem::"))
     assert bool(report.patterns_of("grad_clip")) == clip
     assert bool(report.patterns_of("amp_unscale")) == (scaler and not clip)
