@@ -6,7 +6,6 @@ falls inside the named steps, and outside the window nothing of the recording is
 from __future__ import annotations
 
 import time
-import warnings
 
 import pytest
 import torch
