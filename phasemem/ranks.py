@@ -228,6 +228,7 @@ class RunReport:
         return write
 
     def to_json(self, path) -> None:
+        """Write ``to_dict()`` as JSON, atomically: ``run.to_json("ranks.json")``."""
         atomic_write(path, self.json_writer())
 
     def picture_writer(self, path, **options):
@@ -305,6 +306,7 @@ def _list(nums: list[int]) -> str:
 # ---- text ------------------------------------------------------------------------------------------
 
 def format_run(run: RunReport) -> str:
+    """The run report's text (``str(run)``): the peak and why, each rank's wrapper, the table."""
     ranks, p = run.ranks, run.peak
     kinds = sorted({s.device.split(":")[0] for s in ranks})
     lines = [f"phasemem run report — {len(ranks)} rank(s) ({', '.join(kinds)}), "
@@ -381,15 +383,15 @@ def _rank_of_name(path: str) -> int | None:
 
 def each_rank(paths: list[str], **analyze_options):
     """``(path, report, summary)`` per file, one at a time (a report holds its whole trace: only its
-    summary is kept). ``analyze_options`` go to ``phasemem.analyze``."""
+    summary is kept). ``analyze_options`` go to ``phasemem.analyze``.
+
+    Example:
+        >>> [s.peak_bytes for _, _, s in each_rank(rank_files("mem/"), steps="1-2")]
+    """
     for path in paths:
         report = analyze(path, **analyze_options)
-        yield path, report, summarize(report, name=path, rank=_meta_rank(report, path))
-
-
-def _meta_rank(report: Report, path: str) -> int | None:
-    meta = report.trace.meta if report.trace is not None else {}
-    return meta.get("rank", _rank_of_name(path))
+        meta = report.trace.meta if report.trace is not None else {}
+        yield path, report, summarize(report, name=path, rank=meta.get("rank", _rank_of_name(path)))
 
 
 def analyze_ranks(sources, **analyze_options) -> RunReport:
