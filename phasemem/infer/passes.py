@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.signal import find_peaks
 
 from ..timeline import Timeline
 from ..trace import A, Trace
@@ -18,6 +17,13 @@ SPAN = 0.95
 # usual distance between its frees.
 TAIL, STRAGGLE, GAPS = 3, 0.08, 4
 MIN_SAVED = 10  # activations alive at a pass's top before it can be a training pass
+#: An activation lives at least this many events: shorter lives are a layer's temporaries, which would
+#: fill the valleys between passes (chosen on the first-wave fixtures; docs/accuracy.md measures the
+#: result out of sample).
+MIN_LIFE = 16
+#: A pass's top must stand out of the curve by this share of the highest top (scipy's find_peaks
+#: prominence): backward's ripples and the loss's spike stand lower (same fixtures as MIN_LIFE).
+PROMINENCE = 0.3
 CORE = 0.05  # a pass's core: its activations' allocations and frees less the first and last 5 %
 
 
@@ -69,7 +75,7 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
     # Anything alive for most of a step is not one pass's activation (logits the loop keeps until
     # the next step, a batch prefetched a step ahead).
     max_span = SPAN * period_events if period_events else n
-    act = (f - a >= 16) & (f - a < max_span) & ~burst_freed(trace)[f]
+    act = (f - a >= MIN_LIFE) & (f - a < max_span) & ~burst_freed(trace)[f]
     d = np.zeros(n + 1, np.int64)
     np.add.at(d, a[act], s[act])
     np.add.at(d, f[act], -s[act])
@@ -79,12 +85,16 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
     out: list[tuple[int, int, int]] = []
     core = np.zeros(n, bool)  # events inside an accepted pass's core
 
+    # scipy.signal takes ~2 s to import (scipy.stats with it): only traces without markers pay for it,
+    # and `import phasemem` (which pytest's plugin loading does in every session) does not.
+    from scipy.signal import find_peaks
+
     def climb(lo: int, hi: int) -> None:
         part = curve[lo:hi]
         # One point per run of equal values: the same peaks, found without scanning every event.
         first = np.flatnonzero(np.concatenate([[True], part[1:] != part[:-1]]))
         last = np.concatenate([first[1:], [len(part)]]) - 1
-        peaks, _ = find_peaks(np.concatenate([[0], part[first], [0]]), prominence=0.3 * part.max())
+        peaks, _ = find_peaks(np.concatenate([[0], part[first], [0]]), prominence=PROMINENCE * part.max())
         # The top is the plateau's last event: activations stop being made when the loss is done,
         # but the first is freed only once backward runs (zero_grad's frees in between are not theirs).
         peaks = lo + last[peaks - 1]
