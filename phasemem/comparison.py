@@ -13,7 +13,7 @@ from typing import Any
 
 from .model import PeakBreakdown
 from .output import atomic_write
-from .units import format_bytes
+from .units import format_bytes, pct, signed  # noqa: F401  (pct, signed: public here too)
 from .vocab import CATEGORY_NAMES
 
 #: The overall peak "moved" when it changed by at least this share of A's peak; below that the
@@ -230,6 +230,10 @@ class Comparison:
         """Draw the diff picture to ``path`` (.png, .svg or .pdf), atomically."""
         atomic_write(path, self.picture_writer(path, **options))
 
+    def headline(self) -> str:
+        """One line: the peak on both sides, its change, where it is."""
+        return headline(self)
+
     def __str__(self) -> str:
         return format_comparison(self)
 
@@ -239,17 +243,6 @@ def _side_dict(s: Side) -> dict:
     out["by_category"] = dict(s.breakdown.by_category)
     out["by_shape"] = dict(s.breakdown.by_shape)
     return out
-
-
-def signed(n: int) -> str:
-    """``+250.0 MiB`` / ``-1.41 GiB`` / ``0 B``."""
-    return ("+" if n > 0 else "") + format_bytes(n)
-
-
-def pct(delta: int | None, base: int | None) -> str:
-    if delta is None or not base:
-        return "—"
-    return f"{100.0 * delta / base:+.1f} %"
 
 
 def where(side: Side) -> str:

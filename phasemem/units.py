@@ -22,3 +22,15 @@ def axis_unit(top: int) -> tuple[float, str]:
         if top >= div:
             return float(div), name
     return 1.0, "B"
+
+
+def signed(n: int) -> str:
+    """``+250.0 MiB`` / ``-1.41 GiB`` / ``0 B``."""
+    return ("+" if n > 0 else "") + format_bytes(n)
+
+
+def pct(delta: int | None, base: int | None) -> str:
+    """``+12.5 %`` of ``base``; ``—`` where there is no base to compare with."""
+    if delta is None or not base:
+        return "—"
+    return f"{100.0 * delta / base:+.1f} %"

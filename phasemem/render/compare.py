@@ -16,10 +16,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from ..comparison import Cause, Comparison, headline, pct, signed
 from ..errors import PhasememError
 from ..output import check_picture_size
-from ..units import axis_unit, format_bytes
+from ..units import axis_unit, format_bytes, pct, signed
 from ..vocab import CATEGORY_NAMES, PHASE_COLORS
 from .labels import CALLOUT_PT, LABEL_PT, LEGEND_PT, STRIP_PT, TICK_PT, TITLE_PT, Layout
 
@@ -36,7 +35,7 @@ MAX_BARS = 8
 CURVES_SHARE = 0.64
 
 
-def picture_writer(c: Comparison, path, size=(1600, 900), dpi=100):
+def picture_writer(c, path, size=(1600, 900), dpi=100):
     """The diff picture drawn now, and a function writing it to the path it is given (format from
     ``path``'s extension), for ``output.write_all``.
 
@@ -55,7 +54,7 @@ def picture_writer(c: Comparison, path, size=(1600, 900), dpi=100):
     return write
 
 
-def plot_comparison(c: Comparison, size=(1600, 900), dpi=100) -> Figure:
+def plot_comparison(c, size=(1600, 900), dpi=100) -> Figure:
     """The diff picture as a matplotlib Figure; ``fig.phasemem_callouts`` lists the shapes named on it.
 
     Example:
@@ -90,13 +89,13 @@ def plot_comparison(c: Comparison, size=(1600, 900), dpi=100) -> Figure:
     return fig
 
 
-def _title(fig, lay, c: Comparison) -> float:
+def _title(fig, lay, c) -> float:
     H = fig.get_figheight() * fig.dpi
     y1 = H - lay.px(TITLE_PT) * 1.3
     fig.text(0.01, y1 / H, f"A: {_steps_of(c.a)} {_short(c.a.name)}   vs   B: {_steps_of(c.b)} {_short(c.b.name)}",
              fontsize=TITLE_PT, fontweight="bold", va="center", color=_B)
     y2 = y1 - lay.px(TITLE_PT) * 1.6
-    fig.text(0.01, y2 / H, headline(c), fontsize=LABEL_PT, va="center")
+    fig.text(0.01, y2 / H, c.headline(), fontsize=LABEL_PT, va="center")
     return H - y2 + lay.px(LABEL_PT) * 1.4
 
 
@@ -115,7 +114,7 @@ def _level(report) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tl.level, tl.active_before, tl.active_after
 
 
-def _curves(c: Comparison, cols: int):
+def _curves(c, cols: int):
     """Both sides sampled on one grid (``cols`` columns per slot, each its highest event), and where
     every drawn event of each side lies on it: {side: (events first..last, x)} per slot."""
     xs, out = [], {"a": [], "b": []}
@@ -141,7 +140,7 @@ def _curves(c: Comparison, cols: int):
     return np.concatenate(xs), np.concatenate(out["a"]), np.concatenate(out["b"]), places
 
 
-def _first_before(c: Comparison, s: str, before: np.ndarray) -> float:
+def _first_before(c, s: str, before: np.ndarray) -> float:
     runs = [getattr(slot, s) for slot in c.slots if getattr(slot, s) is not None]
     return float(before[runs[0][0]]) if runs else 0.0
 
@@ -167,7 +166,7 @@ def _draw_curves(ax, c, xs, ya, yb, n):
         ax.spines[side].set_visible(False)
 
 
-def _strips(ax, lay, c: Comparison, slot_px: float) -> None:
+def _strips(ax, lay, c, slot_px: float) -> None:
     """A's phase runs over B's, one cell per slot; a blank cell where that side did not run the phase."""
     n = max(len(c.slots), 1)
     ax.set_xlim(0, n)
@@ -189,7 +188,7 @@ def _strips(ax, lay, c: Comparison, slot_px: float) -> None:
                 fontsize=STRIP_PT + 1, fontweight="bold", color=_A if name == "A" else _B)
 
 
-def _callouts(ax, lay, c: Comparison, places, div, w_px, h_px, ytop) -> list[str]:
+def _callouts(ax, lay, c, places, div, w_px, h_px, ytop) -> list[str]:
     """Each changed shape named where it is (B's occurrence, or A's when it is gone), in rows above the
     curves, the largest changes placed first; a label that fits no row is left to the table."""
     items = []
@@ -225,7 +224,7 @@ def _callouts(ax, lay, c: Comparison, places, div, w_px, h_px, ytop) -> list[str
     return named
 
 
-def _peak_marks(ax, c: Comparison, places, div) -> None:
+def _peak_marks(ax, c, places, div) -> None:
     for side, color in (("a", _A), ("b", _B)):
         s = getattr(c, side)
         x = _x_of(places, side, s.peak_event)
@@ -244,9 +243,9 @@ def _legend(fig, box) -> None:
                fontsize=LEGEND_PT, handlelength=1.6, columnspacing=1.4, borderaxespad=0.3)
 
 
-def _causes(fig, lay, c: Comparison, top, bottom, width, height) -> None:
+def _causes(fig, lay, c, top, bottom, width, height) -> None:
     """The peak's change by cause (bars adding up to it), and under them the phase table."""
-    rows = [(_cause_label(x), x.bytes) for x in c.attribution[:MAX_BARS]]
+    rows = [(_cause_label(x.cause, x.type), x.bytes) for x in c.attribution[:MAX_BARS]]
     rest = c.unexplained_bytes + sum(x.bytes for x in c.attribution[MAX_BARS:])
     rows += [("unexplained", rest), ("Δ peak", c.delta)]
     x0 = CURVES_SHARE * width + max(lay.text_size(r[0], TICK_PT)[0] for r in rows) + 36
@@ -269,7 +268,7 @@ def _causes(fig, lay, c: Comparison, top, bottom, width, height) -> None:
     main, said = c.main_cause(), ""
     if not c.moved and main is not None:  # say where the change went when the peak itself stayed
         said = _wrap(lay, f"The peak did not move; the largest change is {main['where']}'s peak "
-                          f"{signed(main['phase_delta'])}, mostly {_cause_label(Cause(main['cause'], main['type'], 0))} "
+                          f"{signed(main['phase_delta'])}, mostly {_cause_label(main['cause'], main['type'])} "
                           f"{signed(main['bytes'])}.", LABEL_PT, 0.98 * width - CURVES_SHARE * width - 24)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -292,11 +291,11 @@ def _wrap(lay, text: str, pt: float, room: float, weight: str = "bold") -> str:
     return "\n".join(lines + [line])
 
 
-def _cause_label(x) -> str:
-    return x.cause if x.type == "shape" else f"{CATEGORY_NAMES.get(x.cause, x.cause)} outside shapes"
+def _cause_label(cause: str, kind: str) -> str:
+    return cause if kind == "shape" else f"{CATEGORY_NAMES.get(cause, cause)} outside shapes"
 
 
-def _phase_table(fig, lay, c: Comparison, x, y_top) -> None:
+def _phase_table(fig, lay, c, x, y_top) -> None:
     lines = [f"{'phase':<10}{'A peak':>11}{'B peak':>11}{'Δ':>12}{'Δ %':>9}"]
     for p in c.phases.values():
         a = format_bytes(p.a_peak) if p.a_peak is not None else "—"
