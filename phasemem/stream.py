@@ -29,8 +29,9 @@ from operator import itemgetter
 import numpy as np
 
 from .errors import PhasememError
+from .decode import decode_trace
 from .load import UNPICKLE_ERRORS, _SnapshotUnpickler, no_gc, open_snapshot, read_snapshot_file
-from .trace import A, Trace, _CODES, _frame_key, _stack_table, busiest_device
+from .trace import A, Trace, _CODES, _frame_key, _stack_table, from_stand_in
 
 _SENTINEL = ("phasemem.stream", "_Events")
 _SUBSTITUTE = b"c" + "\n".join(_SENTINEL).encode() + b"\n)R"  # GLOBAL module\nname\n, EMPTY_TUPLE, REDUCE
@@ -50,7 +51,8 @@ def read_trace(path: str | os.PathLike, device: int | None = None, *, trusted: b
     """
     where = os.fspath(path)
     try:
-        trace = _stream(where, device, trusted)
+        # decoded from the bytes where the file has the usual form, else unpickled a batch at a time
+        trace = decode_trace(where, device, trusted=trusted) or _stream(where, device, trusted)
     except PhasememError:
         raise
     except Exception:  # noqa: BLE001 - the ordinary reader below says what is wrong, or reads it
@@ -257,20 +259,4 @@ def _stream(where: str, device: int | None, trusted: bool) -> Trace | None:
 
 
 def _trace(obj, events: _Events | None, device: int | None) -> Trace | None:
-    if events is None:
-        return None
-    if isinstance(obj, dict) and "device_traces" not in obj and isinstance(obj.get("snapshot"), dict):
-        obj = obj["snapshot"]
-    traces = obj.get("device_traces") if isinstance(obj, dict) else None
-    if not isinstance(traces, list):
-        return None
-    mine = [i for i, t in enumerate(traces) if t is events]
-    if len(mine) != 1:
-        return None
-    if device is None:
-        device = busiest_device(obj)
-    if device != mine[0]:
-        # Another device is asked for, or busier: its list was read whole, and the emptied dicts
-        # may be shared with it. The ordinary reader handles it.
-        return None
-    return Trace.from_columns(obj, device, len(traces), **events.columns())
+    return None if events is None else from_stand_in(obj, events, device)

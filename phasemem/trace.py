@@ -154,6 +154,26 @@ class Trace:
         )
 
 
+def from_stand_in(obj, stand_in, device: int | None) -> "Trace | None":
+    """The Trace of an unpickled snapshot ``obj`` in which one device's list of events was replaced,
+    while unpickling, by ``stand_in`` (its ``columns()`` are that list as columns): None where that
+    is not the device to read (another is asked for, or busier) or the layout is another."""
+    if isinstance(obj, dict) and "device_traces" not in obj and isinstance(obj.get("snapshot"), dict):
+        obj = obj["snapshot"]
+    traces = obj.get("device_traces") if isinstance(obj, dict) else None
+    if not isinstance(traces, list):
+        return None
+    mine = [i for i, t in enumerate(traces) if t is stand_in]
+    if len(mine) != 1:
+        return None
+    if device is None:
+        device = busiest_device(obj)
+    if device != mine[0]:
+        # another device's list was read whole, and may share objects with the stand-in's
+        return None
+    return Trace.from_columns(obj, device, len(traces), **stand_in.columns())
+
+
 _MEMORY_EVENTS = frozenset(("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
                             "segment_map", "segment_unmap", "oom"))
 

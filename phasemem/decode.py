@@ -1,0 +1,226 @@
+"""A snapshot pickle's events decoded straight from its bytes with numpy: faster than unpickling.
+
+``pickle.load`` of a snapshot is the floor any reader seemed bound to: it builds every event as a
+dict of eight entries and every traceback as a list of frame references before anything can be
+counted. This reader does not build them. Torch writes every event with the same keys in the same
+order, and protocol 4 writes a key seen before as a 2- or 5-byte memo reference, so an event's
+bytes are ``}`` MEMOIZE MARK, then for each key its reference and a value, then SETITEMS. The
+events are found by that prefix (``numpy`` over the whole buffer), and each field of all of them
+is read at once: integers from their little-endian bytes, the action and the frames as memo
+references. A traceback seen for the first time is a new list of references to frame dicts; its
+bytes name its frames exactly, so identical bytes are one stack (a dict lookup per new list).
+
+Whatever does not fit that form — the first events (which spell out the keys and frames), an
+out-of-memory event with its extra key, a frame seen for the first time — is parsed one opcode at a
+time (``phasemem.eventvm``), and the vectorised path takes over again at the next event. Before the
+events, and after them, the C unpickler reads the file as usual (``_finish``).
+
+Every object an event creates is counted, because MEMOIZE numbers objects by count and later
+references use those numbers; a field, reference or layout this reader does not know makes it
+give up (``Unsupported``), and ``phasemem.stream`` reads the file the slower way, which either
+succeeds or says what is wrong: the Trace is the same either way (tests/test_scale.py, test_decode.py).
+"""
+from __future__ import annotations
+
+import bisect
+import io
+import os
+import pickle
+import sys
+
+import numpy as np
+
+from .eventscan import Template, candidates, commit, scan, views
+from .eventvm import VM, Columns, Memo, Unsupported
+from .load import _SnapshotUnpickler, no_gc, open_snapshot
+from .opcodes import Deframed, find_event_list
+from .trace import Trace, from_stand_in
+
+#: Bytes decoded at a time: the events' working arrays are ~40 bytes per byte of this.
+CHUNK = 16 << 20
+#: Memo entries filled at a time for the unpickler that reads what follows the events.
+FILL_PIECE = 1 << 22
+#: Bytes read first to find the event list (doubled until found; only ``segments`` come before it).
+HEAD = 1 << 20
+#: Events scanned at once: the first window after an event read one opcode at a time, and the
+#: largest (a window doubles while every event in it is ordinary).
+WINDOW = (64, 1 << 14)
+
+
+def decode_trace(path: str | os.PathLike, device: int | None = None, *, trusted: bool = False) -> Trace | None:
+    """The Trace of a snapshot file, decoded without unpickling its events; None where this reader
+    does not apply (the caller reads the file another way).
+
+    Example:
+        >>> trace = decode_trace("snapshot.pickle") or read_trace("snapshot.pickle")
+    """
+    where = os.fspath(path)
+    with open_snapshot(where) as f, no_gc():
+        try:
+            return _decode(f, where, device, trusted)
+        except (Unsupported, IndexError, KeyError, TypeError, ValueError, OverflowError, pickle.UnpicklingError,
+                EOFError, AttributeError, UnicodeDecodeError):
+            return None
+
+
+def _decode(f, where: str, device: int | None, trusted: bool) -> Trace | None:
+    df = Deframed(f)
+    buf = df.read(HEAD)
+    while (found := find_event_list(buf)) is None:
+        if df.eof:
+            raise Unsupported("no event list")
+        buf += df.read(len(buf))
+    at, m_head = found
+    head = buf[:at]
+    memo = Memo(_head_memo(head, where, trusted))
+    if memo.m != m_head:
+        raise Unsupported("the head's memo is not what its MEMOIZEs say")
+    region = Region(memo)
+    rest = region.decode(buf[at:], df.read)
+    del buf
+    tail = rest + b"".join(iter(lambda: df.read(CHUNK), b""))
+    obj = _finish(head, region, tail, where, trusted)
+    return from_stand_in(obj, region.stand_in, device)
+
+
+def _unpickler(trusted: bool):
+    return pickle.Unpickler if trusted else _SnapshotUnpickler
+
+
+def _head_memo(head: bytes, where: str, trusted: bool) -> dict:
+    """The objects the memo holds where the events start: the head unpickled, then stopped."""
+    up = _unpickler(trusted)(io.BytesIO(head + b"N."))  # push None and stop: the rest of the stack is dropped
+    up.where = where
+    up.load()
+    return up.memo.copy()
+
+
+def _finish(head: bytes, region: Region, tail: bytes, where: str, trusted: bool):
+    """The whole snapshot, with the events' list as ``region.stand_in``.
+
+    The head is unpickled again, then the memo is given what the events put in it, in their order
+    (MEMOIZE numbers by count, so the tail's references stay right): the list itself, the strings
+    and frame dicts the events created (a later part of the file may refer to them: the empty
+    string is one object in CPython, and the annotations use it), and for every other object one
+    filler. Then the tail, as it is. If the tail refers to a filler (an event dict, a traceback
+    list), the filler ends up inside the snapshot, which its reference count shows: then None."""
+    filler = _Filler()
+    objs = [region.stand_in, filler]
+    inject = [_persistent(0) + b"\x94", _persistent(1)]  # the list stays where the head's EMPTY_LIST left it
+    inject += _memo_fill(region.memo, objs)
+    inject.append(b"0")  # the filler off the stack
+    base = _unpickler(trusted)
+    given = iter(range(len(objs)))
+
+    class Finish(base):
+        def persistent_load(self, pid):
+            # only the ids injected here, in order: a BINPERSID of the file's own is refused as usual
+            if pid != next(given, None):
+                raise pickle.UnpicklingError("A load persistent id instruction was encountered")
+            return objs[pid]
+
+    up = Finish(io.BytesIO(b"".join([head] + inject + [tail])))
+    up.where = where
+    before = sys.getrefcount(filler)
+    obj = up.load()
+    del up, Finish
+    if sys.getrefcount(filler) != before:
+        return None
+    return obj
+
+
+class _Filler:
+    """Stands in the unpickler's memo for an object the events made and nothing after them uses."""
+
+
+def _memo_fill(memo, objs: list) -> list[bytes]:
+    """The opcodes that give the unpickler's memo, from the list's index on, what the events put
+    there: MEMOIZE of the filler on top of the stack, or for a kept object its first occurrence
+    by persistent id (then MEMOIZE, POP) and later ones by reference to that (LONG_BINGET, MEMOIZE, POP)."""
+    out = []
+    lo, hi = memo.list_idx + 1, memo.m
+    first_of: dict[int, int] = {}
+    for a in range(lo, hi, FILL_PIECE):
+        z = min(hi, a + FILL_PIECE)
+        kind, pay = memo.kind[a:z], memo.pay[a:z]
+        kept = np.flatnonzero(memo.kept_mask(kind))
+        rows = np.zeros((z - a, 8), np.uint8)
+        lens = np.ones(z - a, np.int64)
+        rows[:, 0] = 0x94
+        for k, oid in zip(kept.tolist(), pay[kept].tolist()):
+            at = first_of.get(oid)
+            if at is None:
+                first_of[oid] = a + k
+                objs.append(memo.objs[oid])
+                rows[k, :8] = np.frombuffer(b"J" + (len(objs) - 1).to_bytes(4, "little") + b"Q\x940", np.uint8)
+                lens[k] = 8
+            else:
+                rows[k, :7] = np.frombuffer(b"j" + at.to_bytes(4, "little") + b"\x940", np.uint8)
+                lens[k] = 7
+        out.append(rows[np.arange(8) < lens[:, None]].tobytes())
+    return out
+
+
+def _persistent(pid: int) -> bytes:
+    return (b"K" + bytes([pid]) if pid < 256 else b"J" + pid.to_bytes(4, "little")) + b"Q"
+
+
+class Region:
+    """The device's event list: from its EMPTY_LIST to what follows it."""
+
+    def __init__(self, memo: Memo):
+        self.memo, self.stand_in = memo, Columns(memo)
+        self.vm, self.template, self.lists = VM(memo, self.stand_in), None, {}
+        self.vm.on_first = self._first
+        self.vm.stop = True
+
+    def _first(self, ev: dict) -> None:
+        self.template = Template(ev, self.memo)
+
+    def decode(self, data: bytes, read) -> bytes:
+        """The events from ``data`` (starting at the list) on, reading more with ``read(n)``;
+        returns the bytes after the list."""
+        pos = self.vm.start(data)
+        while True:
+            rest = self._chunk(data, pos)
+            if isinstance(rest, bytes):
+                return rest
+            more = read(CHUNK)
+            if not more:
+                raise Unsupported("the file ends inside the events")
+            data, pos = data[rest:] + more, 0
+
+    def _chunk(self, data: bytes, pos: int):
+        """Decode what ``data`` holds from ``pos``: the bytes after the list if it ends here, else
+        the position of the first event not complete in ``data``."""
+        b, w = views(data)
+        c = self._candidates(b, w, len(data))
+        starts, window = c.tolist(), WINDOW[0]
+        ci = bisect.bisect_left(starts, pos)
+        while True:
+            if ci + 1 < len(starts) and starts[ci] == pos:
+                hi = min(len(starts), ci + window + 1)
+                t, out = scan(b, w, data, c[ci:hi], self.template, self.memo, self.lists)
+                if t:
+                    commit(t, out, self.memo, self.stand_in)
+                    window = min(2 * window, WINDOW[1]) if t == hi - ci - 1 else WINDOW[0]
+                    ci += t
+                    pos = starts[ci]
+                    continue
+                window = WINDOW[0]
+            had = self.template
+            pos, ci, why = self.vm.run(data, pos, len(data), starts, ci)
+            if why == "end":
+                return data[pos:]
+            if why == "short":
+                return pos
+            if had is None and self.template is not None:  # the first event read: now events can be found
+                self.vm.stop = False
+                c = self._candidates(b, w, len(data))
+                starts = c.tolist()
+                ci = bisect.bisect_left(starts, pos)
+
+    def _candidates(self, b: np.ndarray, w: np.ndarray, limit: int) -> np.ndarray:
+        if self.template is None:
+            return np.zeros(0, np.int64)
+        return candidates(b, w, limit, self.template.prefix).astype(np.int64)
