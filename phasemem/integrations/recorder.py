@@ -14,6 +14,9 @@ import os
 import warnings
 from typing import Any, Iterable
 
+import torch
+
+from ..capture.instrument import Run
 from ..capture.window import StepWindow
 from ..errors import PhasememError
 from ..output import write_all
@@ -79,8 +82,6 @@ class Recorder:
               hooks: tuple = ()) -> None:
         """Training starts with ``done`` steps completed (more than 0 when resumed): arm the window.
         ``hooks``: more marker installers for the recording (``StepWindow``)."""
-        from ..capture.instrument import Run  # capture imports torch; the callbacks' modules load it anyway
-
         self.folder = self.output_dir or default_dir
         self.stem = STEM.format(rank=int(rank))
         self.window = StepWindow(self.steps, count=False, hooks=hooks)
@@ -209,8 +210,6 @@ _OBSERVING = [False]
 
 
 def _watch_cuda_oom(rec: Recorder) -> None:
-    import torch  # loaded already: the recorder only runs inside a torch training run
-
     _WATCHING[:] = [r for r in _WATCHING if r.window is not None and r.window.state != "closed"] + [rec]
     attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
     if _OBSERVING[0] or attach is None or not torch.cuda.is_available():
