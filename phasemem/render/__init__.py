@@ -200,7 +200,7 @@ def picture_writer(report, path, **options):
     that writes it, in the format ``path``'s extension names, to the path it is given."""
     fmt = _FORMATS.get(os.path.splitext(os.fspath(path))[1].lower())
     if fmt is None:
-        raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg, .pdf or .html")
+        raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg or .pdf, or the page .html")
     if report.live is not None:  # no history: what was alive, by allocation site
 
         fig = plot_live(report.live, size=options.get("size", (1600, 900)), dpi=options.get("dpi", 100))
