@@ -262,7 +262,12 @@ def memoryviz_pickle(snapshot: dict) -> bytes:
 
 
 def summary(labels: Labels) -> str:
-    """What was added, in a line or two, for the command's output."""
+    """What was added, in a line or two, for the command's output.
+
+    Example:
+        >>> print(summary(annotate(snap, [report])))
+        940 events given a category, 940 a phasemem label (user_metadata); 33 ranges in external_annotations ...
+    """
     r = labels.ranges
     parts = [f"{labels.categories:,} events given a category, {labels.metadata:,} a phasemem label (user_metadata)",
              f"{sum(r.values()):,} ranges in external_annotations ({r.get('step', 0)} steps, "

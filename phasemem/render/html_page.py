@@ -173,7 +173,11 @@ document.body.dataset.ready = "1";  // for scripts driving the page (tests/test_
 
 
 def page(report, svg: str, data: dict, width_px: int) -> str:
-    """The whole page: navigation, the picture, the tables, the text report, the data and the script."""
+    """The whole page: navigation, the picture, the tables, the text report, the data and the script.
+
+    Example:
+        >>> text = page(report, svg_text, {"views": {}}, 1600)   # render/html.py builds svg_text and the data
+    """
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     views = data.get("views", {})
     nav = "".join(f'<a href="#zoom={k}">{html.escape(v[3].split(":")[0])}</a>' for k, v in views.items()
@@ -199,7 +203,13 @@ def page(report, svg: str, data: dict, width_px: int) -> str:
 
 
 def tables(report, views: dict) -> str:
-    """The steps and their phases, the shapes, and what the peak holds, as HTML tables."""
+    """The steps and their phases, the shapes, and what the peak holds, as HTML tables (a name links to
+    its zoom where ``views`` has it).
+
+    Example:
+        >>> tables(report, {})[:25]
+        '<h2>Steps and phases</h2>'
+    """
     if report.live is not None:
         return ""
     return _steps_table(report, views) + _shapes_table(report, views) + _peak_table(report)
