@@ -177,6 +177,7 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
     else:
         steps, numbers, ends = _steps(intervals, labels, n)
     steps = _cut_by_oom(trace, labels, steps)
+    numbers = [window_first(trace.meta) + k for k in numbers]
     step_of = np.full(n, -1, dtype=np.int32)
     for k, (a, b, _) in enumerate(steps):
         step_of[a:b] = k
@@ -311,3 +312,13 @@ def _cut_by_oom(trace: Trace, labels: np.ndarray, steps: list[tuple[int, int, bo
         cut = any(a <= e < b and not (labels[e:b] == P["optimizer"]).any() for e in ooms)
         out.append((a, b, complete and not cut))
     return out
+
+
+def window_first(meta: dict) -> int:
+    """The training step a step window began at (``instrument(steps="10-12")``, the trainer
+    callbacks: snapshot["phasemem"]["steps"]), so that its steps are numbered as the loop numbered
+    them; 0 for a recording of the loop from its start."""
+    steps = meta.get("steps") if isinstance(meta, dict) else None
+    if isinstance(steps, (list, tuple)) and steps and isinstance(steps[0], int) and steps[0] > 0:
+        return steps[0]
+    return 0

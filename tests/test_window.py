@@ -86,6 +86,9 @@ def test_window_records_only_its_steps(device):
     assert snap["phasemem"]["steps"] == [3, 4] and snap["phasemem"]["steps_requested"] == [3, 4]
     report = run.report()
     assert len(report.steps) == 2 and all(s.complete for s in report.steps)
+    # numbered as the loop numbered them, so that --steps 4 means the loop's step 4
+    assert [s.number for s in report.steps] == [3, 4]
+    assert [s.number for s in phasemem.analyze(snap, steps="4").steps] == [4]
     for step in report.steps:
         assert {"forward", "backward", "optimizer"} <= {n for n, p in step.phases.items() if p.n_events}
 

@@ -138,7 +138,6 @@ class Recorder:
         run, meta = self.run, self.run.snapshot and self.run.snapshot["phasemem"]
         if not meta:
             return {}
-        first = (meta.get("steps") or meta["steps_requested"])[0]
         report = None
         try:  # also with formats=("snapshot",): the headline numbers come from the report
             report = run.report()
@@ -152,7 +151,7 @@ class Recorder:
             warnings.warn(f"phasemem: {e}", RuntimeWarning, stacklevel=3)
             return {}
         self.files = [os.fspath(p) for p, _ in outputs]
-        self.metrics = headline(report, first) if report is not None else {}
+        self.metrics = headline(report) if report is not None else {}
         steps = meta.get("steps")
         log.info("phasemem: steps %s recorded%s; %s", f"{steps[0]}-{steps[1]}" if steps else "(none complete)",
                  f", peak {self.metrics[METRIC_PREFIX + 'peak_allocated_mib']:.1f} MiB" if self.metrics else "",
@@ -180,12 +179,12 @@ class Recorder:
         return outputs
 
 
-def headline(report: Any, first_step: int) -> dict[str, float]:
+def headline(report: Any) -> dict[str, float]:
     """The report's headline numbers for a trainer's logger, in MiB; ``peak_step`` is the training
-    step (``first_step`` plus the report's step number) that holds the peak.
+    step that holds the peak (a window's steps are numbered as the loop numbered them).
 
     Example:
-        >>> headline(report, 10)["phasemem/peak_allocated_mib"]
+        >>> headline(report)["phasemem/peak_allocated_mib"]
         632.8
     """
     out = {"peak_allocated_mib": report.peak_bytes / MIB,
@@ -193,7 +192,7 @@ def headline(report: Any, first_step: int) -> dict[str, float]:
            "preexisting_mib": report.preexisting_bytes / MIB}
     for step in report.steps:
         if step.start_event <= report.peak_event <= step.end_event:
-            out["peak_step"] = float(first_step + step.number)
+            out["peak_step"] = float(step.number)
     for name in MARKED + ("loss",):
         phase = report.phases.get(name)
         if phase is not None and phase.n_events:
