@@ -18,8 +18,9 @@ from pattern_truth import KINDS, detected, load, truth
 analyze_module = importlib.import_module("phasemem.analyze")
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "gpu-snapshots"
-# fixtures/big holds torch's own recordings (no instrument() meta: parameters, vocabulary) for issue 20.
-TRACES = sorted(p for p in (ROOT / "fixtures").rglob("*.pkl.xz") if p.parent.name != "big") + sorted(
+# fixtures/big holds torch's own recordings (issue 20), fixtures/integrations the trainer callbacks'
+# (issue 16): no instrument() meta with the parameters and the vocabulary to derive truth from.
+TRACES = sorted(p for p in (ROOT / "fixtures").rglob("*.pkl.xz") if p.parent.name not in ("big", "integrations")) + sorted(
     SHARED.glob("*.pkl.xz"))
 
 # Disagreements measured, each explained in docs/patterns.md; the detector may only miss here (never

@@ -11,6 +11,8 @@ from ..vocab import PHASES, P
 from ..units import format_bytes
 
 SCALAR = 64  # bytes: found_inf, inv_scale and their per-device copies are one-element tensors
+#: A block this large between backward and the optimizer is backward's, not unscaling's or clipping's.
+TAIL_BLOCK = 1 << 20
 CLIP_MIN = 12  # scalars before the optimizer that are clipping's norms, not GradScaler's check
 MIN_WORKSPACE = 512 << 10
 
@@ -60,10 +62,11 @@ def before_step(ctx: Context, step: int) -> list[Pattern]:
     scalars = idx[ctx.size[idx] <= SCALAR]
     if len(scalars) < 2:
         return []
-    # Gradient-sized blocks in the gap say backward has not ended: its tail was taken for 'other'
-    # (fixtures/big/torch_defaults_big without frames: the embedding's gradient and two 8-byte scalars
-    # of backward were called GradScaler's check). Unscaling and clipping work in place.
-    if np.isin(ctx.size[idx], ctx.param_sizes).any():
+    # Large blocks in the gap say backward has not ended: its tail was taken for 'other'
+    # (fixtures/big/torch_defaults_big without frames: the embedding's 147 MiB gradient and two 8-byte
+    # scalars of backward were called GradScaler's check). Unscaling and clipping work in place and
+    # allocate scalars and one stack of the norms (4 B per gradient).
+    if (ctx.size[idx] >= TAIL_BLOCK).any():
         return []
     first, last = int(ctx.alloc[scalars[0]]), int(ctx.alloc[scalars[-1]])
     # GradScaler makes 6 on one device (measured: mlp_fp16_scaler, gpt_fp16_accum); clipping makes
