@@ -10,7 +10,6 @@ gathered ``RunReport`` draws the same picture as one read from files.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -23,9 +22,6 @@ from ..units import axis_unit, format_bytes
 from ..vocab import PHASE_COLORS
 from .labels import LABEL_PT, PEAK, STRIP_PT, TICK_PT, TITLE_PT, Layout
 
-if TYPE_CHECKING:  # for the annotations only: the picture reads a RunReport's fields, never builds one
-    from ..ranks import RunReport
-
 _FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 _INK, _FILL, _OTHER, _GRID = "#22313f", "#c9d3dd", "#c8c8c8", "#e3e3e3"
 #: From this many ranks on, the heat strip instead of lanes (the issue's "many ranks").
@@ -36,7 +32,7 @@ MIN_LANE_PX = 14
 SLOT_COLUMNS = 48
 
 
-def picture_writer(run: RunReport, path, size=(1600, 900), dpi=100, heat: bool | None = None):
+def picture_writer(run, path, size=(1600, 900), dpi=100, heat: bool | None = None):
     """The picture drawn now, and a function writing it to the path it is given (format from ``path``'s
     extension), for ``output.write_all``. ``heat``: None chooses (lanes unless there are many ranks).
 
@@ -54,7 +50,7 @@ def picture_writer(run: RunReport, path, size=(1600, 900), dpi=100, heat: bool |
     return write
 
 
-def plot_ranks(run: RunReport, size=(1600, 900), dpi=100, heat: bool | None = None) -> Figure:
+def plot_ranks(run, size=(1600, 900), dpi=100, heat: bool | None = None) -> Figure:
     """The run's picture as a matplotlib Figure; ``fig.phasemem_mode`` is ``"lanes"`` or ``"heat"``.
 
     Example:
@@ -86,7 +82,7 @@ def plot_ranks(run: RunReport, size=(1600, 900), dpi=100, heat: bool | None = No
     return fig
 
 
-def slots_of(run: RunReport) -> list[tuple[int, str, dict[int, list[int]]]]:
+def slots_of(run) -> list[tuple[int, str, dict[int, list[int]]]]:
     """``(step, phase, {rank: highest level per column})`` per slot: a phase run where every rank ran
     the same phases in the step, else the whole step (phase ``"step"``) with each rank's runs joined."""
     out = []
@@ -100,7 +96,7 @@ def slots_of(run: RunReport) -> list[tuple[int, str, dict[int, list[int]]]]:
     return out
 
 
-def _top_label(run: RunReport) -> str:
+def _top_label(run) -> str:
     div, unit = axis_unit(max(float(run.peak.bytes), 1.0))
     return f"{run.peak.bytes / div:.3g} {unit}"
 
@@ -118,7 +114,7 @@ def _curve(slots, rank: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(xs), np.concatenate(ys)) if xs else (np.zeros(0), np.zeros(0))
 
 
-def _title(fig, lay, run: RunReport) -> float:
+def _title(fig, lay, run) -> float:
     H = fig.get_figheight() * fig.dpi
     p = run.peak
     where = f"step {p.step}, {p.phase}" if p.step is not None else p.phase
@@ -134,7 +130,7 @@ def _title(fig, lay, run: RunReport) -> float:
     return H - y2 + lay.px(LABEL_PT) * 1.2
 
 
-def _strip(ax, lay, run: RunReport, slots, plot_w: float) -> None:
+def _strip(ax, lay, run, slots, plot_w: float) -> None:
     """The phase of each slot, and the step each belongs to above it."""
     n = max(len(slots), 1)
     ax.set_xlim(0, n)
@@ -155,7 +151,7 @@ def _strip(ax, lay, run: RunReport, slots, plot_w: float) -> None:
                     fontsize=STRIP_PT, color="#333333")
 
 
-def _lanes(fig, lay, run: RunReport, slots, box, room: float) -> None:
+def _lanes(fig, lay, run, slots, box, room: float) -> None:
     ranks, n = run.ranks, max(len(slots), 1)
     top = max(float(run.peak.bytes), 1.0)
     div, unit = axis_unit(top)
@@ -192,7 +188,7 @@ def _lanes(fig, lay, run: RunReport, slots, box, room: float) -> None:
              f"{_top_label(run)}; dashed: the run's peak", ha="right", fontsize=LABEL_PT, color="#555555")
 
 
-def _heat(fig, lay, run: RunReport, slots, box, room: float) -> None:
+def _heat(fig, lay, run, slots, box, room: float) -> None:
     """Rows are ranks, columns the slots; each cell the rank's highest level there, on one scale."""
     ranks = run.ranks
     cols = [[max(per.get(s.rank, []) or [0]) for _, _, per in slots] for s in ranks]
