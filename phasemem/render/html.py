@@ -296,11 +296,6 @@ def _tag(fig) -> dict[str, str]:
         if getattr(t, "arrow_patch", None) is not None:  # a callout's arrow is drawn apart from its text
             t.arrow_patch.set_gid(f"pm-a{k}")
             roles[f"pm-a{k}"] = "label"
-        if getattr(t, "anncoords", None) == "figure pixels":
-            # SVG is drawn at 72 dpi: a callout placed in pixels would move; points are the same at any dpi
-            x, y = t.xyann
-            t.set_anncoords("figure points")
-            t.xyann = (x * 72 / fig.dpi, y * 72 / fig.dpi)
     ax.xaxis.set_gid("pm-xaxis")
     roles["pm-xaxis"] = "label"
     return roles

@@ -281,8 +281,10 @@ def _place_callout(ax, lay, view, curve, placed, p, X, level, unit_div, ceiling_
     cx, y0, x0, x1, y1 = best
     placed.add(x0, x1, y0, y1)
     placed.add_segment(cx, y0, px, py)
-    # The text's anchor is its bottom centre, given in figure pixels; the arrow runs to the peak.
-    ax.annotate(label, xy=(xd, yd), xycoords="data", xytext=(cx, y0 + 1.5), textcoords="figure pixels",
+    # The text's anchor is its bottom centre, laid out in figure pixels and given in points (the same
+    # place at any dpi: SVG and PDF are drawn at 72); the arrow runs to the peak.
+    pt = 72 / lay.dpi
+    ax.annotate(label, xy=(xd, yd), xycoords="data", xytext=(cx * pt, (y0 + 1.5) * pt), textcoords="figure points",
                 ha="center", va="bottom", fontsize=CALLOUT_PT, color=_CALLOUT_INK, zorder=9.5,
                 annotation_clip=False, gid="pattern-callout",
                 bbox=dict(boxstyle="square,pad=0.12", fc="white", ec="none", alpha=0.85),
