@@ -628,8 +628,8 @@ def test_cuda_recording_keeps_frees_without_stacks(monkeypatch):
 
     inst = importlib.import_module("phasemem.capture.instrument")
     calls = []
-    monkeypatch.setattr(inst, "_record_memory_history", lambda enabled, **kw: calls.append((enabled, kw)))
-    monkeypatch.setattr(inst, "_history_enabled", lambda: False)
+    monkeypatch.setattr(inst, "record_memory_history", lambda enabled, **kw: calls.append((enabled, kw)))
+    monkeypatch.setattr(inst, "history_enabled", lambda: False)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     for stacks, context in (("python", "alloc"), ("all", "alloc"), (None, None)):
         run = inst.Run(torch.nn.Linear(2, 2), None, device="cpu", stacks=stacks)

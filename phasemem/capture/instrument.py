@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import gzip
-import inspect
 import lzma
 import os
 import pickle
 import tempfile
 import time
 import warnings
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable
 
 import torch
 
 from ..errors import PhasememError
 from . import cpu, ranks
 from .hooks import MARKERS, PREFIX, hook_forward, hook_optimizer, patch_backward, wrap_method
+from .torch_side import history_enabled, live_tensors, real_optimizers, record_memory_history, resolve_device
 from .window import StepWindow
 
 
@@ -24,77 +24,11 @@ def _error(msg: str) -> Exception:
     return PhasememError(msg)
 
 
-def _resolve_device(device: Any) -> torch.device:
-    if device is None:
-        if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    if d.type == "cuda":
-        if not torch.cuda.is_available():
-            raise _error(f"instrument(device={device!r}): CUDA is not available")
-        if d.index is None:
-            d = torch.device("cuda", torch.cuda.current_device())
-    elif d.type != "cpu":
-        raise _error(f"instrument(device={device!r}): only cuda and cpu are supported")
-    return d
-
-
-def _history_enabled() -> bool | None:
-    """Whether the CUDA allocator is recording now; None where this torch cannot tell."""
-    probe = getattr(torch._C, "_cuda_isHistoryEnabled", None)
-    return bool(probe()) if probe is not None else None
-
-
-def _record_memory_history(enabled: str | None, **kwargs: Any) -> None:
-    mem = torch.cuda.memory
-    # Since torch 2.x the public function is ``(enabled, *args, **kwargs)`` dispatching to
-    # ``_record_memory_history_impl``; the impl's signature says which keywords this torch knows
-    # (``clear_history`` and ``global_record_annotations`` are newer than torch 2.4).
-    target = getattr(mem, "_record_memory_history_impl", mem._record_memory_history)
-    params = inspect.signature(target).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    mem._record_memory_history(enabled, **kwargs)
-
-
 # The phasemem CUDA runs now recording, outermost first. A run started while another records does not
 # touch the recorder (its settings stay the outer run's); the last one out turns recording off when
 # the first one in found it off.
 _CUDA_RUNS: list["Run"] = []
 _CUDA_TURN_OFF = [False]
-
-
-def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
-    if optimizer is None:
-        return []
-    items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    unique: dict[int, Any] = {}
-    for opt in items:
-        # Lightning's LightningOptimizer wraps the real one; markers belong on the real instance,
-        # which is what the precision plugins call.
-        opt = getattr(opt, "_optimizer", opt)
-        unique.setdefault(id(opt), opt)
-    return list(unique.values())
-
-
-def _live_tensors(model: torch.nn.Module | None, opts: Sequence[torch.optim.Optimizer]) -> Iterable[torch.Tensor]:
-    if model is not None:
-        for p in model.parameters():
-            yield p
-            if p.grad is not None:
-                yield p.grad
-        yield from model.buffers()
-    for opt in opts:
-        for group in opt.param_groups:
-            for p in group["params"]:
-                yield p
-                if p.grad is not None:
-                    yield p.grad
-        for state in opt.state.values():
-            for v in state.values():
-                if isinstance(v, torch.Tensor):
-                    yield v
 
 
 class Run:
@@ -119,7 +53,7 @@ class Run:
         self._window = steps if isinstance(steps, StepWindow) or steps is None else StepWindow(steps)
         self._model = model
         self.oom_dump = os.fspath(oom_dump) if oom_dump is not None else None
-        self._opts = _optimizers(optimizer)
+        self._opts = real_optimizers(optimizer)
         self._device_arg = device
         self.max_entries = int(max_entries)
         self.stacks = stacks
@@ -170,7 +104,7 @@ class Run:
         if self._state != "new":
             raise _error("this instrument() run was already started; make a new one per recording")
         if self._window is not None:
-            _resolve_device(self._device_arg)  # a bad device fails now, not when the window opens
+            resolve_device(self._device_arg)  # a bad device fails now, not when the window opens
             self._state = "waiting"
             # Counts steps; calls _begin() when the window opens (at once for step 0) and stop() after it.
             self._window.arm(self, self._opts, self._model)
@@ -180,7 +114,7 @@ class Run:
     def _begin(self) -> "Run":
         self._state = "running"
         # In a process group each rank records its own device: the one its model is on.
-        dev = _resolve_device(self._device_arg if self._device_arg is not None else ranks.rank_device(self._model))
+        dev = resolve_device(self._device_arg if self._device_arg is not None else ranks.rank_device(self._model))
         self.device = f"cuda:{dev.index}" if dev.type == "cuda" else "cpu"
         self.source = "cuda" if dev.type == "cuda" else "cpu-profiler"
         try:
@@ -218,7 +152,7 @@ class Run:
     # -- recording -------------------------------------------------------------------------
     def _start_cuda(self) -> None:
         torch.cuda.init()
-        self._was_recording = on = _history_enabled()
+        self._was_recording = on = history_enabled()
         outer = _CUDA_RUNS[-1] if _CUDA_RUNS else None
         _CUDA_RUNS.append(self)
         if outer is not None and on is not False:
@@ -229,7 +163,7 @@ class Run:
             return
         if len(_CUDA_RUNS) == 1 or not on:
             _CUDA_TURN_OFF[0] = not on
-        _record_memory_history(
+        record_memory_history(
             "all",
             # "alloc", not "all": with frees' stacks recorded too, torch 2.11 crashes the backward of
             # non-reentrant activation checkpointing around dropout or cross-entropy (SystemError ...
@@ -252,7 +186,7 @@ class Run:
             _CUDA_RUNS.remove(self)
         if not _CUDA_RUNS and _CUDA_TURN_OFF[0]:
             _CUDA_TURN_OFF[0] = False
-            _record_memory_history(None)
+            record_memory_history(None)
 
     def _start_cpu(self) -> None:
         if cpu.profiler_enabled():
@@ -270,7 +204,7 @@ class Run:
         else:
             prof, self._prof = self._prof, None
             cpu.stop_profiler(prof)
-            snap = cpu.snapshot_from_profiler(prof, _live_tensors(self._model, self._opts))
+            snap = cpu.snapshot_from_profiler(prof, live_tensors(self._model, self._opts))
         snap = dict(snap)
         snap["phasemem"] = {
             "device": self.device,
