@@ -252,6 +252,27 @@ def format_report(r: Report) -> str:
         lines.append("phases: " + "; ".join(
             f"{', '.join(p for p, v in r.sources.items() if v == s)} {said.get(s, 'from ' + s)}" for s in src))
     lines += [f"note: {n}" for n in r.notes]
+    lines += _step_table(r)
+    lines += ["", "all steps (peak = highest over every occurrence):"]
+    for ph in r.phases.values():
+        at = f"at event {ph.peak_event}" if ph.peak_event is not None else "(it ran but allocated and freed nothing)"
+        lines.append(f"      {ph.name:<10} peak {format_bytes(ph.peak_bytes):>11} {at}")
+    if r.patterns:
+        lines += ["", "shapes found:"]
+        seen = set()
+        for p in r.patterns:
+            where = f"step {r.steps[p.step].number} {p.phase}, events {p.start_event}-{p.end_event}"
+            sure = f"; {p.confidence:.0%} sure: its phase was inferred" if p.confidence < 1 else ""
+            lines.append(f"  {p.kind:<22} {format_bytes(p.bytes):>11}  ({where}{sure})")
+            if p.kind not in seen:  # explain each kind once, at its first occurrence
+                seen.add(p.kind)
+                lines.append("      " + p.explanation)
+    return "\n".join(lines)
+
+
+def _step_table(r: Report) -> list[str]:
+    """Every step's phases: start, peak and end bytes, and their events."""
+    lines: list[str] = []
     head = f"{'step':>5} {'phase':<10} {'start':>11} {'peak':>11} {'end':>11} {'events':>13}"
     lines += ["", head, "-" * len(head)]
     pieces = _pieces(r)
@@ -268,21 +289,7 @@ def format_report(r: Report) -> str:
                      f"{f'{st.start_event}-{st.end_event}':>13}")
     if any(k > 1 for k in pieces.values()):
         lines.append("(a phase 'in N runs' ran in N separate stretches between its first and last event)")
-    lines += ["", "all steps (peak = highest over every occurrence):"]
-    for ph in r.phases.values():
-        at = f"at event {ph.peak_event}" if ph.peak_event is not None else "(it ran but allocated and freed nothing)"
-        lines.append(f"      {ph.name:<10} peak {format_bytes(ph.peak_bytes):>11} {at}")
-    if r.patterns:
-        lines += ["", "shapes found:"]
-        seen = set()
-        for p in r.patterns:
-            where = f"step {r.steps[p.step].number} {p.phase}, events {p.start_event}-{p.end_event}"
-            sure = f"; {p.confidence:.0%} sure: its phase was inferred" if p.confidence < 1 else ""
-            lines.append(f"  {p.kind:<22} {format_bytes(p.bytes):>11}  ({where}{sure})")
-            if p.kind not in seen:  # explain each kind once, at its first occurrence
-                seen.add(p.kind)
-                lines.append("      " + p.explanation)
-    return "\n".join(lines)
+    return lines
 
 
 def _oom_line(r: Report, o: OutOfMemory) -> str:

@@ -85,9 +85,7 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
     out: list[tuple[int, int, int]] = []
     core = np.zeros(n, bool)  # events inside an accepted pass's core
 
-    # scipy.signal takes ~2 s to import (scipy.stats with it): only traces without markers pay for it,
-    # and `import phasemem` (which pytest's plugin loading does in every session) does not.
-    from scipy.signal import find_peaks
+    from scipy.signal import find_peaks  # ~2 s to import: paid by traces without markers, not `import phasemem`
 
     def climb(lo: int, hi: int) -> None:
         part = curve[lo:hi]
