@@ -250,7 +250,7 @@ def format_report(r: Report) -> str:
         said = {"markers": "from markers", "annotations": "from PyTorch's annotations",
                 "inferred": "inferred from the trace"}
         lines.append("phases: " + "; ".join(
-            f"{', '.join(p for p, v in r.sources.items() if v == s)} {said.get(s, 'from ' + s)}" for s in src))
+            f"{', '.join(p for p in PHASES if r.sources.get(p) == s)} {said.get(s, 'from ' + s)}" for s in src))
     lines += [f"note: {n}" for n in r.notes]
     lines += _step_table(r)
     lines += ["", "all steps (peak = highest over every occurrence):"]
