@@ -201,8 +201,6 @@ def wrap_method(obj: Any, name: str, phase: str, markers: Markers = MARKERS) -> 
 
 
 def _wrap_method(obj: Any, name: str, phase: str, markers: Markers) -> Undo:
-    had_own = name in obj.__dict__
-    own_before = obj.__dict__.get(name)
     inner = getattr(obj, name)
     active = [True]
     start, end = markers.start, markers.end
@@ -230,6 +228,14 @@ def _wrap_method(obj: Any, name: str, phase: str, markers: Markers) -> Undo:
             finally:
                 end(token)
 
+    return install_bound(obj, name, inner, wrapper, active)
+
+
+def install_bound(obj: Any, name: str, inner: Any, wrapper: Callable, active: list) -> Undo:
+    """Put ``wrapper`` on ``obj`` as the bound method ``name``; the returned undo puts back what was
+    there, or, if someone wrapped over it since, leaves ``active[0]`` False so it passes through."""
+    had_own = name in obj.__dict__
+    own_before = obj.__dict__.get(name)
     # Copies the inner function's attributes too: LRScheduler checks ``_wrapped_by_lr_sched`` on
     # ``opt.step`` and warns when a scheduler's wrapper seems to have been replaced.
     functools.update_wrapper(wrapper, getattr(inner, "__func__", inner))

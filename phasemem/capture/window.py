@@ -16,12 +16,12 @@ runs: a recording that cannot start or finish is a warning (the run keeps traini
 """
 from __future__ import annotations
 
-import functools
 import types
 import warnings
 from typing import Any, Callable
 
 from ..steps import StepsError, parse_steps
+from .hooks import install_bound
 
 
 class StepWindow:
@@ -153,8 +153,6 @@ def _after_each_call(obj: Any, name: str, after: Callable[[], None]) -> Callable
     pass-through). A bound method on the instance, as ``hooks.wrap_method`` does and for the same
     reasons: ``LRScheduler`` re-wraps ``optimizer.step`` through ``__func__``, and Lightning, GradScaler
     and accelerate all call the instance's ``step``."""
-    had_own = name in obj.__dict__
-    own_before = obj.__dict__.get(name)
     inner = getattr(obj, name)
     active = [True]
     plain = isinstance(inner, types.MethodType) and inner.__self__ is obj
@@ -166,16 +164,4 @@ def _after_each_call(obj: Any, name: str, after: Callable[[], None]) -> Callable
             after()
         return out
 
-    functools.update_wrapper(wrapper, getattr(inner, "__func__", inner))
-    bound = types.MethodType(wrapper, obj)
-    obj.__dict__[name] = bound
-
-    def undo() -> None:
-        active[0] = False
-        if obj.__dict__.get(name) is bound:
-            if had_own:
-                obj.__dict__[name] = own_before
-            else:
-                del obj.__dict__[name]
-
-    return undo
+    return install_bound(obj, name, inner, wrapper, active)
