@@ -153,7 +153,7 @@ def legend_texts(fig: Figure) -> list[str]:
 def _columns(report, ncols, by="event", a=0, b=None):
     tl = report.timeline
     b = report.n_events if b is None else b
-    X = render._x_values(report, by)
+    X = render.bands.x_values(report, by)
     return bands.columns(X, tl.level, tl.active_after, tl.reserved_after, tl.delta, a, b, ncols)
 
 

@@ -28,9 +28,10 @@ from ..output import atomic_write, check_picture_size
 from ..spans import phase_runs
 from ..steps import StepsError, parse_steps  # noqa: F401  (StepsError: public here too)
 from ..units import axis_unit, format_bytes
-from ..vocab import C, CATEGORIES, PHASE_COLORS
+from ..vocab import CATEGORIES, PHASE_COLORS
 from . import bands as _bands
 from . import labels as _labels
+from . import peakbar as _peakbar
 from .html import page_writer
 from .chrome import (_MIN_STEP_DOTS_PX, _axes_style, _legends, _mark_handles, _oom_marks, _phase_ticks,
                      _shade_phases, _step_marks, _step_px, _title)
@@ -66,7 +67,7 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, facecolor="white")
     lay = _labels.Layout(FigureCanvasAgg(fig), width, height, dpi)
     a, b, shown = visible_range(report, steps, events)
-    sc = _scene(report, lay, _x_values(report, by), a, b, shown, int(max_bands), color)
+    sc = _scene(report, lay, _bands.x_values(report, by), a, b, shown, int(max_bands), color)
     bar_px = _peakbar.width_px(lay, report, a, b)
     ax_box, rows = lay.axes_box(sc.groups, bar_px)
     ax = fig.add_axes(ax_box)
@@ -106,7 +107,7 @@ def _scene(report, lay, X, a, b, shown, max_bands: int, color: str) -> _Scene:
     # The axes' width does not depend on the legend (only its height does): columns first.
     ncols = max(int(lay.axes_box([], _peakbar.width_px(lay, report, a, b))[0][2] * lay.width), 1)
     cols = _bands.columns(X, tl.level, tl.active_after, tl.reserved_after, tl.delta, a, b, ncols)
-    codes = _category_codes(report)
+    codes = _bands.category_codes(report)
     st = _bands.stack(tl.lifetimes, cols, report.n_events, max_bands, base_key=codes if color == "category" else None)
     top = int(max(cols.level.max(), cols.reserved.max() if show_reserved else 0, 1))
     unit_div, unit = axis_unit(top)
@@ -254,25 +255,6 @@ def visible_range(report, steps=None, events=None):
     a, b = min(st.start_event for st in shown), max(st.end_event for st in shown) + 1
     # A step that made no event still gets drawn: as the one event where it ended.
     return min(a, n - 1), max(b, min(a + 1, n)), shown
-
-
-def _x_values(report, by) -> np.ndarray:
-    """x of every event's left edge, and one past the last (events span [X[e], X[e + 1]))."""
-    n = report.n_events
-    if by == "event":
-        return np.arange(n + 1, dtype=np.float64)
-    t = report.trace.time_us
-    X = np.empty(n + 1, dtype=np.float64)
-    X[:n] = t - t[0]
-    X[n] = X[n - 1] + max((X[n - 1] - X[0]) / max(n - 1, 1), 1.0)
-    return X
-
-
-def _category_codes(report) -> np.ndarray:
-    curves = getattr(report, "category_curves", None)
-    if curves is None:
-        return np.full(len(report.timeline.lifetimes), C["other"], np.int64)
-    return np.asarray(curves.codes, dtype=np.int64)
 
 
 class _Runs:

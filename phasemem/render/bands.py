@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..vocab import C
+
 # Above this many (bands × columns) cells the offsets are summed in slices of bands, so a large
 # max_bands costs time, not a matrix that does not fit in memory.
 _CHUNK_CELLS = 8_000_000
@@ -209,3 +211,23 @@ def step_outline(edges, values, unit: float) -> tuple[np.ndarray, np.ndarray]:
     """
     x = np.column_stack([edges[:-1], edges[1:]]).ravel()
     return x, np.repeat(values, 2) / unit
+
+
+def x_values(report, by) -> np.ndarray:
+    """x of every event's left edge, and one past the last (events span [X[e], X[e + 1]))."""
+    n = report.n_events
+    if by == "event":
+        return np.arange(n + 1, dtype=np.float64)
+    t = report.trace.time_us
+    X = np.empty(n + 1, dtype=np.float64)
+    X[:n] = t - t[0]
+    X[n] = X[n - 1] + max((X[n - 1] - X[0]) / max(n - 1, 1), 1.0)
+    return X
+
+
+def category_codes(report) -> np.ndarray:
+    """Each allocation's category code (Lifetimes order), 'other' for all where the report has none."""
+    curves = getattr(report, "category_curves", None)
+    if curves is None:
+        return np.full(len(report.timeline.lifetimes), C["other"], np.int64)
+    return np.asarray(curves.codes, dtype=np.int64)

@@ -25,7 +25,7 @@ from matplotlib.collections import PathCollection
 
 from ..stacks import short_path
 from ..units import axis_unit, format_bytes
-from ..vocab import CATEGORIES, C, PHASES
+from ..vocab import CATEGORIES, PHASES
 from . import bands as _bands
 from .colours import _CURVE, _FOLDED, _RESERVED, _band_colors
 from .html_page import page
@@ -80,14 +80,14 @@ class _Scene:
         self.X0, self.X1 = ax.get_xlim()
         self.ytop = ax.get_ylim()[1]
         self.dpi = fig.dpi
-        self.X = _x_values(report, by)
+        self.X = _bands.x_values(report, by)
         st = fig.phasemem_stack
         self.ncols = len(st.columns)
         # the events drawn, [a, b): X ties (events at one µs, by="time") only add events of no width
         self.a, self.b = int(np.searchsorted(self.X, self.X0)), int(np.searchsorted(self.X, self.X1))
         cols = st.columns
         self.unit = axis_unit(int(max(cols.level.max(), cols.reserved.max() if report.reserved_peak_bytes else 0, 1)))[0]
-        self.codes = _category_codes(report)
+        self.codes = _bands.category_codes(report)
         self.lines = {"curve": any(str(ln.get_color()) == _CURVE for ln in ax.lines),
                       "reserved": report.reserved_peak_bytes > 0}
         self.layers = [self._layer(st, 2)]  # the whole picture: the very stack plot() drew
@@ -210,25 +210,6 @@ def _paths(xs: list, ys: list, nd: int, close: bool = True) -> list[str]:
     return text.split("\n")[:-1]
 
 
-def _x_values(report, by) -> np.ndarray:
-    """x of every event's left edge and one past the last, as plot() places them."""
-    n = report.n_events
-    if by == "event":
-        return np.arange(n + 1, dtype=np.float64)
-    t = report.trace.time_us
-    X = np.empty(n + 1, dtype=np.float64)
-    X[:n] = t - t[0]
-    X[n] = X[n - 1] + max((X[n - 1] - X[0]) / max(n - 1, 1), 1.0)
-    return X
-
-
-def _category_codes(report) -> np.ndarray:
-    curves = report.category_curves
-    if curves is None:
-        return np.full(len(report.timeline.lifetimes), C["other"], np.int64)
-    return np.asarray(curves.codes, dtype=np.int64)
-
-
 def _band_meta(r, drawn: list[int]) -> tuple[dict, list]:
     """Hover texts of every drawn allocation (Lifetimes index → size, when made, when freed, category,
     shapes, stack id, a note) and the stacks they name."""
@@ -246,7 +227,7 @@ def _band_meta(r, drawn: list[int]) -> tuple[dict, list]:
         ph = PHASES[int(r.label_codes[e])]
         return f"step {numbers[int(r.step_of[e])]} {ph}" if r.step_of[e] >= 0 else ph
 
-    cats = _category_codes(r)
+    cats = _bands.category_codes(r)
     stack_ids: dict[int, int] = {}
     meta = {}
     for i in drawn:
