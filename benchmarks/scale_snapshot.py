@@ -10,9 +10,11 @@ shared by the entries that carry it (an ``alloc`` has its own, the ``free_reques
 caused it: 947 lists for 1,398 entries), and no list is used in two steps: each step captures new
 tracebacks. So a faithful copy of a step (``--share torch``, the default) gets new list objects,
 one per list of the seed step, shared among its entries as in the seed, holding the seed's frame
-dicts; pickle's memo then writes each frame once and each list as a run of references. ``--share
-lists`` reuses the seed's list objects in every copy instead (each list written once in the whole
-file: smaller, and what an allocator with one cached traceback per call site would write).
+dicts; pickle's memo then writes each frame once and each list as a run of references. String
+values that are a new object in every seed entry (``compile_context``'s ``'N/A'``) are new in
+every copy too. ``--share lists`` reuses the seed's list objects in every copy instead (each list
+written once in the whole file: smaller, and what an allocator with one cached traceback per call
+site would write).
 
 Times are shifted by the block's duration per copy, the annotations repeated with them;
 addresses of each middle copy move to a range of their own, and the frees with which a copy
@@ -89,6 +91,13 @@ def _hand_over(block: list) -> tuple[set, dict]:
     return frees_inherited, {a_in: a_out for (_, a_in), (_, a_out) in zip(inherited, handed)}
 
 
+def _own_strings(events: list) -> list[str]:
+    """Keys whose string values are a separate object in every entry (as torch writes
+    ``compile_context``), so that copies get separate ones too."""
+    keys = {k for e in events for k, v in e.items() if isinstance(v, str) and len(v) > 1 and k != "action"}
+    return sorted(k for k in keys if len({id(e.get(k)) for e in events}) == len(events))
+
+
 def replicate(snap: dict, copies: int, *, first: int = 1, last: int = 2, marker: str | None = None,
               share: str = "torch") -> dict:
     """A new snapshot whose steps ``first..last`` are repeated ``copies`` times in a row."""
@@ -106,6 +115,7 @@ def replicate(snap: dict, copies: int, *, first: int = 1, last: int = 2, marker:
     ev_head, ev_block, ev_tail = split(events)
     an_head, an_block, an_tail = split(anns)
     frees_inherited, takes = _hand_over(ev_block)
+    own = _own_strings(ev_block)
 
     def offset(k):
         return 0 if k == 0 or (k == copies - 1 and copies > 2) else k * STRIDE
@@ -119,6 +129,9 @@ def replicate(snap: dict, copies: int, *, first: int = 1, last: int = 2, marker:
             continue
         lists: dict[int, list] = {}  # this copy's traceback lists, one per seed list
 
+        def fresh(e):  # the string values torch makes anew for every entry ('N/A' compile_context)
+            return {k: e[k].encode().decode() for k in own} if own and share == "torch" else {}
+
         def frames(fr):
             if share == "lists" or not isinstance(fr, list):
                 return fr
@@ -131,7 +144,8 @@ def replicate(snap: dict, copies: int, *, first: int = 1, last: int = 2, marker:
             if e["action"].startswith("segment_"):
                 continue
             addr = takes[e["addr"]] + prev if i in frees_inherited else e["addr"] + off
-            out_events.append({**e, "time_us": e["time_us"] + dt, "addr": addr, "frames": frames(e.get("frames"))})
+            out_events.append({**e, **fresh(e), "time_us": e["time_us"] + dt, "addr": addr,
+                               "frames": frames(e.get("frames"))})
         out_anns += [{**a, "time_us": a["time_us"] + dt} for a in an_block]
     shift = (copies - 1) * span
     out_events += [{**e, "time_us": e["time_us"] + shift} for e in ev_tail]

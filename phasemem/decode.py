@@ -79,7 +79,12 @@ def _decode(f, where: str, device: int | None, trusted: bool) -> Trace | None:
     rest = region.decode(buf[at:], df.read)
     del buf
     tail = rest + b"".join(iter(lambda: df.read(CHUNK), b""))
-    obj = _finish(head, region, tail, where, trusted)
+    # the strings the events made go to the unpickler only if what follows them uses one (rarely)
+    obj = _finish(head, region, tail, where, trusted, False)
+    if obj is None:
+        obj = _finish(head, region, tail, where, trusted, True)
+    if obj is None:
+        raise Unsupported("what follows the events refers to an event or a traceback")
     return from_stand_in(obj, region.stand_in, device)
 
 
@@ -89,25 +94,26 @@ def _unpickler(trusted: bool):
 
 def _head_memo(head: bytes, where: str, trusted: bool) -> dict:
     """The objects the memo holds where the events start: the head unpickled, then stopped."""
-    up = _unpickler(trusted)(io.BytesIO(head + b"N."))  # push None and stop: the rest of the stack is dropped
+    up = _unpickler(trusted)(io.BufferedReader(io.BytesIO(head + b"N."), 1 << 20))  # N.: stop there
     up.where = where
     up.load()
     return up.memo.copy()
 
 
-def _finish(head: bytes, region: Region, tail: bytes, where: str, trusted: bool):
+def _finish(head: bytes, region: Region, tail: bytes, where: str, trusted: bool, strings: bool):
     """The whole snapshot, with the events' list as ``region.stand_in``.
 
     The head is unpickled again, then the memo is given what the events put in it, in their order
-    (MEMOIZE numbers by count, so the tail's references stay right): the list itself, the strings
-    and frame dicts the events created (a later part of the file may refer to them: the empty
-    string is one object in CPython, and the annotations use it), and for every other object one
-    filler. Then the tail, as it is. If the tail refers to a filler (an event dict, a traceback
-    list), the filler ends up inside the snapshot, which its reference count shows: then None."""
+    (MEMOIZE numbers by count, so the tail's references stay right): the list itself, the frame
+    dicts and strings the events created (a later part of the file may refer to them: the empty
+    string is one object in CPython, and annotations use it), the strings read by eventscan (one
+    per event, compile_context's) only with ``strings``, and for every other object one filler.
+    Then the tail, as it is. If the tail refers to a filler (an event dict, a traceback list), the
+    filler ends up inside the snapshot, which its reference count shows: then None."""
     filler = _Filler()
     objs = [region.stand_in, filler]
     inject = [_persistent(0) + b"\x94", _persistent(1)]  # the list stays where the head's EMPTY_LIST left it
-    inject += _memo_fill(region.memo, objs)
+    inject += _memo_fill(region.memo, objs, strings)
     inject.append(b"0")  # the filler off the stack
     base = _unpickler(trusted)
     given = iter(range(len(objs)))
@@ -119,7 +125,7 @@ def _finish(head: bytes, region: Region, tail: bytes, where: str, trusted: bool)
                 raise pickle.UnpicklingError("A load persistent id instruction was encountered")
             return objs[pid]
 
-    up = Finish(io.BytesIO(b"".join([head] + inject + [tail])))
+    up = Finish(io.BufferedReader(io.BytesIO(b"".join([head] + inject + [tail])), 1 << 20))  # peek: no read() call per opcode
     up.where = where
     before = sys.getrefcount(filler)
     obj = up.load()
@@ -133,30 +139,38 @@ class _Filler:
     """Stands in the unpickler's memo for an object the events made and nothing after them uses."""
 
 
-def _memo_fill(memo, objs: list) -> list[bytes]:
+def _memo_fill(memo, objs: list, strings: bool) -> list[bytes]:
     """The opcodes that give the unpickler's memo, from the list's index on, what the events put
     there: MEMOIZE of the filler on top of the stack, or for a kept object its first occurrence
     by persistent id (then MEMOIZE, POP) and later ones by reference to that (LONG_BINGET, MEMOIZE, POP)."""
-    out = []
+    out, first_of = [], {}
     lo, hi = memo.list_idx + 1, memo.m
-    first_of: dict[int, int] = {}
     for a in range(lo, hi, FILL_PIECE):
         z = min(hi, a + FILL_PIECE)
-        kind, pay = memo.kind[a:z], memo.pay[a:z]
-        kept = np.flatnonzero(memo.kept_mask(kind))
+        kept = np.flatnonzero(memo.kept_mask(memo.kind[a:z], strings))
         rows = np.zeros((z - a, 8), np.uint8)
-        lens = np.ones(z - a, np.int64)
         rows[:, 0] = 0x94
-        for k, oid in zip(kept.tolist(), pay[kept].tolist()):
-            at = first_of.get(oid)
-            if at is None:
-                first_of[oid] = a + k
-                objs.append(memo.objs[oid])
-                rows[k, :8] = np.frombuffer(b"J" + (len(objs) - 1).to_bytes(4, "little") + b"Q\x940", np.uint8)
-                lens[k] = 8
-            else:
-                rows[k, :7] = np.frombuffer(b"j" + at.to_bytes(4, "little") + b"\x940", np.uint8)
-                lens[k] = 7
+        lens = np.ones(z - a, np.int64)
+        if len(kept):
+            u, where, inv = np.unique(memo.pay[a:z][kept], return_index=True, return_inverse=True)
+            first = np.empty(len(u), np.int64)
+            pid = np.zeros(len(u), np.int64)
+            for k, (oid, at) in enumerate(zip(u.tolist(), (a + kept[where]).tolist())):
+                if oid not in first_of:
+                    objs.append(memo.objs[oid])
+                    first_of[oid] = (at, len(objs) - 1)
+                first[k], pid[k] = first_of[oid]
+            at = a + kept
+            new = at == first[inv.ravel()]
+            arg = np.where(new, pid[inv.ravel()], first[inv.ravel()]).astype("<u4").view(np.uint8).reshape(-1, 4)
+            r = rows[kept]
+            r[:, 0] = np.where(new, ord("J"), ord("j"))  # BININT pid, BINPERSID  |  LONG_BINGET first
+            r[:, 1:5] = arg
+            r[:, 5] = np.where(new, ord("Q"), 0x94)
+            r[:, 6] = np.where(new, 0x94, ord("0"))
+            r[:, 7] = ord("0")
+            rows[kept] = r
+            lens[kept] = np.where(new, 8, 7)
         out.append(rows[np.arange(8) < lens[:, None]].tobytes())
     return out
 

@@ -22,7 +22,7 @@ import numpy as np
 from .opcodes import Unsupported
 from .trace import _CODES, A, _frame_key, _stack_table
 
-OTHER, STR, FRAME, LIST, OBJ = range(5)  # memo kinds
+OTHER, STR, FRAME, LIST, OBJ, VSTR = range(6)  # memo kinds; VSTR: a string read by eventscan
 _INT_FIELDS = ("addr", "size", "stream", "time_us")
 _OOM = A["oom"]
 _I64 = 1 << 63
@@ -52,7 +52,7 @@ class Memo:
         self._codes = None
         self.contents: list[tuple] = []
         self._cid: dict[tuple, int] = {}
-        self._short: dict[bytes, int] = {}  # short strings events create, by their bytes: one object each
+        self._short: dict[tuple, int] = {}  # short strings events create, by their bytes: one object each
         self.m = self.list_idx = 0
         for i in range(len(head)):
             self.put(i, head[i], region=False)
@@ -116,25 +116,34 @@ class Memo:
 
     def object(self, idx: int):
         """The object at a memo index, for the unpickler that reads what follows the events."""
-        if self.kind[idx] not in (STR, FRAME, OBJ):
+        if self.kind[idx] not in (STR, FRAME, OBJ, VSTR):
             raise Unsupported("what follows the events refers to an event or a traceback")
         return self.objs[self.pay[idx]]
 
     @staticmethod
-    def kept_mask(kind: np.ndarray) -> np.ndarray:
-        return (kind == STR) | (kind == FRAME)
+    def kept_mask(kind: np.ndarray, strings: bool) -> np.ndarray:
+        """Which entries' objects go to the unpickler that reads the rest: strings and frame dicts
+        the VM made, and with ``strings`` the (many) strings eventscan read too."""
+        keep = (kind == STR) | (kind == FRAME)
+        return keep | (kind == VSTR) if strings else keep
 
-    def strings(self, packed: np.ndarray) -> np.ndarray:
-        """Object ids of short strings given as 16 bytes each (payload, zeros, length in the last)."""
-        u, inv = np.unique(packed.view(np.dtype((np.void, 16))).ravel(), return_inverse=True)
-        ids = []
-        for v in u.tolist():
-            oid = self._short.get(v)
-            if oid is None:
-                s = v[:v[15]].decode("utf-8", "surrogatepass")
-                oid = self._short[v] = self._keep(s, _CODES[s])
-            ids.append(oid)
-        return np.array(ids, np.int32)[inv.ravel()]
+    def strings(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Object ids of short strings given as two uint64 each: bytes 0-7, and bytes 8-14 with the
+        length in the top byte (zeros past the end). One object per distinct string."""
+        if (lo == lo[0]).all() and (hi == hi[0]).all():  # the usual case: all one string ('N/A')
+            return np.full(len(lo), self._short_id(int(lo[0]), int(hi[0])), np.int32)
+        pairs = np.stack([lo, hi], axis=1)
+        u, inv = np.unique(pairs, axis=0, return_inverse=True)
+        ids = np.array([self._short_id(int(a), int(z)) for a, z in u.tolist()], np.int32)
+        return ids[inv.ravel()]
+
+    def _short_id(self, lo: int, hi: int) -> int:
+        oid = self._short.get((lo, hi))
+        if oid is None:
+            raw = lo.to_bytes(8, "little") + hi.to_bytes(8, "little")
+            s = raw[:raw[15]].decode("utf-8", "surrogatepass")
+            oid = self._short[(lo, hi)] = self._keep(s, _CODES[s])
+        return oid
 
 
 class Columns:

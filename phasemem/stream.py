@@ -259,4 +259,23 @@ def _stream(where: str, device: int | None, trusted: bool) -> Trace | None:
 
 
 def _trace(obj, events: _Events | None, device: int | None) -> Trace | None:
-    return None if events is None else from_stand_in(obj, events, device)
+    if events is None or _marked(obj):
+        return None
+    return from_stand_in(obj, events, device)
+
+
+def _marked(obj) -> bool:
+    """Whether the snapshot's ``phasemem`` meta (which the Trace copies) holds a frames list this
+    reader emptied: it refers to an event's traceback. The segments' blocks share them too (a
+    live block's traceback is its alloc's), but nothing reads their frames."""
+    meta = obj.get("phasemem") if isinstance(obj, dict) else None
+    todo = [meta]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, dict):
+            todo += x.values()
+        elif isinstance(x, (list, tuple)):
+            if x and x[0].__class__ is _Mark:
+                return True
+            todo += x
+    return False
