@@ -31,7 +31,8 @@ import sys
 import numpy as np
 
 from .eventscan import Template, candidates, commit, scan, views
-from .eventvm import VM, Columns, Memo, Unsupported
+from .eventmemo import Memo
+from .eventvm import VM, Columns, Unsupported
 from .load import _SnapshotUnpickler, no_gc, open_snapshot
 from .opcodes import Deframed, find_event_list
 from .trace import Trace, from_stand_in

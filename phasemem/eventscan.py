@@ -13,7 +13,8 @@ import struct
 
 import numpy as np
 
-from .eventvm import FRAME, LIST, STR, VSTR, Columns, Memo, Unsupported
+from .eventmemo import FRAME, LIST, STR, VSTR, Memo
+from .eventvm import Columns, Unsupported
 
 _H, _J4, _K, _M, _J, _LONG1, _SBU = 0x68, 0x6A, 0x4B, 0x4D, 0x4A, 0x8A, 0x8C
 _SETITEMS, _APPENDS, _MARK, _APPEND, _EMPTY_LIST, _MEMOIZE = 0x75, 0x65, 0x28, 0x61, 0x5D, 0x94
@@ -96,10 +97,29 @@ def _ints(w, p, idx):
 def scan(b: np.ndarray, w: np.ndarray, data: bytes, c: np.ndarray, tpl: Template, memo: Memo,
          lists: dict) -> tuple[int, dict]:
     """How many of the events starting at ``c[:-1]`` (``c[-1]``: where the one after starts) are
-    ordinary, from the first, and their fields. ``b``: the buffer (padded), ``w``: ``words``."""
+    ordinary, from the first, and their fields. ``b``: the buffer (padded), ``w``: its words (``views``)."""
     m = len(c) - 1
-    nxt, p = c[1:], c[:-1] + 3
-    ok, nstr, out, strs = np.ones(m, bool), np.zeros(m, np.int64), {}, []
+    ok, out = np.ones(m, bool), {"nstr": np.zeros(m, np.int64), "strs": []}
+    p, op = _fields(b, w, c[:-1] + 3, ok, out, tpl)
+    end, lstart, full = _ends(b, w, p, op, c[1:], ok, out, tpl)
+    t = int(np.argmin(ok)) if not ok.all() else m
+    # the new lists' contents: one dict lookup per list, each distinct one checked once
+    cids = np.full(m, -1, np.int64)
+    rows = np.flatnonzero(full[:t])
+    got = _list_ids(data, lstart[rows], end[rows] - 1, memo, lists)
+    bad = np.flatnonzero(got < -1)
+    if len(bad):  # a list of something other than references to frame dicts
+        t = int(rows[bad[0]])
+    cids[rows] = got
+    out["cids"] = cids
+    return t, out
+
+
+def _fields(b, w, p, ok, out: dict, tpl: Template):
+    """Each field but the frames: its key checked, its value read (integers, the action's memo
+    reference) or stepped over (new short strings noted: they are memoized). Returns where the
+    frames' value starts and its opcode."""
+    nstr, op = out["nstr"], None
     for ref, value, mask, role in tpl.words:
         kl = len(ref)
         kw = w[p]  # the key's reference, the value's opcode and its next bytes
@@ -116,19 +136,30 @@ def scan(b: np.ndarray, w: np.ndarray, data: bytes, c: np.ndarray, tpl: Template
             ok &= good
         elif role == "action":
             ok &= (op == _H) | (op == _J4)
-            after = w[p + 1]
-            out["action"] = np.where(op == _H, after & np.uint64(0xFF), after & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        else:  # a value not read; a new string among them is memoized, and kept if short
-            s = op == _SBU
-            if s.any():
-                ok &= ~s | ((n1 < 16) & (b[p + 2 + n1.astype(np.int64)] == _MEMOIZE))
-                at = np.flatnonzero(s)
-                n = n1[at].astype(np.int64)
-                lo = w[p[at] + 2] & _MASKS[np.minimum(n, 8)]
-                hi = (w[p[at] + 10] & _MASKS[np.clip(n - 8, 0, 7)]) | (n1[at] << np.uint64(56))
-                strs.append((at, nstr[at].copy(), lo, hi))
-                nstr += s
+            out["action"] = _reference(w[p], op)
+        elif (s := op == _SBU).any():  # a value not read; a new string among them is memoized
+            ok &= ~s | ((n1 < 16) & (b[p + 2 + n1.astype(np.int64)] == _MEMOIZE))
+            at = np.flatnonzero(s)
+            n = n1[at].astype(np.int64)
+            lo = w[p[at] + 2] & _MASKS[np.minimum(n, 8)]
+            hi = (w[p[at] + 10] & _MASKS[np.clip(n - 8, 0, 7)]) | (n1[at] << np.uint64(56))
+            out["strs"].append((at, nstr[at].copy(), lo, hi))
+            nstr += s
         p = p + ln
+    return p, op
+
+
+def _reference(vw, op):
+    """The memo index of BINGET / LONG_BINGET whose opcode is the first byte of ``vw``."""
+    return np.where(op == _H, (vw >> np.uint64(8)) & np.uint64(0xFF),
+                    (vw >> np.uint64(8)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+
+
+def _ends(b, w, p, op, nxt, ok, out: dict, tpl: Template):
+    """The frames' value (a reference, an empty list, or a new list whose end is where the next
+    event begins) and where each event ends; ``ok`` keeps only events that end where the next one
+    begins, or with APPENDS MARK (a batch of 1,000) between them."""
+    m = len(nxt)
     if tpl.words[-1][3] == "frames":
         vw = w[p]
         get = (op == _H) | (op == _J4)
@@ -137,14 +168,12 @@ def scan(b: np.ndarray, w: np.ndarray, data: bytes, c: np.ndarray, tpl: Template
         empty = newl & (_byte(vw, 2) == _SETITEMS)
         ok &= (get & (_byte(vw, glen) == _SETITEMS)) | newl
         end = np.where(get, p + glen + 1, np.where(empty, p + 3, -1))
-        out["fref"] = np.where(op == _H, (vw >> np.uint64(8)) & np.uint64(0xFF),
-                               (vw >> np.uint64(8)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        out["fref"] = _reference(vw, op)
     else:
         get = newl = empty = np.zeros(m, bool)
         ok &= b[p] == _SETITEMS
         end = p + 1
     full = newl & ~empty
-    # a new list ends where the next event begins, less its SETITEMS (and APPENDS MARK between batches)
     before = w[np.maximum(nxt - 3, 0)]  # the three bytes before the next event
     inferred = np.where(_byte(before, 2) == _SETITEMS, nxt,
                         np.where((_byte(before, 0) == _SETITEMS) & (_byte(before, 1) == _APPENDS)
@@ -155,17 +184,8 @@ def scan(b: np.ndarray, w: np.ndarray, data: bytes, c: np.ndarray, tpl: Template
     e = np.maximum(end, 0)
     gap = w[e]
     ok &= (end >= 0) & ((nxt == e) | ((nxt == e + 2) & (_byte(gap, 0) == _APPENDS) & (_byte(gap, 1) == _MARK)))
-    t = int(np.argmin(ok)) if not ok.all() else m
-    # the new lists' contents: one dict lookup per list, each distinct one checked once
-    cids = np.full(m, -1, np.int64)
-    rows = np.flatnonzero(full[:t])
-    got = _list_ids(data, lstart[rows], end[rows] - 1, memo, lists)
-    bad = np.flatnonzero(got < -1)
-    if len(bad):  # a list of something other than references to frame dicts
-        t = int(rows[bad[0]])
-    cids[rows] = got
-    out.update(nstr=nstr, newl=newl, get=get, cids=cids, strs=strs)
-    return t, out
+    out.update(newl=newl, get=get)
+    return end, lstart, full
 
 
 def _list_ids(data: bytes, a: np.ndarray, z: np.ndarray, memo: Memo, lists: dict) -> np.ndarray:
