@@ -25,9 +25,12 @@ def measure(an: Analysis) -> list[Step]:
     rows = iter(an.categories_at_level(peaks).tolist()) if peaks else iter(())
     phases = [Phase(**s, by_category=dict(zip(CATEGORIES, next(rows))) if s["peak_event"] is not None else {})
               for s in specs]
+    by_step: dict[int, list[Phase]] = {}
+    for ph in phases:
+        by_step.setdefault(ph.step, []).append(ph)
     steps = []
     for s, ((a, b, complete), (p, peak, start_b, end_b)) in enumerate(zip(seg.steps, step_specs)):
-        mine = sorted((ph for ph in phases if ph.step == s), key=lambda ph: ph.at_event)
+        mine = sorted(by_step.get(s, []), key=lambda ph: ph.at_event)
         steps.append(Step(index=s, number=seg.step_numbers[s], start_event=a, end_event=b - 1, complete=complete,
                           peak_bytes=peak, peak_event=p, start_bytes=start_b, end_bytes=end_b,
                           phases={ph.name: ph for ph in mine},
@@ -128,9 +131,11 @@ def _top_allocations(trace: Trace, tl: Timeline, seg: Segmentation) -> dict[int,
     n = len(trace)
     frees = tl.lifetimes.free_of(es[pick])
     out: dict[int, list[Allocation]] = {}
+    summary: dict[int, str | None] = {}  # per stack id: the same call sites recur every step
     for k, e, f in zip(ks[pick].tolist(), es[pick].tolist(), frees.tolist()):
+        sid = int(trace.stack[e])
+        if sid not in summary:
+            summary[sid] = stack_summary(trace, sid)
         out.setdefault(k, []).append(Allocation(
-            event=e, size=int(trace.size[e]), free_event=None if f >= n else f,
-            stack=stack_summary(trace, int(trace.stack[e])),
-        ))
+            event=e, size=int(trace.size[e]), free_event=None if f >= n else f, stack=summary[sid]))
     return out

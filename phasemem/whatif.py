@@ -172,6 +172,32 @@ class _Facts:
         self.phase_alloc = np.where(self.alloc >= 0, labels[np.maximum(self.alloc, 0)], -1)
         self.phase_free = np.where(self.free < self.n, labels[np.minimum(self.free, self.n - 1)], -1)
 
+        # Per step, its phase runs (facts' run arrays, grouped once: steps x runs would be quadratic).
+        fx = an.facts
+        self.run_order = np.argsort(fx.run_step, kind="stable")
+        steps = np.arange(len(an.segmentation.steps))
+        rs = fx.run_step[self.run_order]
+        self.run_lo, self.run_hi = np.searchsorted(rs, steps, "left"), np.searchsorted(rs, steps, "right")
+        self.free_order = np.argsort(self.free, kind="stable")
+        self.free_sorted = self.free[self.free_order]
+
+    def runs(self, step: int, phase: str) -> tuple[np.ndarray, np.ndarray]:
+        """(first events, last events) of the step's runs of a phase, in event order."""
+        fx = self.an.facts
+        k = self.run_order[self.run_lo[step]:self.run_hi[step]]
+        k = np.sort(k[fx.run_phase[k] == P[phase]])
+        return fx.run_first[k], fx.run_last[k]
+
+    def made_in(self, first: int, stop: int) -> np.ndarray:
+        """Allocations (Lifetimes order) the trace made at events first..stop-1."""
+        lo, hi = np.searchsorted(self.alloc[self.n_pre:], [first, stop])
+        return np.arange(self.n_pre + lo, self.n_pre + hi)
+
+    def freed_in(self, first: int, last: int) -> np.ndarray:
+        """Allocations freed at events first..last."""
+        lo, hi = np.searchsorted(self.free_sorted, [first, last + 1])
+        return self.free_order[lo:hi]
+
     def members(self, *kinds: str) -> np.ndarray:
         parts = [np.asarray(p.members, np.int64) for p in self.patterns if p.kind in kinds and p.members]
         return self.n_pre + np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
@@ -209,17 +235,15 @@ def _chunked_cross_entropy(f: _Facts):
                   "the gradients of the hidden states and of the head's weight, made in forward by such a loss, "
                   "are not added (a few hundred MiB for a GPT-2-sized head)")
     added = ([], [], [])
-    fx = f.an.facts
-    for s in range(len(f.an.segmentation.steps)):
-        mine = np.concatenate([np.asarray(p.members, np.int64) for p in f.patterns if p.step == s and p.members
-                               and p.kind in ("logits", "softmax_spike", "logits_release")] or [np.zeros(0, np.int64)])
-        if not len(mine):
-            continue
-        mine = np.unique(mine) + f.n_pre
+    per_step: dict[int, list] = {}
+    for p in f.patterns:
+        if p.members and p.kind in ("logits", "softmax_spike", "logits_release"):
+            per_step.setdefault(p.step, []).append(np.asarray(p.members, np.int64))
+    for s, parts in sorted(per_step.items()):
+        mine = np.unique(np.concatenate(parts)) + f.n_pre
         first = int(f.alloc[mine].min())
-        here = (fx.run_step == s) & (fx.run_first > first)
-        loss = fx.run_first[here & (fx.run_phase == P["loss"])]
-        bwd = fx.run_first[here & (fx.run_phase == P["backward"])]
+        loss, bwd = f.runs(s, "loss")[0], f.runs(s, "backward")[0]
+        loss, bwd = loss[loss > first], bwd[bwd > first]
         last = int(bwd[0]) - 1 if len(bwd) else int(min(f.free[mine].max(), f.n - 1))
         start = int(loss[0]) if len(loss) and loss[0] <= last else first + 1
         added[0].append(start)
@@ -247,16 +271,13 @@ def _bf16_logits(f: _Facts):
 
 
 def _zero_grad_before_forward(f: _Facts):
-    fx = f.an.facts
     moved = []
     for s in range(len(f.an.segmentation.steps)):
-        fwd = fx.run_first[(fx.run_step == s) & (fx.run_phase == P["forward"])]
-        zg = [(a, b) for a, b in fx.runs_of(s, "zero_grad")]
-        for z0, z1 in zg:
+        fwd = f.runs(s, "forward")[0]
+        for z0, z1 in zip(*f.runs(s, "zero_grad")):
             if not len(fwd) or fwd[0] >= z0:
                 continue
-            idx = np.flatnonzero((f.free >= z0) & (f.free <= z1))
-            moved.append((idx, int(fwd[0]) - 1))
+            moved.append((f.freed_in(int(z0), int(z1)), int(fwd[0]) - 1))
     if not moved or not sum(len(i) for i, _ in moved):
         return "zero_grad already runs before forward (or frees nothing after it): nothing to move"
     ch = f.change("zero_grad(set_to_none=True) moves before forward: last step's gradients are freed before the "
@@ -320,7 +341,8 @@ def _activation_checkpointing(f: _Facts):
                   "recompute holds one block's saved activations through backward (the ripples' height)")
     added, steps = ([], [], []), 0
     for s, (a, b, _) in enumerate(f.an.segmentation.steps):
-        idx = np.flatnonzero(saved & (f.alloc >= a) & (f.alloc < b))
+        idx = f.made_in(a, b)
+        idx = idx[saved[idx]]
         period = _layer_period(f.size[idx]) if len(idx) >= 2 * MIN_BLOCKS else None
         if period is None:
             continue
@@ -332,8 +354,7 @@ def _activation_checkpointing(f: _Facts):
         drop = np.ones(body.shape, bool)
         drop[np.arange(blocks), first_kept] = False
         ch.size[body[drop]] = 0
-        bwd = f.an.facts.run_first[(f.an.facts.run_step == s) & (f.an.facts.run_phase == P["backward"])]
-        bwd_last = f.an.facts.run_last[(f.an.facts.run_step == s) & (f.an.facts.run_phase == P["backward"])]
+        bwd, bwd_last = f.runs(s, "backward")
         if len(bwd):
             added[0].append(int(bwd[0]))
             added[1].append(int(bwd_last[-1]))
