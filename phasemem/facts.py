@@ -62,8 +62,16 @@ class Context:
                    seg.step_of[a].astype(np.int64), rf, rl, rp, rs, params)
 
     def runs_of(self, step: int, phase: str) -> list[tuple[int, int]]:
-        m = (self.run_step == step) & (self.run_phase == P[phase])
-        return list(zip(self.run_first[m].tolist(), self.run_last[m].tolist()))
+        """The (first, last) events of a step's runs of a phase, in event order."""
+        def compute():
+            # grouped once: every detector asks for every step, and a mask per call is steps x runs
+            out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+            for f, l, p, s in zip(self.run_first.tolist(), self.run_last.tolist(), self.run_phase.tolist(),
+                                  self.run_step.tolist()):
+                out.setdefault((s, p), []).append((f, l))
+            return out
+
+        return list(self.memo("runs_by_step_phase", compute).get((step, P[phase]), ()))
 
     def allocs_between(self, first: int, last: int) -> np.ndarray:
         """Indices (into the alloc arrays) of allocations made at events first..last."""
