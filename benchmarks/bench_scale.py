@@ -1,21 +1,26 @@
-"""Time and peak memory (RSS) of phasemem on a 10-million-event trace, each case in a fresh process.
+"""Time and peak memory (RSS) of phasemem on a huge trace, each case in a fresh process.
 
-The trace is the real H200 snapshot ``gpt_ckpt_fused_seedlike`` stretched by
-``bench_analyze.replicate_steps`` (steps 1–2 repeated, ~2,480 events a step), written as a plain
-pickle the way ``torch.cuda.memory._dump_snapshot`` writes it. Each case runs as its own
+By default the trace is the real H200 snapshot ``gpt_ckpt_fused_seedlike`` stretched to 10M events
+by ``bench_analyze.replicate_steps`` (steps 1–2 repeated, ~2,480 events a step); with ``--seed``
+any snapshot is stretched by ``scale_snapshot.replicate`` (``--share``: torch's sharing of frames,
+or the seed's lists reused), to ``--events`` or to about ``--bytes`` on disk. It is written as a
+plain pickle, the way ``torch.cuda.memory._dump_snapshot`` writes it. Each case runs as its own
 ``python3`` process; its wall time (interpreter start and imports included, as a user sees it) and
 its peak resident memory (``ru_maxrss`` from ``os.wait4``) are printed:
 
-- ``pickle.load`` of the file with the cyclic collector off (what any reader of the file pays),
-- the ordinary reader (``load.read_snapshot_file`` + ``Trace.from_snapshot``) and the streaming
-  one (``stream.read_trace``), each only reading the trace,
-- ``phasemem convert`` (streamed read, step index, .npz written),
-- ``phasemem.analyze`` of the pickle and of the .npz (the whole trace, no picture),
+- ``pickle.load`` of the file with the cyclic collector off (what any reader of the file pays) and on,
+- the ordinary reader (``load.read_snapshot_file`` + ``Trace.from_snapshot``), the batch-streaming
+  one (``stream._stream``) and ``stream.read_trace`` (which decodes the events from the bytes),
+- ``phasemem convert`` (read, step index, .npz written),
+- ``phasemem.analyze`` of the pickle, its .gz and the .npz (the whole trace, no picture),
+- ``phasemem analyze trace.pickle -o memory.png`` (the CLI, whole trace and picture),
 - ``phasemem analyze --steps K -o one.png`` (one step, picture included) from the .npz and the pickle.
 
-Run (from the repository root; needs ~3 GB of memory and ~1.2 GB of disk at 10M events):
+``--cases`` picks some of them by number (as printed). Run (from the repository root; at 10M
+events it needs ~3 GB of memory and ~2 GB of disk):
 
     python3 benchmarks/bench_scale.py [--events 10000000] [--step 1000] [--dir /tmp/phasemem-scale]
+    python3 benchmarks/bench_scale.py --seed fixtures/plain_gpt_torch_defaults.pkl.xz --bytes 1e9 --cases 1,2,5,10
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ with open({path!r}, "wb") as f:
     pickle.dump(big, f)
 print(len(big["device_traces"][0]), copies)
 """
+GZIP = "import gzip, shutil; shutil.copyfileobj(open({src!r}, 'rb'), gzip.open({dst!r}, 'wb', compresslevel=1), 1 << 20)"
 
 
 def run(argv: list[str], out: Path | None = None) -> tuple[float, float]:
@@ -59,47 +65,81 @@ def run(argv: list[str], out: Path | None = None) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 2**20  # KiB on Linux
 
 
+def make(args, folder: Path, py: str) -> Path:
+    """The stretched pickle (made once; kept with --dir)."""
+    if args.seed is None:
+        pkl = folder / f"trace{args.events}.pickle"
+        if not pkl.exists():
+            run([py, "-c", MAKE.format(bench=str(ROOT / "benchmarks"), events=args.events, path=str(pkl))],
+                folder / "make.txt")
+        return pkl
+    size = f"{args.bytes:.0e}B" if args.bytes else str(args.events)
+    pkl = folder / f"{args.seed.name.split('.')[0]}_{size}_{args.share}.pickle"
+    if not pkl.exists():
+        how = ["--bytes", str(args.bytes)] if args.bytes else ["--events", str(args.events)]
+        run([py, str(ROOT / "benchmarks" / "scale_snapshot.py"), str(args.seed), str(pkl), "--share", args.share]
+            + how, folder / "make.txt")
+    return pkl
+
+
+def cases(pkl: Path, npz: Path, gz: Path, png: Path, step: int, markers: str) -> list[tuple[str, list[str]]]:
+    p, n = str(pkl), str(npz)
+    return [
+        ("pickle.load (gc off)", ["-c", f"import gc, pickle; gc.disable(); pickle.load(open({p!r}, 'rb'))"]),
+        ("pickle.load (gc on)", ["-c", f"import pickle; pickle.load(open({p!r}, 'rb'))"]),
+        ("ordinary reader (load + Trace.from_snapshot)",
+         ["-c", "from phasemem.load import read_snapshot_file, no_gc; from phasemem.trace import Trace\n"
+                f"with no_gc(): t = Trace.from_snapshot(read_snapshot_file({p!r}))"]),
+        ("batch-streaming reader (stream._stream)",
+         ["-c", f"from phasemem.stream import _stream; assert _stream({p!r}, None, False) is not None"]),
+        ("stream.read_trace (events decoded from the bytes)",
+         ["-c", f"from phasemem.decode import decode_trace; assert decode_trace({p!r}) is not None"]),
+        ("phasemem convert (with step index)", ["-m", "phasemem", "convert", p, "-o", n, "--markers", markers]),
+        ("phasemem.analyze(pickle), whole trace",
+         ["-c", f"import phasemem; phasemem.analyze({p!r}, marker_prefix={markers!r})"]),
+        ("phasemem.analyze(pickle.gz), whole trace",
+         ["-c", f"import phasemem; phasemem.analyze({str(gz)!r}, marker_prefix={markers!r})"]),
+        ("phasemem.analyze(npz), whole trace", ["-c", f"import phasemem; phasemem.analyze({n!r}, marker_prefix={markers!r})"]),
+        ("phasemem analyze pickle -o memory.png", ["-m", "phasemem", "analyze", p, "--markers", markers, "-o",
+                                                   str(png.with_name("memory.png"))]),
+        (f"analyze npz --steps {step} -o one.png", ["-m", "phasemem", "analyze", n, "--steps", str(step), "-o", str(png)]),
+        (f"analyze pickle --steps {step} -o one.png",
+         ["-m", "phasemem", "analyze", p, "--markers", markers, "--steps", str(step), "-o", str(png)]),
+    ]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=10_000_000, help="about how many events (default 10,000,000)")
+    ap.add_argument("--bytes", type=float, help="instead of --events, about this many bytes of pickle (with --seed)")
+    ap.add_argument("--seed", type=Path, help="stretch this snapshot with scale_snapshot.py (default: the shared "
+                                              "gpt_ckpt_fused_seedlike, with bench_analyze.replicate_steps)")
+    ap.add_argument("--share", default="torch", choices=("torch", "lists"), help="with --seed: how frames are shared")
+    ap.add_argument("--markers", default="gt::", help="the marker prefix (default gt::)")
     ap.add_argument("--step", type=int, default=1000, help="the step --steps analyses (default 1000)")
+    ap.add_argument("--cases", help="comma-separated case numbers (default: all)")
     ap.add_argument("--dir", type=Path, help="keep the files here and reuse them (default: a temporary directory)")
     args = ap.parse_args(argv)
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.dir or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        pkl, npz, png = folder / f"trace{args.events}.pickle", folder / f"trace{args.events}.npz", folder / "one.png"
-        if not pkl.exists():
-            log = folder / "make.txt"
-            run([py, "-c", MAKE.format(bench=str(ROOT / "benchmarks"), events=args.events, path=str(pkl))], log)
-            print(f"made {pkl}: {log.read_text().split()[0]} events")
-        print(f"{pkl.stat().st_size / 2**20:,.0f} MiB pickle; python {sys.version.split()[0]}, {os.cpu_count()} cores")
-        cases = [
-            ("pickle.load (gc off)",
-             ["-c", f"import gc, pickle; gc.disable(); pickle.load(open({str(pkl)!r}, 'rb'))"]),
-            ("ordinary reader (load + Trace.from_snapshot)",
-             ["-c", "from phasemem.load import read_snapshot_file, no_gc; from phasemem.trace import Trace\n"
-                    f"with no_gc(): t = Trace.from_snapshot(read_snapshot_file({str(pkl)!r}))"]),
-            ("streaming reader (stream.read_trace)",
-             ["-c", f"from phasemem.stream import read_trace; read_trace({str(pkl)!r})"]),
-            ("phasemem convert (streamed, with step index)",
-             ["-m", "phasemem", "convert", str(pkl), "-o", str(npz), "--markers", "gt::"]),
-            ("phasemem.analyze(pickle), whole trace",
-             ["-c", f"import phasemem; phasemem.analyze({str(pkl)!r}, marker_prefix='gt::')"]),
-            ("phasemem.analyze(npz), whole trace",
-             ["-c", f"import phasemem; phasemem.analyze({str(npz)!r}, marker_prefix='gt::')"]),
-            (f"analyze npz --steps {args.step} -o one.png",
-             ["-m", "phasemem", "analyze", str(npz), "--steps", str(args.step), "-o", str(png)]),
-            (f"analyze pickle --steps {args.step} -o one.png",
-             ["-m", "phasemem", "analyze", str(pkl), "--markers", "gt::", "--steps", str(args.step), "-o", str(png)]),
-        ]
-        print(f"{'case':<48} {'seconds':>8} {'peak RSS GiB':>13}")
-        for name, rest in cases:
-            out = folder / "last.txt"
-            wall, rss = run([py] + rest, out)
-            print(f"{name:<48} {wall:8.1f} {rss:13.2f}", flush=True)
-        print(f"npz: {npz.stat().st_size / 2**20:,.0f} MiB")
+        pkl = make(args, folder, py)
+        npz, gz, png = pkl.with_suffix(".npz"), pkl.with_suffix(".pickle.gz"), folder / "one.png"
+        todo = cases(pkl, npz, gz, png, args.step, args.markers)
+        pick = [int(k) for k in args.cases.split(",")] if args.cases else range(1, len(todo) + 1)
+        if 8 in pick and not gz.exists():
+            run([py, "-c", GZIP.format(src=str(pkl), dst=str(gz))])
+        print(f"{pkl.name}: {pkl.stat().st_size / 2**20:,.0f} MiB pickle; python {sys.version.split()[0]}, "
+              f"{os.cpu_count()} cores")
+        print(f"{'case':<54} {'seconds':>8} {'peak RSS GiB':>13}")
+        for k in pick:
+            name, rest = todo[k - 1]
+            wall, rss = run([py] + rest, folder / "last.txt")
+            print(f"{k:>2} {name:<51} {wall:8.1f} {rss:13.2f}", flush=True)
+        for f in (npz, gz):
+            if f.exists():
+                print(f"{f.name}: {f.stat().st_size / 2**20:,.0f} MiB")
     return 0
 
 

@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from .eventscan import Template, candidates, commit, scan, views
+from .eventscan import PAD, Template, candidates, commit, scan, views
 from .eventmemo import Memo
 from .eventvm import VM, Columns, Unsupported
 from .load import _SnapshotUnpickler, no_gc, open_snapshot
@@ -46,6 +46,7 @@ HEAD = 1 << 20
 #: Events scanned at once: the first window after an event read one opcode at a time, and the
 #: largest (a window doubles while every event in it is ordinary).
 WINDOW = (64, 1 << 14)
+PAD_BYTES = bytes(PAD)
 
 
 def decode_trace(path: str | os.PathLike, device: int | None = None, *, trusted: bool = False) -> Trace | None:
@@ -196,20 +197,21 @@ class Region:
         """The events from ``data`` (starting at the list) on, reading more with ``read(n)``;
         returns the bytes after the list."""
         pos = self.vm.start(data)
+        limit, data = len(data), data + PAD_BYTES  # one copy a chunk: the carried part, the new, the padding
         while True:
-            rest = self._chunk(data, pos)
+            rest = self._chunk(data, limit, pos)
             if isinstance(rest, bytes):
                 return rest
             more = read(CHUNK)
             if not more:
                 raise Unsupported("the file ends inside the events")
-            data, pos = data[rest:] + more, 0
+            limit, data, pos = limit - rest + len(more), b"".join([data[rest:limit], more, PAD_BYTES]), 0
 
-    def _chunk(self, data: bytes, pos: int):
-        """Decode what ``data`` holds from ``pos``: the bytes after the list if it ends here, else
-        the position of the first event not complete in ``data``."""
-        b, w = views(data)
-        c = self._candidates(b, w, len(data))
+    def _chunk(self, data: bytes, limit: int, pos: int):
+        """Decode what ``data[:limit]`` holds from ``pos`` (``data`` is padded): the bytes after the
+        list if it ends here, else the position of the first event not complete in it."""
+        b, w = views(data, limit)
+        c = self._candidates(b, w, limit)
         starts, window = c.tolist(), WINDOW[0]
         ci = bisect.bisect_left(starts, pos)
         while True:
@@ -224,14 +226,14 @@ class Region:
                     continue
                 window = WINDOW[0]
             had = self.template
-            pos, ci, why = self.vm.run(data, pos, len(data), starts, ci)
+            pos, ci, why = self.vm.run(data, pos, limit, starts, ci)
             if why == "end":
-                return data[pos:]
+                return data[pos:limit]
             if why == "short":
                 return pos
             if had is None and self.template is not None:  # the first event read: now events can be found
                 self.vm.stop = False
-                c = self._candidates(b, w, len(data))
+                c = self._candidates(b, w, limit)
                 starts = c.tolist()
                 ci = bisect.bisect_left(starts, pos)
 

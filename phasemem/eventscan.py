@@ -60,11 +60,11 @@ def candidates(b: np.ndarray, w: np.ndarray, limit: int, prefix: bytes) -> np.nd
     return at[(w[at] & mask) == np.uint64(int.from_bytes(prefix, "little"))]
 
 
-def views(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """``data`` padded with PAD zero bytes, as bytes and as overlapping little-endian uint64s, one
-    at every byte offset (``w[p]`` is bytes p..p+7; a strided view, nothing copied again)."""
-    padded = data + bytes(PAD)
-    return np.frombuffer(padded, np.uint8), np.ndarray((len(data),), "<u8", buffer=padded, strides=(1,))
+def views(padded: bytes, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """``padded`` (``limit`` bytes of data, then PAD zero bytes) as bytes and as overlapping
+    little-endian uint64s, one at every byte offset (``w[p]`` is bytes p..p+7; nothing copied)."""
+    assert len(padded) >= limit + PAD
+    return np.frombuffer(padded, np.uint8), np.ndarray((limit,), "<u8", buffer=padded, strides=(1,))
 
 
 def _byte(v, k):
