@@ -180,6 +180,7 @@ class _Facts:
         self.run_lo, self.run_hi = np.searchsorted(rs, steps, "left"), np.searchsorted(rs, steps, "right")
         self.free_order = np.argsort(self.free, kind="stable")
         self.free_sorted = self.free[self.free_order]
+        self._members: dict[tuple, np.ndarray] = {}
 
     def runs(self, step: int, phase: str) -> tuple[np.ndarray, np.ndarray]:
         """(first events, last events) of the step's runs of a phase, in event order."""
@@ -199,8 +200,11 @@ class _Facts:
         return self.free_order[lo:hi]
 
     def members(self, *kinds: str) -> np.ndarray:
-        parts = [np.asarray(p.members, np.int64) for p in self.patterns if p.kind in kinds and p.members]
-        return self.n_pre + np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        """The allocations (Lifetimes order) of every pattern of these kinds; asked by several remedies."""
+        if kinds not in self._members:
+            parts = [np.asarray(p.members, np.int64) for p in self.patterns if p.kind in kinds and p.members]
+            self._members[kinds] = self.n_pre + np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        return self._members[kinds]
 
     def change(self, explanation: str, *assumptions: str) -> _Change:
         return _Change(self.size.copy(), self.free.copy(), explanation, list(assumptions))
