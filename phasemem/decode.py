@@ -90,8 +90,12 @@ def _decode(f, where: str, device: int | None, trusted: bool) -> Trace | None:
     return from_stand_in(obj, region.stand_in, device)
 
 
+class _Trusting(pickle.Unpickler):
+    """Any global, for files the user trusts (a subclass: it takes the ``where`` attribute)."""
+
+
 def _unpickler(trusted: bool):
-    return pickle.Unpickler if trusted else _SnapshotUnpickler
+    return _Trusting if trusted else _SnapshotUnpickler
 
 
 def _head_memo(head: bytes, where: str, trusted: bool) -> dict:

@@ -214,6 +214,17 @@ def test_truncated_or_hostile_files_are_refused_as_before(tmp_path):
     assert decode_trace(bad) is None
 
 
+def test_trusted_files_decode_with_any_global_after_the_events(tmp_path):
+    snap = load_snapshot(TORCH_DEFAULTS)
+    snap["phasemem"] = {**snap["phasemem"], "note": Path("x")}  # a global the restricted reader refuses
+    p = write(tmp_path, snap)
+    with pytest.raises(PhasememError, match="names pathlib"):
+        decode_trace(p)
+    trace = decode_trace(p, trusted=True)
+    assert trace is not None and trace.meta["note"] == Path("x")
+    assert_same_trace(trace, plain(p))
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_collector_is_restored_after_reading_and_after_an_error(tmp_path, enabled):
     good = write(tmp_path, load_snapshot(TORCH_DEFAULTS))
