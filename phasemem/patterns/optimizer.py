@@ -73,8 +73,11 @@ def own_code(ctx: Context) -> str | None:
 
 def first_optimizer_step(ctx: Context) -> int:
     """The first step whose optimizer made an event (-1 if none did)."""
-    steps = ctx.run_step[ctx.run_phase == P["optimizer"]]
-    return int(steps.min()) if len(steps) else -1
+    def compute() -> int:
+        steps = ctx.run_step[ctx.run_phase == P["optimizer"]]
+        return int(steps.min()) if len(steps) else -1
+    # Asked once per step by the state detector: 13k steps of a 6M-event trace rescanned every run.
+    return ctx.memo("first_optimizer_step", compute)
 
 
 #: Inferred from lifetimes alone, state must be at least this share of the gradients' bytes (momentum
