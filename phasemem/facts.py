@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .segment import Segmentation
+from .sizes import in_sorted
 from .spans import phase_runs
 from .timeline import Timeline
 from .trace import Trace
@@ -97,7 +98,8 @@ def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
             parts.append(idx[(ctx.phase_at_alloc[idx] == P["backward"]) & (ctx.free[idx] > b1)])
         idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         if len(ctx.param_sizes) and len(idx):
-            idx = idx[np.isin(ctx.size[idx], np.union1d(ctx.param_sizes, _released_sizes(ctx)))]
+            sizes = ctx.memo("gradient_sizes", lambda: np.union1d(ctx.param_sizes, _released_sizes(ctx)))
+            idx = idx[in_sorted(ctx.size[idx], sizes)]
         return idx
 
     return ctx.memo(("gradients", step), compute)

@@ -14,6 +14,8 @@ import numpy as np
 
 from .analysis import Analysis
 from .model import Pattern, WhatIf
+from .replay import Replayed, changed_level, points, replay
+from .sizes import in_sorted
 from .units import format_bytes
 from .vocab import C, P, PHASES
 
@@ -45,33 +47,25 @@ class _Change:
     added: tuple = ()  # extra blocks: (alloc events, free events, sizes)
 
 
-def replay(n: int, alloc: np.ndarray, free: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """The memory level at each of ``n`` events of blocks alive from alloc (-1: before the trace)
-    to free (n: to the end), counted after an alloc and before a free as ``Timeline.level`` is."""
-    # bincount over float64 is exact below 2**53 bytes and far faster than np.add.at
-    d = (np.bincount(alloc + 1, weights=size, minlength=n + 2)[:n + 2]
-         - np.bincount(free + 1, weights=size, minlength=n + 2)[:n + 2])
-    pts = np.cumsum(d)[:n + 1].astype(np.int64)
-    return np.maximum(pts[:-1], pts[1:])
-
-
-def replays(an: Analysis, patterns: list[Pattern]) -> list[tuple[str, _Change | str, np.ndarray | None]]:
-    """Per remedy: its change (or why it does not apply) and the replayed level of every event."""
+def replays(an: Analysis, patterns: list[Pattern]) -> list[tuple[str, Replayed | str]]:
+    """Per remedy: what its replayed curve peaks at (or why it does not apply)."""
     life = an.timeline.lifetimes
     n = len(an.trace)
     facts = _Facts(an, patterns)
     out = []
+    base = None
+    ooms = sorted(an.trace.oom_device_free)
     for name, remedy in REMEDIES.items():
         change = remedy(facts) if n else "the trace has no events"
         if isinstance(change, str):
-            out.append((name, change, None))
+            out.append((name, change))
             continue
-        alloc, free, size = life.alloc_event, change.free, change.size
-        if change.added:
-            alloc = np.concatenate([alloc, change.added[0]])
-            free = np.concatenate([free, change.added[1]])
-            size = np.concatenate([size, change.added[2]])
-        out.append((name, change, replay(n, alloc, free, size)))
+        if base is None:
+            base = points(n, life.alloc_event, life.free_event, life.size)
+        level = changed_level(base, life.alloc_event, life.free_event, life.size, change.free, change.size,
+                              change.added)
+        out.append((name, Replayed.of(level, an.facts.run_first, ooms, change.explanation, change.assumptions)))
+        del level, change  # a curve and a change are ~130 MB at 10M events: one of each at a time
     return out
 
 
@@ -85,20 +79,20 @@ def what_if(an: Analysis, patterns: list[Pattern], replayed=None) -> list[WhatIf
     if not len(an.trace):
         return []
     base_peak = int(an.timeline.level.max())
+    fx = an.facts
+    ran = np.bincount(fx.run_phase, minlength=len(PHASES)) > 0
     out = []
-    for name, change, level in replayed if replayed is not None else replays(an, patterns):
-        if level is None:
-            out.append(WhatIf(name, False, None, {}, None, None, change))
+    for name, r in replayed if replayed is not None else replays(an, patterns):
+        if isinstance(r, str):
+            out.append(WhatIf(name, False, None, {}, None, None, r))
             continue
-        peak_at = int(np.argmax(level))
         phases = np.zeros(len(PHASES), np.int64)
-        np.maximum.at(phases, an.labels.astype(np.int64), level)
-        ran = np.bincount(an.labels.astype(np.int64), minlength=len(PHASES)) > 0
+        np.maximum.at(phases, fx.run_phase, r.run_peaks)  # the runs cover every event
         out.append(WhatIf(
-            remedy=name, applies=True, predicted_peak_bytes=int(level[peak_at]),
+            remedy=name, applies=True, predicted_peak_bytes=r.peak_bytes,
             predicted_phase_peaks={PHASES[k]: int(phases[k]) for k in np.flatnonzero(ran)},
-            saves_bytes=base_peak - int(level[peak_at]), new_peak_phase=PHASES[int(an.labels[peak_at])],
-            explanation=change.explanation, assumptions=change.assumptions))
+            saves_bytes=base_peak - r.peak_bytes, new_peak_phase=PHASES[int(an.labels[r.peak_event])],
+            explanation=r.explanation, assumptions=r.assumptions))
     return sorted(out, key=lambda w: (not w.applies, -(w.saves_bytes or 0)))
 
 
@@ -148,10 +142,10 @@ def would_fit(replayed, event: int, request: int, capacity: int) -> dict[str, in
     ``capacity`` (what was reserved when it failed: known to be obtainable), with the margin left.
     What would have come after the failure was never recorded, so a fit says: the step gets past here."""
     out = {}
-    for name, _, level in replayed:
-        if level is None:
+    for name, r in replayed:
+        if isinstance(r, str):
             continue
-        need = max(int(level[:event + 1].max()), int(level[event]) + int(request))
+        need = r.need(event, request)
         if need <= capacity:
             out[name] = capacity - need
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
@@ -203,7 +197,11 @@ class _Facts:
         """The allocations (Lifetimes order) of every pattern of these kinds; asked by several remedies."""
         if kinds not in self._members:
             parts = [np.asarray(p.members, np.int64) for p in self.patterns if p.kind in kinds and p.members]
-            self._members[kinds] = self.n_pre + np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+            # a mask, not np.unique: the members of 4k steps' shapes are millions, and sorting them was 1.5 s
+            seen = np.zeros(len(self.size) - self.n_pre, bool)
+            if parts:
+                seen[np.concatenate(parts)] = True
+            self._members[kinds] = self.n_pre + np.flatnonzero(seen)
         return self._members[kinds]
 
     def change(self, explanation: str, *assumptions: str) -> _Change:
@@ -297,7 +295,7 @@ def _batch_dependent(f: _Facts) -> np.ndarray:
     weights, their gradients, the optimizer's state, weight-sized copies, or one-off workspaces."""
     made = np.isin(f.phase_alloc, [P["forward"], P["loss"], P["backward"]]) | (f.cat == C["input"])
     kept = np.isin(f.cat, [C["parameter"], C["gradient"], C["optimizer_state"]])
-    weight_sized = np.isin(f.size, f.an.facts.param_sizes)
+    weight_sized = in_sorted(f.size, np.unique(f.an.facts.param_sizes))
     out = made & ~kept & ~weight_sized & (f.alloc >= 0)
     out[f.members("workspace", "gradients")] = False
     return out

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.whatif import REMEDIES, replay
+from phasemem.replay import changed_level, points, replay
+from phasemem.whatif import REMEDIES
 from reference import replay as naive_replay
 from conftest import FIXTURES, load_snapshot
 
@@ -50,6 +51,26 @@ def test_replay_without_a_change_is_the_memory_curve(path):
     report = phasemem.analyze(str(path))
     life = report.timeline.lifetimes
     assert np.array_equal(replay(report.n_events, life.alloc_event, life.free_event, life.size), report.timeline.level)
+
+
+@pytest.mark.parametrize("share", [0.001, 0.05, 0.5])  # below and above replay.SPARSE_SHARE
+@pytest.mark.parametrize("path", ALL[:6], ids=lambda p: p.name.split(".")[0])
+def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
+    report = phasemem.analyze(str(path))
+    life, n = report.timeline.lifetimes, report.n_events
+    rng = np.random.default_rng(len(life.size))
+    touched = rng.random(len(life.size)) < share
+    size, free = life.size.copy(), life.free_event.copy()
+    size[touched] //= 3
+    later = touched & (rng.random(len(size)) < 0.5)
+    free[later] = np.minimum(free[later] + rng.integers(0, 50, int(later.sum())), n)
+    free = np.maximum(free, life.alloc_event + 1)
+    added = (np.array([0, n // 2]), np.array([n // 3, n]), np.array([1 << 20, 3 << 20]))
+    want = replay(n, np.concatenate([life.alloc_event, added[0]]), np.concatenate([free, added[1]]),
+                  np.concatenate([size, added[2]]))
+    base_pts = points(n, life.alloc_event, life.free_event, life.size)
+    got = changed_level(base_pts, life.alloc_event, life.free_event, life.size, free, size, added)
+    assert np.array_equal(got, want)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..sizes import in_sorted
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import burst_freed
@@ -167,7 +168,7 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     act = (f - a >= 16) & ~burst[keep]
     # parameter-sized ones are an optimizer's temporaries (grad², the update), not a recompute's
     act_a, act_f = a[act], f[act]
-    act_p = np.isin(size[act], parameter_sizes(tl))
+    act_p = in_sorted(size[act], parameter_sizes(tl))
     bounds = [-1] + [top for _, top, _ in mts] + [n]
     # allocations are in event order: those made between two tops are one slice
     cut = np.searchsorted(a, bounds, "right")

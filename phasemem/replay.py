@@ -1,0 +1,92 @@
+"""The memory curve summed again after blocks are dropped, resized, re-timed or added: what the
+what-ifs predict with. A replay keeps only what the report reads of its curve (the peak, each
+phase run's peak, the level at each OOM), not the curve: seven remedies on a 10M-event trace held
+400 MB of curves."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: A change touching fewer than this share of the blocks is replayed as the base curve plus a step
+#: function of its touched blocks (sorting only them); more, by summing every block again.
+SPARSE_SHARE = 0.125
+
+
+def points(n: int, alloc: np.ndarray, free: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Bytes alive at the n + 1 points between events (point k: just before event k) of blocks
+    alive from alloc (-1: before the trace) to free (n: to the end)."""
+    # bincount over float64 is exact below 2**53 bytes and far faster than np.add.at; in place, as
+    # each array is n long (80 MB at 10M events)
+    d = np.bincount(alloc + 1, weights=size, minlength=n + 2)[:n + 2]
+    d -= np.bincount(free + 1, weights=size, minlength=n + 2)[:n + 2]
+    np.cumsum(d, out=d)
+    return d[:n + 1].astype(np.int64)
+
+
+def replay(n: int, alloc: np.ndarray, free: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """The memory level at each of ``n`` events, counted after an alloc and before a free as
+    ``Timeline.level`` is (without a change it equals it exactly).
+
+        >>> life = report.timeline.lifetimes
+        >>> replay(report.n_events, life.alloc_event, life.free_event, life.size).max() == report.peak_bytes
+        True
+    """
+    pts = points(n, alloc, free, size)
+    return np.maximum(pts[:-1], pts[1:])
+
+
+def changed_level(base: np.ndarray, alloc: np.ndarray, free: np.ndarray, size: np.ndarray,
+                  new_free: np.ndarray, new_size: np.ndarray, added: tuple = ()) -> np.ndarray:
+    """The level once blocks (alloc, free, size) take ``new_free``/``new_size`` and the blocks
+    ``added`` (alloc events, free events, sizes) join them; ``base`` is ``points`` of the unchanged blocks."""
+    n = len(base) - 1
+    touched = np.flatnonzero((new_size != size) | (new_free != free))
+    if len(touched) > SPARSE_SHARE * len(size):  # summed again whole: no copies of the touched blocks
+        if added:
+            alloc, new_free, new_size = (np.concatenate([x, y]) for x, y in zip((alloc, new_free, new_size), added))
+        pts = points(n, alloc, new_free, new_size)
+        return np.maximum(pts[:-1], pts[1:])
+    a = alloc[touched]
+    # each touched block: its original taken out, its changed self put in
+    ev_a = np.concatenate([a, a] + ([added[0]] if added else []))
+    ev_f = np.concatenate([free[touched], new_free[touched]] + ([added[1]] if added else []))
+    w = np.concatenate([-size[touched], new_size[touched]] + ([added[2]] if added else []))
+    if not len(w):
+        return np.maximum(base[:-1], base[1:])
+    pts = _step_function(n, np.concatenate([ev_a + 1, ev_f + 1]), np.concatenate([w, -w]))
+    pts += base
+    return np.maximum(pts[:-1], pts[1:])
+
+
+def _step_function(n: int, at: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The n + 1 points' sums of the weights ``w`` placed at points ``at`` and everything after."""
+    keep = at <= n
+    order = np.argsort(at[keep], kind="stable")
+    at, run = at[keep][order], np.cumsum(w[keep][order])
+    last = np.flatnonzero(np.concatenate([at[1:] != at[:-1], [True]])) if len(at) else at
+    return np.repeat(np.concatenate([[0], run[last]]), np.diff(np.concatenate([[0], at[last], [n + 1]])))
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """What the report reads of a replayed curve."""
+
+    explanation: str
+    assumptions: list[str]
+    peak_event: int
+    peak_bytes: int
+    run_peaks: np.ndarray  # the level's maximum over each phase run (Context.run_first)
+    at_events: dict[int, tuple[int, int]] = field(default_factory=dict)  # event: (highest up to it, level at it)
+
+    @classmethod
+    def of(cls, level: np.ndarray, run_first: np.ndarray, events, explanation: str, assumptions: list[str]):
+        peak = int(np.argmax(level))
+        return cls(explanation, list(assumptions), peak, int(level[peak]),
+                   np.maximum.reduceat(level, run_first) if len(run_first) else np.zeros(0, np.int64),
+                   {int(e): (int(level[:e + 1].max()), int(level[e])) for e in events})
+
+    def need(self, event: int, request: int) -> int:
+        """The most memory needed up to ``event`` once it also asks for ``request`` bytes."""
+        highest, at = self.at_events[event]
+        return max(highest, at + int(request))
