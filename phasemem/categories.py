@@ -108,6 +108,14 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
     return cat
 
 
+#: Up to this many points are answered by sorting the blocks between them (a (points x categories)
+#: table); more (a curve over every event) by one cumsum over the events per category.
+MAX_BUCKETED = 1 << 16
+#: Sums of block sizes in float64 are exact below 2**53 bytes; a trace that allocated more in all
+#: (9 PB) takes the integer path.
+EXACT_FLOAT = 1 << 53
+
+
 class CategoryCurves:
     """Bytes live per category, evaluated at any events, without an n × categories matrix."""
 
@@ -124,6 +132,25 @@ class CategoryCurves:
         """(len(points), len(CATEGORIES)) bytes alive at each point; point k is the moment just
         before event k, so point e + 1 is just after event e."""
         pts = np.asarray(points, dtype=np.int64)
+        if len(pts) > MAX_BUCKETED or int(self.size.sum()) >= EXACT_FLOAT:
+            return self._at_by_cumsum(pts)
+        # Each block sorted into the gap between the asked points where it starts and where it ends,
+        # then summed per gap and category: O(blocks log points), not a cumsum over every event per
+        # category (12 of them on a 10M-event trace: 0.9 s).
+        order = np.argsort(pts, kind="stable")
+        sp, m, k = pts[order], len(pts), len(CATEGORIES)
+        codes = self.codes.astype(np.int64)
+
+        def reached(events):  # bytes of the blocks whose event is before each sorted point
+            gap = np.searchsorted(sp, events + 1, "left")
+            w = np.bincount(gap * k + codes, weights=self.size, minlength=(m + 1) * k)
+            return np.cumsum(w.reshape(m + 1, k), axis=0)[:m].astype(np.int64)
+
+        out = np.empty((m, k), np.int64)
+        out[order] = reached(self.alloc) - reached(self.free)
+        return out
+
+    def _at_by_cumsum(self, pts: np.ndarray) -> np.ndarray:
         out = np.zeros((len(pts), len(CATEGORIES)), np.int64)
         for c in range(len(CATEGORIES)):
             m = self.codes == c

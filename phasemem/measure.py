@@ -12,12 +12,14 @@ from .timeline import Timeline
 from .trace import A, Trace
 
 TOP_K = 5
+#: Block sizes below 2**SIZE_BITS bytes (16 TiB) share one sort key with their (step, phase).
+SIZE_BITS = 44
 
 
 def measure(an: Analysis) -> list[Step]:
     """Every Step with its Phases, complete (categories at each peak included), vectorised over events."""
     trace, tl, seg = an.trace, an.timeline, an.segmentation
-    ran = _phases_that_ran(trace, tl, seg)
+    ran = _phases_that_ran(an)
     specs = ran + _phases_without_events(seg, tl, len(trace), {(s["step"], s["name"]) for s in ran})
     step_specs = [_step_numbers(tl, a, b) for a, b, _ in seg.steps]
     peaks = [s["peak_event"] for s in specs if s["peak_event"] is not None]
@@ -67,33 +69,39 @@ def _step_numbers(tl: Timeline, a: int, b: int) -> tuple[int | None, int, int, i
     return p, int(tl.level[p]), int(tl.active_before[a]), int(tl.active_after[b - 1])
 
 
-def _phases_that_ran(trace: Trace, tl: Timeline, seg: Segmentation) -> list[dict]:
-    """A Phase's fields for each (step, phase) that made events: grouped by one sort of the events."""
+def _phases_that_ran(an: Analysis) -> list[dict]:
+    """A Phase's fields for each (step, phase) that made events: grouped over the phase runs (a few
+    per step and phase), not by sorting the events (10M of them: 0.5 s)."""
+    trace, tl, seg, fx = an.trace, an.timeline, an.segmentation, an.facts
     nph = len(PHASES)
-    in_step = seg.step_of >= 0
-    key = (seg.step_of.astype(np.int64) * nph + seg.labels)[in_step]
-    order = np.argsort(key, kind="stable")
-    k_sorted = key[order]
-    i_sorted = np.flatnonzero(in_step)[order]
-    if not len(k_sorted):
+    if not len(trace):
         return []
-    cut = np.flatnonzero(np.diff(k_sorted)) + 1
-    starts = np.concatenate([[0], cut])
-    last = i_sorted[np.concatenate([cut - 1, [len(i_sorted) - 1]])]
-    lv = tl.level[i_sorted]
-    gmax = np.maximum.reduceat(lv, starts)
-    counts = np.diff(np.concatenate([starts, [len(i_sorted)]]))
-    pos = np.where(lv == np.repeat(gmax, counts), np.arange(len(lv)), len(lv))
-    peak_at = i_sorted[np.minimum.reduceat(pos, starts)]
+    run_max = np.maximum.reduceat(tl.level, fx.run_first)
+    in_step = np.flatnonzero(fx.run_step >= 0)
+    if not len(in_step):
+        return []
+    key = fx.run_step[in_step] * nph + fx.run_phase[in_step]
+    order = np.argsort(key, kind="stable")  # by (step, phase), then in event order
+    runs, k_sorted = in_step[order], key[order]
+    starts = np.flatnonzero(np.concatenate([[True], k_sorted[1:] != k_sorted[:-1]]))
+    ends = np.concatenate([starts[1:], [len(runs)]])
+    gmax = np.maximum.reduceat(run_max[runs], starts)
+    # the peak is the first event at the group's maximum: in the first run that reaches it
+    hit = np.where(run_max[runs] == np.repeat(gmax, ends - starts), np.arange(len(runs)), len(runs))
+    peak_run = runs[np.minimum.reduceat(hit, starts)]
+    lengths = fx.run_last[runs] - fx.run_first[runs] + 1
+    counts = np.add.reduceat(lengths, starts)
+    first, last = fx.run_first[runs[starts]], fx.run_last[runs[ends - 1]]
     tops = _top_allocations(trace, tl, seg)
     out = []
-    for g, f, l, m, p, c in zip(k_sorted[starts].tolist(), i_sorted[starts].tolist(), last.tolist(), gmax.tolist(),
-                                peak_at.tolist(), counts.tolist()):
+    for g, f, l, m, r, c in zip(k_sorted[starts].tolist(), first.tolist(), last.tolist(), gmax.tolist(),
+                                peak_run.tolist(), counts.tolist()):
         s, code = divmod(g, nph)
         name = PHASES[code]
+        r0, r1 = int(fx.run_first[r]), int(fx.run_last[r])
         out.append(dict(
             name=name, step=s, peak_bytes=m, start_bytes=int(tl.active_before[f]), end_bytes=int(tl.active_after[l]),
-            start_event=f, end_event=l, peak_event=p, n_events=c,
+            start_event=f, end_event=l, peak_event=r0 + int(np.argmax(tl.level[r0:r1 + 1])), n_events=c,
             source=seg.sources.get(name, "markers") if name != "other" else "none",
             confidence=(seg.confidence or {}).get(name, 1.0), top_allocations=tops.get(g, []), at_event=float(f)))
     return out
@@ -123,7 +131,13 @@ def _top_allocations(trace: Trace, tl: Timeline, seg: Segmentation) -> dict[int,
     if not len(ev):
         return {}
     key = seg.step_of[ev].astype(np.int64) * len(PHASES) + seg.labels[ev]
-    order = np.lexsort((ev, -trace.size[ev], key))
+    size = trace.size[ev]
+    if len(ev) and int(key.max()) < 1 << (63 - SIZE_BITS) and int(size.max()) < 1 << SIZE_BITS:
+        # (group, size descending) in one int64, sorted stably (events stay in order within a size):
+        # a third of lexsort's time on 5M allocations
+        order = np.argsort(key * (1 << SIZE_BITS) + ((1 << SIZE_BITS) - 1 - size), kind="stable")
+    else:
+        order = np.lexsort((ev, -size, key))
     ks, es = key[order], ev[order]
     starts = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
     rank = np.arange(len(ks)) - np.repeat(starts, np.diff(np.concatenate([starts, [len(ks)]])))

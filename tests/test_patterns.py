@@ -107,6 +107,16 @@ def test_categories_sum_to_the_curve_and_match_the_model_shared(analysed):
     assert sum(cats.values()) == report.peak_bytes
 
 
+def test_categories_at_a_few_points_equal_the_curves_over_every_event_shared(analysed):
+    """CategoryCurves.at sorts the blocks between the asked points (few points) or sums every event
+    per category (many): both paths give the same bytes."""
+    report, _, _ = analysed
+    cc = report.category_curves
+    pts = np.random.default_rng(0).integers(0, report.n_events + 1, 300)
+    assert np.array_equal(cc.at(pts), cc.at(np.arange(report.n_events + 1))[pts])
+    assert np.array_equal(cc.at(pts), cc._at_by_cumsum(pts))
+
+
 def test_report_names_each_shape_once_with_an_explanation_shared(analysed):
     report, _, _ = analysed
     text = str(report)

@@ -59,12 +59,15 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         for j in range(K):  # every allocation inside a matching k-gram is a candidate
             covered[j:len(hit) + j] |= hit
         starts, stops = _runs(covered, GAP)
-        good = []
-        for a, b in zip(starts.tolist(), stops.tolist()):
-            grams = np.arange(a, max(b - K + 1, a + 1))
-            grams = grams[hit[grams]]
-            if b - a >= MIN_RUN and len(grams) and disc_share[grams].mean() >= DISCARDED:
-                good.append((a, b))
+        # per run, the matching k-grams that start in it (a..max(b-K+1, a+1)) and their mean share
+        # discarded, from running sums (the shares are quarters: their sums are exact)
+        hits = np.concatenate([[0], np.cumsum(hit)])
+        shares = np.concatenate([[0.0], np.cumsum(np.where(hit, disc_share, 0.0))])
+        ends = np.maximum(stops - K + 1, starts + 1)
+        count = hits[ends] - hits[starts]
+        ok = (stops - starts >= MIN_RUN) & (count > 0)
+        ok[ok] = (shares[ends[ok]] - shares[starts[ok]]) / count[ok] >= DISCARDED
+        good = list(zip(starts[ok].tolist(), stops[ok].tolist()))
         if len(good) < MIN_RUNS:
             continue
         csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
@@ -84,6 +87,6 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             ),
             details={"count": len(good), "bytes_per_layer": per_layer,
                      "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]},
-            members=tuple(int(i) for a, b in good for i in bwd[a:b].tolist()),
+            members=tuple(np.concatenate([bwd[a:b] for a, b in good]).tolist()),
         ))
     return out
