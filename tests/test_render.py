@@ -463,15 +463,41 @@ def test_time_axis_is_in_microseconds():
 
 def test_max_bands_folds_the_rest():
     report = _report(_need(FIXTURES / "gpt_foreach.pkl.xz"))
-    fig = report.plot(max_bands=10)
+    fig = report.plot(max_bands=30)
     st = fig.phasemem_stack
     (coll,) = by_gid(fig, "band")
-    assert 0 < len(coll.get_paths()) == len(st.index) <= 10
+    assert 0 < len(coll.get_paths()) == len(st.index) <= 30
     assert by_gid(fig, "band-folded") and st.n_folded > 500
     assert f"{st.n_folded:,} smaller allocations, summed" in legend_texts(fig)
+    # "smaller" is true: every folded allocation visible at a column is smaller than every drawn one
+    assert not st.split and _folded_sizes(report, st).max() < st.size.min()
     # nothing drawn one by one at all: everything made during the trace is in the one band on top
     fig = report.plot(max_bands=0)
     assert not by_gid(fig, "band") and fig.phasemem_stack.folded.max() > 0
+
+
+def _folded_sizes(report, st):
+    life = report.timeline.lifetimes
+    P = st.columns.point
+    first = np.searchsorted(P, life.alloc_event + 1, "left")
+    stop = np.searchsorted(P, life.free_event, "right")
+    constant = (life.alloc_event < 0) & (life.free_event >= report.n_events)
+    folded = (stop > first) & ~constant
+    folded[st.index] = False
+    return life.size[folded]
+
+
+def test_a_split_size_class_is_not_called_smaller():
+    # One band and many steps: the largest size has more allocations than bands, so only its
+    # earliest is drawn and the same-size rest is folded; the legend must not call them smaller.
+    report = _report(_need(FIXTURES / "gpt_foreach.pkl.xz"))
+    fig = report.plot(max_bands=1)
+    st = fig.phasemem_stack
+    assert st.split and len(st.index) == 1
+    assert _folded_sizes(report, st).max() == st.size[0]
+    texts = legend_texts(fig)
+    assert not any("smaller allocations" in t for t in texts)
+    assert any(t.startswith(f"{st.n_folded:,} allocations not drawn one by one") for t in texts)
 
 
 def test_color_modes_have_their_legends():

@@ -101,6 +101,9 @@ class Stack:
     bottom: np.ndarray  # (D, S) int64; meaningful in first..stop-1
     folded: np.ndarray  # (S,) int64 bytes of the allocations not drawn, on top of the drawn ones
     n_folded: int  # how many allocations alive at some column were folded
+    # True when the largest size alone had more allocations than bands: its earliest are drawn and
+    # the rest folded, so the folded band is then not only "smaller" allocations.
+    split: bool = False
 
     def alive(self) -> np.ndarray:
         """(D, S) bool: which drawn band is alive in which column."""
@@ -145,12 +148,14 @@ def stack(life, cols: Columns, n: int, max_bands: int = 2000, base_key=None) -> 
     constant = (alloc < 0) & (free >= n)
     visible = (stop > first) & ~constant
     cand = np.flatnonzero(visible)
+    split = False
     if len(cand) > max_bands:
         by_size = cand[np.argsort(-size[cand], kind="stable")]
         cut = size[by_size[max_bands]]
         pick = by_size[:max_bands]
         whole = pick[size[pick] > cut]
         # Only when even the largest size has more allocations than bands is a size class split.
+        split = not len(whole)
         cand = np.sort(whole if len(whole) else pick)
     rest = visible.copy()
     rest[cand] = False
@@ -176,7 +181,15 @@ def stack(life, cols: Columns, n: int, max_bands: int = 2000, base_key=None) -> 
         csum = np.cumsum(w, axis=0)
         bottom[j0:j1] = carry + csum - w
         carry = carry + csum[-1]
-    return Stack(cols, base_keys, base, cand, dsize, dfirst, dstop, bottom, folded, int(rest.sum()))
+    return Stack(cols, base_keys, base, cand, dsize, dfirst, dstop, bottom, folded, int(rest.sum()), split)
+
+
+def folded_label(st: Stack) -> str:
+    """What the summed band on top holds, in words that stay true when a size class was split."""
+    if st.split:
+        return (f"{st.n_folded:,} allocations not drawn one by one, summed "
+                f"(more than {len(st.index):,} of the largest size: only the earliest drawn)")
+    return f"{st.n_folded:,} smaller allocations, summed"
 
 
 def polygons(st: Stack, unit: float) -> list[np.ndarray]:

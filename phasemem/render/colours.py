@@ -8,6 +8,7 @@ from matplotlib.patches import Patch
 
 from ..stacks import stack_summary
 from ..vocab import CATEGORY_COLORS, PHASE_COLORS, PHASES
+from . import bands as _bands
 
 _SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bwd", "optimizer": "opt", "other": "?"}
 
@@ -86,7 +87,7 @@ def _band_colors(report, st, mode, codes, categories):
                              label="alive from before recording to the end"))
     if st.n_folded:
         handles.append(Patch(facecolor=_FOLDED, edgecolor="none",
-                             label=f"{st.n_folded:,} smaller allocations, summed"))
+                             label=_bands.folded_label(st)))
     return (fills, base), handles
 
 

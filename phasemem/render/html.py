@@ -119,7 +119,7 @@ class _Scene:
             _, yt = _bands.step_outline(edges, lo + st.folded, self.unit)
             d = _paths([self.ux(np.concatenate([xs, xs[::-1]]))], [self.vy(np.concatenate([yb, yt[::-1]]))], nd)[0]
             extra.append(("path", {"d": d, "fill": _FOLDED, "class": "pm-band",
-                                   "data-t": f"{st.n_folded:,} smaller allocations, summed (not drawn one by one)"}))
+                                   "data-t": _bands.folded_label(st)}))
         for name, values, ink in (("curve", st.columns.level, _CURVE), ("reserved", st.columns.reserved, _RESERVED)):
             if self.lines[name]:
                 xs, ys = _bands.step_outline(edges, values, self.unit)
