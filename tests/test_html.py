@@ -361,3 +361,15 @@ if __name__ == "__main__":
         (folder / "html_step_hover.png").write_bytes(b.screenshot())
         b.close()
     print(f"wrote {folder / 'html_whole.png'}, {folder / 'html_step_hover.png'}")
+
+
+def test_the_summed_band_is_one_path_per_category(tmp_path):
+    import re
+
+    out = tmp_path / "r.html"
+    assert main(["analyze", str(FIXTURE), "-o", str(out), "--max-bands", "30"]) == 0
+    text = out.read_text(encoding="utf-8")
+    found = re.findall(r'fill="(#[0-9a-f]{6})"[^>]*data-t="[\d,]+ smaller allocations, summed \(([a-z ]+)\)"', text)
+    names = [n for _, n in found]
+    assert len(names) >= 3 and set(names) <= {c.replace("_", " ") for c in CATEGORIES}
+    assert len({f for f, _ in found}) == len(set(names))  # each category its own tint

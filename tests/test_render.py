@@ -468,7 +468,7 @@ def test_max_bands_folds_the_rest():
     (coll,) = by_gid(fig, "band")
     assert 0 < len(coll.get_paths()) == len(st.index) <= 30
     assert by_gid(fig, "band-folded") and st.n_folded > 500
-    assert f"{st.n_folded:,} smaller allocations, summed" in legend_texts(fig)
+    assert f"{st.n_folded:,} smaller allocations, summed, by category (dotted)" in legend_texts(fig)
     # "smaller" is true: every folded allocation visible at a column is smaller than every drawn one
     assert not st.split and _folded_sizes(report, st).max() < st.size.min()
     # nothing drawn one by one at all: everything made during the trace is in the one band on top
@@ -476,7 +476,7 @@ def test_max_bands_folds_the_rest():
     assert not by_gid(fig, "band") and fig.phasemem_stack.folded.max() > 0
 
 
-def _folded_sizes(report, st):
+def _folded_mask(report, st):
     life = report.timeline.lifetimes
     P = st.columns.point
     first = np.searchsorted(P, life.alloc_event + 1, "left")
@@ -484,7 +484,33 @@ def _folded_sizes(report, st):
     constant = (life.alloc_event < 0) & (life.free_event >= report.n_events)
     folded = (stop > first) & ~constant
     folded[st.index] = False
-    return life.size[folded]
+    return folded
+
+
+def _folded_sizes(report, st):
+    return report.timeline.lifetimes.size[_folded_mask(report, st)]
+
+
+def test_the_summed_band_is_split_by_category_with_the_bytes_alive_at_each_column():
+    report = _report(_need(FIXTURES / "gpt_foreach.pkl.xz"))
+    fig = report.plot(max_bands=30)
+    st = fig.phasemem_stack
+    life = report.timeline.lifetimes
+    codes = np.asarray(report.category_curves.codes)
+    folded = _folded_mask(report, st)
+    # alive at a column's state p when alloc < p <= free, summed per category: by a loop, not bands.stack
+    P = st.columns.point
+    for key, part in zip(st.folded_keys.tolist(), st.folded_parts):
+        mine = np.flatnonzero(folded & (codes == key))
+        want = [int(life.size[mine][(life.alloc_event[mine] < p) & (p <= life.free_event[mine])].sum()) for p in P]
+        assert part.tolist() == want
+    assert set(st.folded_keys.tolist()) == set(codes[folded].tolist()) and len(st.folded_keys) > 2
+    assert np.array_equal(st.folded_parts.sum(axis=0), st.folded)
+    (coll,) = by_gid(fig, "band-folded")
+    assert len(coll.get_paths()) == int((st.folded_parts > 0).any(axis=1).sum()) and coll.get_hatch() == "...."
+    # other colourings keep one grey summed band
+    st = report.plot(max_bands=30, color="stack").phasemem_stack
+    assert st.folded_keys.tolist() == [0] and np.array_equal(st.folded_parts[0], st.folded)
 
 
 def test_a_split_size_class_is_not_called_smaller():

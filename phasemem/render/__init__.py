@@ -37,7 +37,7 @@ from .html import page_writer
 from .chrome import (_MIN_STEP_DOTS_PX, _axes_style, _legends, _mark_handles, _oom_marks, _phase_ticks,
                      _shade_phases, _step_marks, _step_px, _title)
 from .colours import COLOR_MODES, STACK_PALETTE, UNSURE  # noqa: F401  (public here too)
-from .colours import _CURVE, _FOLDED, _RESERVED, _band_colors, _shade, _unsure
+from .colours import _CURVE, _RESERVED, _band_colors, _shade, _unsure
 from .labels import CALLOUT_PT, PEAK_PT, STRIP_PT
 from .live import plot_live
 
@@ -286,7 +286,7 @@ def _silent_phases(report, shown, a, b) -> list[tuple[float, str]]:
 
 def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1):
     """The base (hatched), one polygon per drawn allocation, and the folded rest on top."""
-    rgb, base_colors = fills
+    rgb, base_colors, (folded_colors, folded_hatch) = fills
     # Bands meet edge to edge: antialiasing would leave a light seam between every two of them.
     bottom = 0
     verts, fcs = [], []
@@ -307,12 +307,18 @@ def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1):
                                          antialiaseds=False, zorder=2.1, gid="band"), autolim=False)
     if st.folded.any():
         lo = st.drawn_top()
-        xs, yb = _bands.step_outline(st.columns.edges, lo, unit_div)
-        _, yt = _bands.step_outline(st.columns.edges, lo + st.folded, unit_div)
-        ax.add_collection(PolyCollection([np.column_stack([np.concatenate([xs, xs[::-1]]),
-                                                           np.concatenate([yb, yt[::-1]])])],
-                                         facecolors=[_FOLDED], edgecolors="none", linewidths=0,
-                                         antialiaseds=False, zorder=2.2, gid="band-folded"), autolim=False)
+        parts, fcs = [], []
+        for part, c in zip(st.folded_parts, folded_colors):
+            if not part.any():
+                continue
+            xs, yb = _bands.step_outline(st.columns.edges, lo, unit_div)
+            lo = lo + part
+            _, yt = _bands.step_outline(st.columns.edges, lo, unit_div)
+            parts.append(np.column_stack([np.concatenate([xs, xs[::-1]]), np.concatenate([yb, yt[::-1]])]))
+            fcs.append(c)
+        dotted = dict(hatch=folded_hatch, hatchcolor="#ffffff") if folded_hatch else {}
+        ax.add_collection(PolyCollection(parts, facecolors=fcs, edgecolors="none", linewidths=0,
+                                         antialiaseds=False, zorder=2.2, gid="band-folded", **dotted), autolim=False)
 
 
 def _base_label(ax, lay, view, placed, base, unit_div):

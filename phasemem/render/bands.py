@@ -104,6 +104,10 @@ class Stack:
     # True when the largest size alone had more allocations than bands: its earliest are drawn and
     # the rest folded, so the folded band is then not only "smaller" allocations.
     split: bool = False
+    # ``folded`` split by the same keys as the base (category codes, say), bottom to top: where the
+    # bands run out (thousands of steps) the summed band still says what the bytes are.
+    folded_keys: np.ndarray = None  # (F,)
+    folded_parts: np.ndarray = None  # (F, S) int64; sums to ``folded``
 
     def alive(self) -> np.ndarray:
         """(D, S) bool: which drawn band is alive in which column."""
@@ -160,12 +164,17 @@ def stack(life, cols: Columns, n: int, max_bands: int = 2000, base_key=None) -> 
     rest = visible.copy()
     rest[cand] = False
 
-    d = np.zeros(S + 1, np.int64)
-    np.add.at(d, first[rest], size[rest])
-    np.add.at(d, stop[rest], -size[rest])
-    folded = np.cumsum(d)[:S]
-
     keys = np.zeros(len(size), np.int64) if base_key is None else np.asarray(base_key, dtype=np.int64)
+    folded_keys = np.unique(keys[rest])
+    # One difference array per key: row r gains a folded allocation's size from its first column to
+    # its stop (the spare last column takes the stops at S).
+    d = np.zeros((len(folded_keys), S + 1), np.int64)
+    row = np.searchsorted(folded_keys, keys[rest])
+    np.add.at(d, (row, first[rest]), size[rest])
+    np.add.at(d, (row, stop[rest]), -size[rest])
+    folded_parts = np.cumsum(d, axis=1)[:, :S]
+    folded = folded_parts.sum(axis=0) if len(folded_keys) else np.zeros(S, np.int64)
+
     base_keys = np.unique(keys[constant])
     base = np.array([int(size[constant & (keys == k)].sum()) for k in base_keys], dtype=np.int64)
 
@@ -181,7 +190,8 @@ def stack(life, cols: Columns, n: int, max_bands: int = 2000, base_key=None) -> 
         csum = np.cumsum(w, axis=0)
         bottom[j0:j1] = carry + csum - w
         carry = carry + csum[-1]
-    return Stack(cols, base_keys, base, cand, dsize, dfirst, dstop, bottom, folded, int(rest.sum()), split)
+    return Stack(cols, base_keys, base, cand, dsize, dfirst, dstop, bottom, folded, int(rest.sum()), split,
+                 folded_keys, folded_parts)
 
 
 def folded_label(st: Stack) -> str:

@@ -35,6 +35,11 @@ _BASE = "#b5b5b5"  # memory from before recording, when not split by category
 
 _FOLDED = "#d4d4d4"
 
+#: ``color="category"``: the allocations summed on top are drawn per category, this far toward white,
+#: dotted (``FOLDED_HATCH``): a light tint alone read as the phase strip's colours (activation as forward).
+FOLDED_TINT = 0.45
+FOLDED_HATCH = "...."
+
 _CURVE = "#22313f"
 
 _RESERVED = "#7a7a7a"
@@ -60,7 +65,7 @@ def _band_colors(report, st, mode, codes, categories):
         names = np.array(categories)
         palette = np.array([mcolors.to_rgb(CATEGORY_COLORS[c]) for c in categories])
         rgb = palette[codes[idx]] if len(idx) else np.zeros((0, 3))
-        present = sorted(set(codes[idx].tolist()) | set(st.base_keys.tolist()))
+        present = sorted(set(codes[idx].tolist()) | set(st.base_keys.tolist()) | set(st.folded_keys.tolist()))
         handles = [Patch(facecolor=CATEGORY_COLORS[names[c]], edgecolor="none", label=names[c].replace("_", " "))
                    for c in present]
         base = [CATEGORY_COLORS[names[k]] for k in st.base_keys]
@@ -85,10 +90,18 @@ def _band_colors(report, st, mode, codes, categories):
     if len(st.base_keys) and st.base.sum() > 0:
         handles.append(Patch(facecolor="#eeeeee", edgecolor="#8a8a8a", hatch="////", lw=0,
                              label="alive from before recording to the end"))
+    if mode == "category":
+        # Lighter than any drawn band's shade (up to 0.34 toward white) and dotted, so a summed part is
+        # told from an allocation drawn one by one, and still of its category's hue.
+        folded = ([tuple(_shade(np.array([mcolors.to_rgb(CATEGORY_COLORS[names[k]])]), np.array([FOLDED_TINT]))[0])
+                   for k in st.folded_keys], FOLDED_HATCH)
+    else:
+        folded = ([mcolors.to_rgb(_FOLDED)] * len(st.folded_keys), None)
     if st.n_folded:
-        handles.append(Patch(facecolor=_FOLDED, edgecolor="none",
-                             label=_bands.folded_label(st)))
-    return (fills, base), handles
+        by = ", by category (dotted)" if mode == "category" else ""
+        handles.append(Patch(facecolor=_FOLDED, edgecolor="#ffffff" if by else "none", lw=0,
+                             hatch=FOLDED_HATCH if by else None, label=_bands.folded_label(st) + by))
+    return (fills, base, folded), handles
 
 
 def _stack_hash(sid: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from ..stacks import short_path
 from ..units import axis_unit, format_bytes
 from ..vocab import CATEGORIES, PHASES
 from . import bands as _bands
-from .colours import _CURVE, _FOLDED, _RESERVED, _band_colors
+from .colours import _CURVE, _RESERVED, _band_colors
 from .html_page import page
 from .labels import STRIP_PT
 
@@ -105,7 +105,7 @@ class _Scene:
     # -- layers -----------------------------------------------------------------------------------
     def _layer(self, st, nd):
         """(vertex count, {lifetime index: path}, extra elements) of one stack, in SVG user units."""
-        (rgb, _), _ = _band_colors(self.r, st, self.color, self.codes, CATEGORIES)
+        (rgb, _, (folded_rgb, _)), _ = _band_colors(self.r, st, self.color, self.codes, CATEGORIES)
         polys = _bands.polygons(st, self.unit)
         ds = _paths([self.ux(p[:, 0]) for p in polys], [self.vy(p[:, 1]) for p in polys], nd)
         hexes = ["#%02x%02x%02x" % tuple(c) for c in np.round(np.asarray(rgb).reshape(-1, 3) * 255).astype(int).tolist()]
@@ -114,12 +114,19 @@ class _Scene:
         extra = []
         edges = st.columns.edges
         if st.folded.any():
+            # One path per category summed (as in the PNG; lighter tints there are dotted too).
             lo = st.drawn_top()
-            xs, yb = _bands.step_outline(edges, lo, self.unit)
-            _, yt = _bands.step_outline(edges, lo + st.folded, self.unit)
-            d = _paths([self.ux(np.concatenate([xs, xs[::-1]]))], [self.vy(np.concatenate([yb, yt[::-1]]))], nd)[0]
-            extra.append(("path", {"d": d, "fill": _FOLDED, "class": "pm-band",
-                                   "data-t": _bands.folded_label(st)}))
+            label = _bands.folded_label(st)
+            for key, part, c in zip(st.folded_keys.tolist(), st.folded_parts, folded_rgb):
+                if not part.any():
+                    continue
+                xs, yb = _bands.step_outline(edges, lo, self.unit)
+                lo = lo + part
+                _, yt = _bands.step_outline(edges, lo, self.unit)
+                d = _paths([self.ux(np.concatenate([xs, xs[::-1]]))], [self.vy(np.concatenate([yb, yt[::-1]]))], nd)[0]
+                name = f" ({CATEGORIES[key].replace('_', ' ')})" if self.color == "category" else ""
+                extra.append(("path", {"d": d, "fill": "#%02x%02x%02x" % tuple(round(v * 255) for v in c),
+                                       "class": "pm-band", "data-t": label + name}))
         for name, values, ink in (("curve", st.columns.level, _CURVE), ("reserved", st.columns.reserved, _RESERVED)):
             if self.lines[name]:
                 xs, ys = _bands.step_outline(edges, values, self.unit)
