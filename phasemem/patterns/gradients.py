@@ -63,16 +63,44 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
+#: The first micro-batch's backward makes the gradients the later ones add into: at least this share
+#: of the step's gradient bytes. A backward that only differentiates inputs (WGAN-GP's gradient
+#: penalty, ``autograd.grad(..., create_graph=True)``, h5_wgan_gp in fixtures/heldout5) makes none.
+ACCUM_FIRST_SHARE = 0.5
+
+
+def _passes(fwd, bwd) -> list[list[tuple[int, int]]]:
+    """The backward runs grouped into passes: a new pass starts only where a forward ran since the last
+    backward run. Two backward calls on one forward (``loss1.backward(retain_graph=True)`` then
+    ``loss2.backward()``, h5_two_losses) or one backward cut by a few 'other' events are one pass."""
+    out: list[list[tuple[int, int]]] = []
+    for b in bwd:
+        prev = out[-1][-1][1] if out else -1
+        if any(prev < f0 < b[0] for f0, _ in fwd):
+            out.append([b])
+        elif out:
+            out[-1].append(b)
+        # a backward with no forward before it in the step (a trace cut inside one) is no pass
+    return out
+
+
 def _accumulation(ctx: Context, step: int, grads) -> list[Pattern]:
     out = []
-    pairs = [(f, b) for f, b in zip(ctx.runs_of(step, "forward"), ctx.runs_of(step, "backward"))]
     bwd = ctx.runs_of(step, "backward")
     # Accumulation keeps the gradients across the passes: a zero_grad between two of them resets them
     # (LBFGS re-evaluating its closure inside one step: truth_lbfgs), so that is no accumulation.
     reset = bool(bwd) and any(bwd[0][1] < z0 < bwd[-1][0] for z0, _ in ctx.runs_of(step, "zero_grad"))
-    if len(bwd) >= 2 and len(pairs) >= 2 and not reset:
+    passes = _passes(ctx.runs_of(step, "forward"), bwd)
+    if len(grads) and len(passes) >= 2:
+        # Passes before the one that makes the gradients fed none; that one must make most of them.
+        first = int(ctx.alloc[grads].min())
+        passes = [ps for ps in passes if ps[-1][1] >= first]
+        made = ctx.alloc[grads] <= passes[0][-1][1]
+        if int(ctx.size[grads][made].sum()) < ACCUM_FIRST_SHARE * int(ctx.size[grads].sum()):
+            passes = []
+    if len(passes) >= 2 and not reset:
         s0, s1, _ = ctx.seg.steps[step]
-        n_micro = len(ctx.runs_of(step, "backward"))
+        n_micro = len(passes)
         out.append(Pattern(
             kind="gradient_accumulation", step=step, phase="backward", start_event=s0, end_event=s1 - 1,
             peak_event=ctx.peak_in(s0, s1 - 1), bytes=int(ctx.size[grads].sum()) if len(grads) else 0,
