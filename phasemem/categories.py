@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .facts import Context, gradient_allocs
-from .infer.frames import weight_moves
+from .infer.frames import copies, weight_moves
 from .vocab import CATEGORIES, C, P
 
 __all__ = ["CATEGORIES", "C", "CategoryCurves", "classify"]  # the vocabulary lives in vocab.py
@@ -54,20 +54,63 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     for s in range(len(ctx.seg.steps)):
         cat[gradient_allocs(ctx, s)] = C["gradient"]
     cat[(pa == P["optimizer"]) & (f >= end_of_step)] = C["optimizer_state"]
-    # The batch: made outside every phase, alive when a forward begins.
+    # The batch: made outside every phase before a pass's first forward, alive when that forward
+    # begins, and gone once a later step's batch replaces it (only the last step's may outlive the
+    # trace). Made between two forward runs of one pass it is the loss or a head outside the model
+    # (h5_two_losses' cross-entropy); kept for good from an earlier step it is state no phase was
+    # found for (a hand-written optimizer's, h5_vae_handadam): neither is an input.
     other = (pa == P["other"]) & ~same_run
     fwd_starts = ctx.run_first[ctx.run_phase == P["forward"]]
     if len(fwd_starts):
         nxt = np.searchsorted(fwd_starts, a)
         has_next = nxt < len(fwd_starts)
         used = has_next & (f > fwd_starts[np.minimum(nxt, len(fwd_starts) - 1)])
-        cat[other & used] = C["input"]
+        # A new pass begins: no forward before it, or a backward or an optimizer since the last one
+        # (the batch may be copied at the end of the step before, as inferred steps often place it).
+        trained = np.sort(ctx.run_first[np.isin(ctx.run_phase, [P["backward"], P["optimizer"]])])
+        prev_fwd = fwd_starts[np.maximum(nxt - 1, 0)]
+        last_trained = np.searchsorted(trained, a) - 1
+        since = ((last_trained >= 0) & (trained[np.maximum(last_trained, 0)] > prev_fwd) if len(trained)
+                 else np.zeros(len(a), bool))
+        # ... or the forward it feeds is its step's first (marked inference steps: steps begin where a
+        # forward does, so the next batch is made at the end of the step before)
+        fwd_step = ctx.run_step[ctx.run_phase == P["forward"]]
+        opens_step = np.concatenate([[True], fwd_step[1:] != fwd_step[:-1]])
+        new_step = has_next & opens_step[np.minimum(nxt, len(fwd_starts) - 1)]
+        new_pass = (nxt == 0) | since | new_step
+        # only the batch the last step's forward reads may be held to the end
+        last_step = has_next & (fwd_step[np.minimum(nxt, len(fwd_starts) - 1)] >= fwd_step.max())
+        batch = other & used & new_pass & ((f < n) | last_step)
+        # Forward only (inference), many calls of the model make one step: what the loop builds before
+        # calling it (a KV cache, h5_gpt_decode_kv) is not told from the batch by lifetimes. There
+        # the batch is what C++ frames show copied to the device before a call, in any of them
+        # (h5_vit_infer_bf16's three batches); without C++ frames, nothing is called the batch. One
+        # forward and no backward is a training step cut short (oom_base: out of memory in the loss),
+        # whose batch keeps the rule above.
+        if not (ctx.seg.labels == P["backward"]).any() and len(fwd_starts) > len(ctx.seg.steps):
+            copied, cpp = copies(ctx.trace)
+            batch = other & used & copied[a] if cpp else np.zeros_like(batch)
+        cat[batch] = C["input"]
     # Made before the first step's forward and kept to the end: weights created after recording began.
     first_fwd = fwd_starts[0] if len(fwd_starts) else n
     cat[other & (f >= n) & (a < first_fwd) & (s_at <= 0)] = C["parameter"]
     # Weights the stack says a module placed on the device (model.to(), load_state_dict).
     cat[other & weight_moves(ctx.trace)[a]] = C["parameter"]
+    # Gradient-sized blocks from before recording are optimizer state only if the optimizer did not
+    # make its state in the trace: where it did (at least STATE_MADE of the gradients' bytes), they
+    # are a copy of the weights the optimizer does not own (h5_gpt_varlen_ema's EMA weights).
+    state = pre_cat == C["optimizer_state"]
+    if state.any():
+        grads = max((int(ctx.size[gradient_allocs(ctx, s)].sum()) for s in range(len(ctx.seg.steps))), default=0)
+        if grads and int(ctx.size[cat == C["optimizer_state"]].sum()) >= STATE_MADE * grads:
+            pre_cat[state] = C["other"]
     return pre_cat, cat
+
+
+#: Share of the gradients' bytes that optimizer state made during the trace must reach for the
+#: gradient-sized blocks from before recording not to be called optimizer state (Adam makes 2.0,
+#: momentum SGD 1.0, Adafactor's factored state much less: heldout_t5_adafactor).
+STATE_MADE = 0.5
 
 
 def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:

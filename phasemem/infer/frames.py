@@ -153,6 +153,16 @@ def weight_moves(trace: Trace) -> np.ndarray:
                                            for fn, _, nm in fr))
 
 
+def copies(trace: Trace) -> tuple[np.ndarray, bool]:
+    """(per event: does its stack say it copies a tensor (``at::native::_to_copy``: ``.to()``,
+    ``.cuda()``, a dtype cast), do the stacks carry C++ frames at all). Recorded with torch's
+    default ``stacks="all"``, a batch moved to the device says so; a buffer the loop makes with
+    ``torch.empty`` (h5_gpt_decode_kv's KV cache) does not."""
+    copy = per_event(trace, lambda fr: any(nm.startswith("at::native::_to_copy") for _, _, nm in fr))
+    cpp = any(fn == "??" or not fn.endswith(".py") for fn, _, _ in trace.frames)
+    return copy, cpp
+
+
 def inside_file(trace: Trace, files: tuple[str, ...]) -> np.ndarray:
     """Per event: does its stack run through one of these files (e.g. an optimizer's step())?"""
     return per_event(trace, lambda fr: any(fn.endswith(files) for fn, _, _ in fr))
