@@ -50,12 +50,18 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
     born = life.alloc_event >= 0
     a, f, s = life.alloc_event[born], life.free_event[born], life.size[born]
     lab = r.label_codes
-    bt = meta.get("batch", 0) * (meta.get("seq") or 0) * (meta.get("vocab") or 0)
-    vocab_sizes = {bt * 2, bt * 4} if bt else set()
+    vocab_sizes = set(vocabulary_sizes(meta))
     param_bytes = meta["param_bytes"]
 
     def frames(i, needle):
         return any(needle in fr["filename"] or needle in fr["name"] for fr in ev[i].get("frames") or [])
+
+    # A hand-written optimizer (not under torch/optim/) is named by its file and function in the meta.
+    own_file, own_name = meta.get("optimizer_frame") or ("torch/optim/", None)
+
+    def in_optimizer(i):
+        return frames(i, "torch/optim/") or any(own_file in fr["filename"] and fr["name"] == own_name
+                                                for fr in ev[i].get("frames") or [])
 
     out: Counter = Counter()
     scored = {k for k, st in enumerate(r.steps) if st.complete}
@@ -114,7 +120,7 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
             if opt and "Adam" in name and "fused=True" not in name:
                 out["optimizer_temporaries", k] += 1
             continue
-        o_allocs = [int(i) for x0, x1 in opt for i in a[(a >= x0) & (a <= x1)] if frames(int(i), "torch/optim/")]
+        o_allocs = [int(i) for x0, x1 in opt for i in a[(a >= x0) & (a <= x1)] if in_optimizer(int(i))]
         kept = [i for i in o_allocs if f[np.searchsorted(a, i)] >= st.end_event + 1]
         temp = [i for i in o_allocs if f[np.searchsorted(a, i)] <= max(x1 for _, x1 in opt)]
         if kept:
@@ -122,6 +128,16 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
         if len(temp) >= 2:
             out["optimizer_temporaries", k] += 1
     return out, scored
+
+
+def vocabulary_sizes(meta: dict) -> list[int]:
+    """Bytes of a batch × sequence × vocabulary tensor in bf16 and fp32, per sequence length the run
+    used (``seqs`` where it changed from step to step)."""
+    out = []
+    for seq in meta.get("seqs") or [meta.get("seq") or 0]:
+        bt = meta.get("batch", 0) * seq * (meta.get("vocab") or 0)
+        out += [2 * bt, 4 * bt] if bt else []
+    return out
 
 
 def detected(snap: dict, prefix: str) -> Counter:

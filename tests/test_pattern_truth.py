@@ -12,7 +12,7 @@ import importlib
 
 import phasemem
 from phasemem.patterns import KINDS as DETECTOR_KINDS
-from pattern_truth import KINDS, detected, load, truth
+from pattern_truth import KINDS, detected, load, truth, vocabulary_sizes
 
 # the module, not the function phasemem/__init__.py exports under the same name
 analyze_module = importlib.import_module("phasemem.analyze")
@@ -36,6 +36,15 @@ MISSES = {
     # whole release, and phasemem does not call them one (recall, not precision)
     ("oom_fix_ckpt", "logits_release"),
     ("truth_dpo_reference", "logits"), ("truth_dpo_reference", "logits_release"), ("truth_dpo_reference", "softmax_spike"),
+    # a 100k-way classifier: its first conv's activations are 0.66 of the logits, vocabulary-sized by
+    # VOCAB_SHARE and early, so the detector stays silent
+    ("h5_extreme_cls", "logits"), ("h5_extreme_cls", "logits_release"), ("h5_extreme_cls", "softmax_spike"),
+    # loss.backward(retain_graph=True) keeps the logits and their softmax for the second backward:
+    # vocabulary-sized blocks are freed in backward (the logits' gradient) but there is no release
+    ("h5_two_losses", "logits_release"),
+    # the generator's Adam makes its state in its own first step, the trace's third: phasemem names
+    # state made in the first step that runs an optimizer only (a later one may be state replaced)
+    ("h5_wgan_gp", "optimizer_state_init"),
 }
 # The truth counts a release only where zero_grad frees 90 % of all parameter bytes; with a frozen
 # base (LoRA) or a frozen teacher (distillation) the trained gradients are fewer, and their release real.
@@ -43,7 +52,9 @@ NARROW_TRUTH = {("heldout_gpt_lora", "gradients(release)"), ("heldout3_distill_k
                 # LBFGS's closure runs zero_grad up to 4 times a step: each releases, the truth counts one
                 ("truth_lbfgs", "gradients(release)"), ("truth_lbfgs", "optimizer_temporaries"),  # per run
                 # the frozen reference model's parameters count in the truth's 90 %: the policy's gradients are fewer
-                ("truth_dpo_reference", "gradients(release)")}
+                ("truth_dpo_reference", "gradients(release)"),
+                # a GAN's two zero_grads each free one network's gradients, below 90 % of both
+                ("h5_wgan_gp", "gradients(release)")}
 
 _cache: dict = {}
 
@@ -93,12 +104,12 @@ def test_vocabulary_shapes_have_the_model_sizes(path):
     vocabulary-sized tensors alive at its top above where memory settles, never the whole level
     (sizes from the recorded model's dims; a distillation's KL holds six)."""
     *_, meta, snap, prefix = _compare(path)
-    bt = meta["batch"] * meta["seq"] * meta["vocab"]
+    sizes = vocabulary_sizes(meta)
     report = phasemem.analyze(snap, marker_prefix=prefix)
     for p in report.patterns_of("logits"):
-        assert p.bytes in (2 * bt, 4 * bt), p.bytes
+        assert p.bytes in sizes, p.bytes
     for p in report.patterns_of("softmax_spike"):
-        assert 0.45 * 2 * bt <= p.bytes <= p.details["tensors"] * 4 * bt + (1 << 21), p.bytes
+        assert 0.45 * min(sizes) <= p.bytes <= p.details["tensors"] * max(sizes) + (1 << 21), p.bytes
         level = report.timeline.level
         assert p.bytes < level[p.peak_event]
         # its peak is the top of its range, where both vocabulary tensors are alive
