@@ -77,19 +77,21 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
         fwd_step = ctx.run_step[ctx.run_phase == P["forward"]]
         opens_step = np.concatenate([[True], fwd_step[1:] != fwd_step[:-1]])
         new_step = has_next & opens_step[np.minimum(nxt, len(fwd_starts) - 1)]
-        new_pass = (nxt == 0) | since | new_step
+        new_pass = (nxt == 0) | since | new_step | _pass_over(ctx, fwd_starts, nxt, a, other & used)
         # only the batch the last step's forward reads may be held to the end
         last_step = has_next & (fwd_step[np.minimum(nxt, len(fwd_starts) - 1)] >= fwd_step.max())
         batch = other & used & new_pass & ((f < n) | last_step)
         # Forward only (inference), many calls of the model make one step: what the loop builds before
-        # calling it (a KV cache, h5_gpt_decode_kv) is not told from the batch by lifetimes. There
-        # the batch is what C++ frames show copied to the device before a call, in any of them
-        # (h5_vit_infer_bf16's three batches); without C++ frames, nothing is called the batch. One
-        # forward and no backward is a training step cut short (oom_base: out of memory in the loss),
-        # whose batch keeps the rule above.
+        # calling it (a KV cache, h5_gpt_decode_kv) is not told from the batch by when it is made.
+        # There the batch is what C++ frames show copied to the device before a call (h5_vit_infer_bf16's
+        # three batches); without C++ frames, what one call alone reads (an evaluation loop's
+        # batches: heldout2_convnext_eval), not what many do (the cache, and the prompt, of 48 calls).
+        # One forward and no backward is a training step cut short (oom_base: out of memory in the
+        # loss), whose batch keeps the rule above.
         if not (ctx.seg.labels == P["backward"]).any() and len(fwd_starts) > len(ctx.seg.steps):
             copied, cpp = copies(ctx.trace)
-            batch = other & used & copied[a] if cpp else np.zeros_like(batch)
+            calls = np.searchsorted(fwd_starts, np.minimum(f, n), "left") - nxt  # forward starts it spans
+            batch = other & used & (copied[a] if cpp else calls == 1)
         cat[batch] = C["input"]
     # Made before the first step's forward and kept to the end: weights created after recording began.
     first_fwd = fwd_starts[0] if len(fwd_starts) else n
@@ -102,7 +104,11 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     state = pre_cat == C["optimizer_state"]
     if state.any():
         grads = max((int(ctx.size[gradient_allocs(ctx, s)].sum()) for s in range(len(ctx.seg.steps))), default=0)
-        if grads and int(ctx.size[cat == C["optimizer_state"]].sum()) >= STATE_MADE * grads:
+        # State stays for good, made before the last step: what a misplaced optimizer phase keeps for
+        # a while, or the last step's gradients it holds to the end, is not it (heldout_embbag_adagrad
+        # without frames: 217 MB freed later, and the embedding's last 207 MB gradient).
+        made = (cat == C["optimizer_state"]) & (f >= n) & (s_at < len(ctx.seg.steps) - 1)
+        if grads and int(ctx.size[made].sum()) >= STATE_MADE * grads:
             pre_cat[state] = C["other"]
     return pre_cat, cat
 
@@ -111,6 +117,34 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
 #: gradient-sized blocks from before recording not to be called optimizer state (Adam makes 2.0,
 #: momentum SGD 1.0, Adafactor's factored state much less: heldout_t5_adafactor).
 STATE_MADE = 0.5
+
+
+#: The forward before a block is over when less than this share of the bytes it allocated is still
+#: alive: a no_grad evaluation forward frees as it goes (gpt_train_eval's eval, then the next training
+#: batch), while a forward whose backward is still to come keeps its activations (h5_two_losses: the
+#: loss computed between the model and a second head is no batch).
+PASS_OVER = 0.5
+
+
+def _pass_over(ctx: Context, fwd_starts: np.ndarray, nxt: np.ndarray, a: np.ndarray, asked: np.ndarray) -> np.ndarray:
+    """Per allocation (only where ``asked``): is the forward run before it over (PASS_OVER)?"""
+    out = np.zeros(len(a), bool)
+    q = np.flatnonzero(asked & (nxt > 0))
+    fwd = (ctx.phase_at_alloc == P["forward"]) | (ctx.phase_at_alloc == P["loss"])
+    if not len(q) or not fwd.any():
+        return out
+    n = ctx.n
+    k = np.searchsorted(fwd_starts, a[fwd], "right") - 1  # the forward run each was made in (or after)
+    key = k.astype(np.int64) * (n + 1) + ctx.free[fwd]
+    order = np.argsort(key, kind="stable")
+    key, cum = key[order], np.concatenate([[0], np.cumsum(ctx.size[fwd][order])])
+    total = np.bincount(k, weights=ctx.size[fwd], minlength=len(fwd_starts)).astype(np.int64)
+    run = (nxt[q] - 1).astype(np.int64)
+    lo = np.searchsorted(key, run * (n + 1), "left")
+    hi = np.searchsorted(key, run * (n + 1) + a[q], "right")
+    freed = cum[hi] - cum[lo]
+    out[q] = (total[run] > 0) & (total[run] - freed < PASS_OVER * total[run])
+    return out
 
 
 def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:

@@ -97,7 +97,7 @@ def test_inputs_are_the_batches_copied_to_the_device(name):
     ("h5_gpt_decode_kv", "w_gpt_decode_kv", "idx = p.to(a.device)", 2)])
 def test_inference_inputs_are_the_copies_to_the_device(name, function, text, count):
     """Forward only, every call of the model in one step: the batches are the blocks C++ frames show
-    copied (``_to_copy``); recorded without C++ frames, nothing is called an input."""
+    copied (``_to_copy``)."""
     snap = _snap(name)
     batches = _made_at(snap, function, _line_of(function, text))
     assert len(batches) == count
@@ -105,10 +105,16 @@ def test_inference_inputs_are_the_copies_to_the_device(name, function, text, cou
         # the decode loop copies its prompt inside its gt::forward range: marked, that is forward's
         inside_forward = how == "marked" and name == "h5_gpt_decode_kv"
         assert _category_events(r, "input") == (set() if inside_forward else batches), how
+    # recorded without C++ frames (stacks="python"): a block one call alone reads is the batch; the
+    # decode loop's prompt is read by all 48 calls of its request, as the cache is: neither is
     bare = _plain(snap)
     for e in bare["device_traces"][0]:
         e["frames"] = [f for f in e.get("frames") or [] if f["filename"].endswith(".py")]
-    assert _category_events(phasemem.analyze(bare), "input") == set()
+    got = _category_events(phasemem.analyze(bare), "input")
+    if name == "h5_gpt_decode_kv":  # a sampled token that the next call reads may be; the prompt not
+        assert not (got & batches) and all(bare["device_traces"][0][i]["size"] <= 512 for i in got)
+    else:
+        assert got == batches
 
 
 def test_a_hand_written_optimizers_state_is_not_called_an_input_or_a_weight():
