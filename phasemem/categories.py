@@ -54,45 +54,9 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     for s in range(len(ctx.seg.steps)):
         cat[gradient_allocs(ctx, s)] = C["gradient"]
     cat[(pa == P["optimizer"]) & (f >= end_of_step)] = C["optimizer_state"]
-    # The batch: made outside every phase before a pass's first forward, alive when that forward
-    # begins, and gone once a later step's batch replaces it (only the last step's may outlive the
-    # trace). Made between two forward runs of one pass it is the loss or a head outside the model
-    # (h5_two_losses' cross-entropy); kept for good from an earlier step it is state no phase was
-    # found for (a hand-written optimizer's, h5_vae_handadam): neither is an input.
     other = (pa == P["other"]) & ~same_run
     fwd_starts = ctx.run_first[ctx.run_phase == P["forward"]]
-    if len(fwd_starts):
-        nxt = np.searchsorted(fwd_starts, a)
-        has_next = nxt < len(fwd_starts)
-        used = has_next & (f > fwd_starts[np.minimum(nxt, len(fwd_starts) - 1)])
-        # A new pass begins: no forward before it, or a backward or an optimizer since the last one
-        # (the batch may be copied at the end of the step before, as inferred steps often place it).
-        trained = np.sort(ctx.run_first[np.isin(ctx.run_phase, [P["backward"], P["optimizer"]])])
-        prev_fwd = fwd_starts[np.maximum(nxt - 1, 0)]
-        last_trained = np.searchsorted(trained, a) - 1
-        since = ((last_trained >= 0) & (trained[np.maximum(last_trained, 0)] > prev_fwd) if len(trained)
-                 else np.zeros(len(a), bool))
-        # ... or the forward it feeds is its step's first (marked inference steps: steps begin where a
-        # forward does, so the next batch is made at the end of the step before)
-        fwd_step = ctx.run_step[ctx.run_phase == P["forward"]]
-        opens_step = np.concatenate([[True], fwd_step[1:] != fwd_step[:-1]])
-        new_step = has_next & opens_step[np.minimum(nxt, len(fwd_starts) - 1)]
-        new_pass = (nxt == 0) | since | new_step | _pass_over(ctx, fwd_starts, nxt, a, other & used)
-        # only the batch the last step's forward reads may be held to the end
-        last_step = has_next & (fwd_step[np.minimum(nxt, len(fwd_starts) - 1)] >= fwd_step.max())
-        batch = other & used & new_pass & ((f < n) | last_step)
-        # Forward only (inference), many calls of the model make one step: what the loop builds before
-        # calling it (a KV cache, h5_gpt_decode_kv) is not told from the batch by when it is made.
-        # There the batch is what C++ frames show copied to the device before a call (h5_vit_infer_bf16's
-        # three batches); without C++ frames, what one call alone reads (an evaluation loop's
-        # batches: heldout2_convnext_eval), not what many do (the cache, and the prompt, of 48 calls).
-        # One forward and no backward is a training step cut short (oom_base: out of memory in the
-        # loss), whose batch keeps the rule above.
-        if not (ctx.seg.labels == P["backward"]).any() and len(fwd_starts) > len(ctx.seg.steps):
-            copied, cpp = copies(ctx.trace)
-            calls = np.searchsorted(fwd_starts, np.minimum(f, n), "left") - nxt  # forward starts it spans
-            batch = other & used & (copied[a] if cpp else calls == 1)
-        cat[batch] = C["input"]
+    cat[_batch(ctx, other, fwd_starts)] = C["input"]
     # Made before the first step's forward and kept to the end: weights created after recording began.
     first_fwd = fwd_starts[0] if len(fwd_starts) else n
     cat[other & (f >= n) & (a < first_fwd) & (s_at <= 0)] = C["parameter"]
@@ -103,7 +67,7 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     # are a copy of the weights the optimizer does not own (h5_gpt_varlen_ema's EMA weights).
     state = pre_cat == C["optimizer_state"]
     if state.any():
-        grads = max((int(ctx.size[gradient_allocs(ctx, s)].sum()) for s in range(len(ctx.seg.steps))), default=0)
+        grads = int(ctx.size[_busiest_gradients(ctx)].sum())
         # State stays for good, made before the last step: what a misplaced optimizer phase keeps for
         # a while, or the last step's gradients it holds to the end, is not it (heldout_embbag_adagrad
         # without frames: 217 MB freed later, and the embedding's last 207 MB gradient).
@@ -111,6 +75,50 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
         if grads and int(ctx.size[made].sum()) >= STATE_MADE * grads:
             pre_cat[state] = C["other"]
     return pre_cat, cat
+
+
+def _batch(ctx: Context, other: np.ndarray, fwd_starts: np.ndarray) -> np.ndarray:
+    """Which of the trace's allocations (``other``: made outside every phase, not freed in its own
+    run) are the batch a forward reads."""
+    # The batch: made outside every phase before a pass's first forward, alive when that forward
+    # begins, and gone once a later step's batch replaces it (only the last step's may outlive the
+    # trace). Made between two forward runs of one pass it is the loss or a head outside the model
+    # (h5_two_losses' cross-entropy); kept for good from an earlier step it is state no phase was
+    # found for (a hand-written optimizer's, h5_vae_handadam): neither is an input.
+    a, f, n = ctx.alloc, ctx.free, ctx.n
+    if not len(fwd_starts):
+        return np.zeros(len(a), bool)
+    nxt = np.searchsorted(fwd_starts, a)
+    has_next = nxt < len(fwd_starts)
+    used = has_next & (f > fwd_starts[np.minimum(nxt, len(fwd_starts) - 1)])
+    # A new pass begins: no forward before it, or a backward or an optimizer since the last one
+    # (the batch may be copied at the end of the step before, as inferred steps often place it).
+    trained = np.sort(ctx.run_first[np.isin(ctx.run_phase, [P["backward"], P["optimizer"]])])
+    prev_fwd = fwd_starts[np.maximum(nxt - 1, 0)]
+    last_trained = np.searchsorted(trained, a) - 1
+    since = ((last_trained >= 0) & (trained[np.maximum(last_trained, 0)] > prev_fwd) if len(trained)
+             else np.zeros(len(a), bool))
+    # ... or the forward it feeds is its step's first (marked inference steps: steps begin where a
+    # forward does, so the next batch is made at the end of the step before)
+    fwd_step = ctx.run_step[ctx.run_phase == P["forward"]]
+    opens_step = np.concatenate([[True], fwd_step[1:] != fwd_step[:-1]])
+    new_step = has_next & opens_step[np.minimum(nxt, len(fwd_starts) - 1)]
+    new_pass = (nxt == 0) | since | new_step | _pass_over(ctx, fwd_starts, nxt, a, other & used)
+    # only the batch the last step's forward reads may be held to the end
+    last_step = has_next & (fwd_step[np.minimum(nxt, len(fwd_starts) - 1)] >= fwd_step.max())
+    batch = other & used & new_pass & ((f < n) | last_step)
+    # Forward only (inference), many calls of the model make one step: what the loop builds before
+    # calling it (a KV cache, h5_gpt_decode_kv) is not told from the batch by when it is made.
+    # There the batch is what C++ frames show copied to the device before a call (h5_vit_infer_bf16's
+    # three batches); without C++ frames, what one call alone reads (an evaluation loop's
+    # batches: heldout2_convnext_eval), not what many do (the cache, and the prompt, of 48 calls).
+    # One forward and no backward is a training step cut short (oom_base: out of memory in the
+    # loss), whose batch keeps the rule above.
+    if not (ctx.seg.labels == P["backward"]).any() and len(fwd_starts) > len(ctx.seg.steps):
+        copied, cpp = copies(ctx.trace)
+        calls = np.searchsorted(fwd_starts, np.minimum(f, n), "left") - nxt  # forward starts it spans
+        batch = other & used & (copied[a] if cpp else calls == 1)
+    return batch
 
 
 #: Share of the gradients' bytes that optimizer state made during the trace must reach for the
@@ -147,16 +155,21 @@ def _pass_over(ctx: Context, fwd_starts: np.ndarray, nxt: np.ndarray, a: np.ndar
     return out
 
 
+def _busiest_gradients(ctx: Context) -> np.ndarray:
+    """The gradients of the step with the most gradient bytes (a trace that wrapped can start
+    inside a backward, so not simply the first step's)."""
+    per_step = [gradient_allocs(ctx, s) for s in range(len(ctx.seg.steps))]
+    return max(per_step, key=lambda g: int(ctx.size[g].sum()), default=np.zeros(0, np.int64))
+
+
 def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:
     """Every parameter gets a gradient of exactly its size, so the pre-existing blocks that pair
     off with the gradients' sizes are the parameters. Of the rest, blocks of a gradient's size are
     optimizer state made before recording (Adam's pair per parameter); others (cuBLAS workspaces,
     the input batch, buffers) are 'other'. Without gradients (inference) all are parameters."""
     cat = np.full(len(sizes), C["parameter"], np.int8)
-    # The step with the most gradient bytes: a trace that wrapped can start inside a backward.
-    per_step = [gradient_allocs(ctx, s) for s in range(len(ctx.seg.steps))]
-    grads = max(per_step, key=lambda g: int(ctx.size[g].sum()), default=None)
-    if grads is None or not len(grads):
+    grads = _busiest_gradients(ctx)
+    if not len(grads):
         return cat
     gsizes = ctx.size[grads]
     idx = np.flatnonzero(alive)
