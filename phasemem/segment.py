@@ -173,9 +173,10 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
                 sources[ph] = "inferred"
                 confidence[ph] = CONFIDENCE.get(how, {}).get(ph, 0.5)
     if not marked and n and not any(iv.phase == "optimizer" for iv in intervals):
-        steps, numbers, ends = _steps_from_labels(trace, labels, starts)
+        steps, numbers, ends = _steps_from_labels(trace, labels, starts, inside=how == "frames")
     else:
-        steps, numbers, ends = _steps(intervals, labels, n)
+        # only labels from markers or frames place a backward well enough to see an update inside it
+        steps, numbers, ends = _steps(intervals, labels, n, inside=marked or how == "frames")
     steps = _cut_by_oom(trace, labels, steps)
     numbers = [window_first(trace.meta) + k for k in numbers]
     step_of = np.full(n, -1, dtype=np.int32)
@@ -210,7 +211,7 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
     return merged, how, starts
 
 
-def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | None):
+def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | None, inside: bool = False):
     """Steps from inferred phases. Between two backward passes, a step ends after the optimizer's
     last run; when the optimizer leaves no events (fused, after its first step) it ends right after
     the backward — unless the trace shows optimizer or zero_grad activity between some backward
@@ -231,6 +232,11 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
             if not (between == P["forward"]).any() and not (between == P["optimizer"]).any() and not (
                     between == P["zero_grad"]).any():
                 continue  # one backward split by a stray event, not two passes
+            if inside and not np.isin(between, [P["forward"], P["loss"]]).any():
+                # updates inside one backward (a step per parameter from gradient hooks,
+                # h6_optim_in_backward without annotations: 84 steps for 3); frames place forward
+                # well enough that a pass without one is none (lifetimes do not: h6_ppo)
+                continue
             gap = slice(int(last[j]) + 1, int(first[k]))
             if within[gap].any() and not (framed[gap] & ~within[gap]).any():
                 continue  # a closure evaluated again inside the same optimizer step
@@ -270,14 +276,14 @@ def step_at_time(seg: Segmentation, t: int) -> int:
     return k if k < len(seg.steps) else -1
 
 
-def _steps(intervals: list[Interval], labels: np.ndarray, n: int) -> tuple[list, list, list]:
+def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool = True) -> tuple[list, list, list]:
     """Steps end where an optimizer step ends; without an optimizer, each forward starts one."""
     big = int(np.iinfo(np.int64).max)
     opt = _outermost([iv for iv in intervals if iv.phase == "optimizer"])
     if opt:
         # A step whose optimizer finished before the first recorded event was lost to the ring buffer.
         lost = sum(1 for iv in opt if iv.stop == 0)
-        kept = [iv for iv in opt if iv.stop > 0]
+        kept = _one_per_step([iv for iv in opt if iv.stop > 0], labels, inside)
         bounds = [0] + [iv.stop for iv in kept]
         steps = [(bounds[k], bounds[k + 1], kept[k].t1 != big) for k in range(len(kept))]
         ends = [iv.t1 for iv in kept]
@@ -285,8 +291,12 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int) -> tuple[list,
             steps[0] = (steps[0][0], steps[0][1], False)
         tail = labels[bounds[-1]:]
         # Training work after the last optimizer step is a step the trace cut short; a zero_grad or
-        # logging after it is not a step.
-        if len(tail) and np.isin(tail, [P["forward"], P["loss"], P["backward"]]).any():
+        # logging after it is not a step, nor the end of a backward whose optimizer ran inside it
+        # (h6_optim_in_backward: the graph freed after the last update). Every step starts with a
+        # forward, where forwards are labelled at all.
+        work = [P["forward"], P["loss"]] if np.isin(labels, [P["forward"], P["loss"]]).any() else [
+            P["forward"], P["loss"], P["backward"]]
+        if len(tail) and np.isin(tail, work).any():
             steps.append((bounds[-1], n, False))
             ends.append(big)
         return steps, list(range(lost, lost + len(steps))), ends
@@ -299,6 +309,55 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int) -> tuple[list,
         steps = [(bounds[k], bounds[k + 1], True) for k in range(len(bounds) - 1)]
         return steps, list(range(len(steps))), [t0 - 1 for _, t0 in starts] + [big]
     return [(0, n, True)], [0], [big]
+
+
+def _one_per_step(opt: list[Interval], labels: np.ndarray, inside: bool = True) -> list[Interval]:
+    """The optimizer ranges that end a step: of those that are one step's, the last.
+
+    Two ranges are one step's when no forward or loss lies between them and either nothing does (two
+    optimizers stepped one after the other: a sparse and a dense one, h6_sparse_two_opt) or the first
+    sits inside a backward, which goes on after it (per-parameter updates from post-accumulate-grad
+    hooks, torchtune's pattern, h6_optim_in_backward: 53 ranges a step, on the autograd thread, kept
+    in a plain recording, a zero_grad range after each). A zero_grad between ranges that are not
+    inside a backward starts another step (h6_ppo without frames: the lifetimes miss some forwards,
+    the zero_grad annotation does not); a range holding a forward (``optimizer.step(closure)``)
+    starts its own. ``inside``: whether the labels place backward well enough to tell an update
+    inside it (markers or frames); phases from lifetimes alone label a whole forward and backward
+    'backward' (h6_ppo without frames), so there only back-to-back ranges are merged."""
+    if len(opt) < 2:
+        return opt
+    # by the phase runs, not per-event running sums: four of those are 320 MB at 10M events
+    first, last, code, _ = runs(labels, np.zeros(len(labels), np.int32))
+    at = {ph: (first[code == P[ph]], last[code == P[ph]]) for ph in ("forward", "loss", "backward", "zero_grad")}
+    # the runs that say where in a step an event is (not the optimizer's, zero_grad's or other)
+    sig = np.isin(code, [P["forward"], P["loss"], P["backward"]])
+    sig_first, sig_last, sig_code = first[sig], last[sig], code[sig]
+
+    def has(ph, a, b):  # any event labelled ph in a..b-1
+        f, l = at[ph]
+        k = int(np.searchsorted(l, a, "left"))
+        return a < b and k < len(f) and int(f[k]) < b
+
+    def inside_backward(iv):
+        # the last such run starting before the range, and the first holding an event at or after it
+        k = int(np.searchsorted(sig_first, iv.first))
+        if k == 0 or sig_code[k - 1] != P["backward"]:
+            return False
+        nxt = k - 1 if sig_last[k - 1] >= iv.first else k
+        return nxt < len(sig_code) and sig_code[nxt] == P["backward"]
+
+    out = []
+    for iv, nxt in zip(opt, opt[1:]):
+        a, b = iv.stop, nxt.first
+        if has("forward", a, nxt.stop) or has("loss", a, nxt.stop):
+            out.append(iv)
+        elif not has("backward", a, b) and not has("zero_grad", a, b):
+            continue  # back to back: one step's optimizers
+        elif inside and inside_backward(iv):
+            continue  # an update inside backward
+        else:
+            out.append(iv)
+    return out + [opt[-1]]
 
 
 def _cut_by_oom(trace: Trace, labels: np.ndarray, steps: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .vocab import P
+
 
 def phase_runs(labels: np.ndarray, step_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Contiguous runs of the same (phase, step): first event, last event, phase code, step position."""
@@ -15,3 +17,25 @@ def phase_runs(labels: np.ndarray, step_of: np.ndarray) -> tuple[np.ndarray, np.
     first = np.concatenate([[0], cut])
     last = np.concatenate([cut - 1, [len(key) - 1]])
     return first, last, labels[first].astype(np.int64), step_of[first].astype(np.int64)
+
+
+#: Optimizer runs sandwiched between backward runs, in one step, that make an optimizer that runs
+#: inside backward: h6_optim_in_backward has 52 a step; a stray inferred event or two labelled
+#: optimizer between phases (Lightning without its annotations: one, before backward) is not it.
+MIN_INTERLEAVED = 2
+
+
+def backward_resumed(labels: np.ndarray, step_of: np.ndarray) -> np.ndarray:
+    """The steps (positions) whose optimizer runs inside backward: backward, optimizer, backward, at
+    least MIN_INTERLEAVED times, with no forward between (per-parameter updates from gradient hooks,
+    ``register_post_accumulate_grad_hook``, torchtune's optimizer-in-backward). ``optimizer.step(closure)``
+    runs a forward before each backward it evaluates, so it is not one."""
+    first, _, code, step = phase_runs(labels, step_of)
+    keep = np.isin(code, (P["forward"], P["backward"], P["optimizer"])) & (step >= 0)
+    code, step = code[keep], step[keep]
+    if len(code) < 3:
+        return np.zeros(0, np.int64)
+    hit = ((code[1:-1] == P["optimizer"]) & (code[:-2] == P["backward"]) & (code[2:] == P["backward"])
+           & (step[:-2] == step[1:-1]) & (step[1:-1] == step[2:]))
+    steps, counts = np.unique(step[1:-1][hit], return_counts=True)
+    return steps[counts >= MIN_INTERLEAVED]
