@@ -9,7 +9,7 @@ import numpy as np
 
 from .segment import Segmentation
 from .sizes import in_sorted
-from .spans import phase_runs
+from .spans import backward_resumed, phase_runs
 from .timeline import Timeline
 from .trace import Trace
 from .vocab import P
@@ -73,6 +73,11 @@ class Context:
             return out
 
         return list(self.memo("runs_by_step_phase", compute).get((step, P[phase]), ()))
+
+    def optimizer_in_backward(self, step: int) -> bool:
+        """Whether the step's optimizer runs inside its backward (spans.backward_resumed)."""
+        return step in self.memo("backward_resumed",
+                                 lambda: set(backward_resumed(self.seg.labels, self.seg.step_of).tolist()))
 
     def allocs_between(self, first: int, last: int) -> np.ndarray:
         """Indices (into the alloc arrays) of allocations made at events first..last."""

@@ -279,7 +279,10 @@ def _zero_grad_before_forward(f: _Facts):
         for z0, z1 in zip(*f.runs(s, "zero_grad")):
             if not len(fwd) or fwd[0] >= z0:
                 continue
-            moved.append((f.freed_in(int(z0), int(z1)), int(fwd[0]) - 1))
+            # only what already exists before forward can be freed there: not the gradients an
+            # optimizer run inside backward frees as it makes them (h6_optim_in_backward)
+            idx = f.freed_in(int(z0), int(z1))
+            moved.append((idx[f.alloc[idx] < int(fwd[0])], int(fwd[0]) - 1))
     if not moved or not sum(len(i) for i, _ in moved):
         return "zero_grad already runs before forward (or frees nothing after it): nothing to move"
     ch = f.change("zero_grad(set_to_none=True) moves before forward: last step's gradients are freed before the "

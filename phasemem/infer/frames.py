@@ -166,3 +166,13 @@ def copies(trace: Trace) -> tuple[np.ndarray, bool]:
 def inside_file(trace: Trace, files: tuple[str, ...]) -> np.ndarray:
     """Per event: does its stack run through one of these files (e.g. an optimizer's step())?"""
     return per_event(trace, lambda fr: any(fn.endswith(files) for fn, _, _ in fr))
+
+
+def offload_unpacks(trace: Trace) -> np.ndarray:
+    """Per event: is it made by a saved-tensor unpack hook that is not checkpointing's: activations
+    copied back from the host in backward (``torch.autograd.graph.save_on_cpu``'s
+    ``unpack_from_cpu``, h6_save_on_cpu; an offloading hook of one's own named ``unpack...``). They
+    echo forward's sizes in forward's order, as checkpoint recompute does, and are not it."""
+    return per_event(trace, lambda fr: any("unpack" in nm and fn.endswith(".py")
+                                           and not fn.endswith("torch/utils/checkpoint.py") for fn, _, nm in fr)
+                     and not any(nm == "recompute_fn" for _, _, nm in fr))

@@ -3,6 +3,8 @@ optimizer, released by zero_grad(set_to_none=True). Also gradient accumulation, 
 forward/backward pairs feeding one optimizer step."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..facts import Context, gradient_allocs
 from ..model import Pattern
 from ..units import format_bytes
@@ -25,38 +27,64 @@ def _stripes(ctx: Context, step: int, grads) -> list[Pattern]:
         sizes = ctx.size[grads]
         embedding = (" — in a language model that is the embedding's, the first layer of forward"
                      if tail == int(sizes.max()) and int((sizes == tail).sum()) == 1 else "")
+        text = (f"Gradients: {len(grads)} buffers, {format_bytes(total)} in all, allocated as backward reaches "
+                f"each layer (the stripes); the last ({format_bytes(tail)}) comes at the very end{embedding}. They "
+                f"stay until zero_grad or the next step. A dense gradient has its parameter's size, so their total is "
+                f"about that of the trainable parameters (a sparse one, as Embedding(sparse=True) makes, is "
+                f"smaller).")
+        details = {"count": int(len(grads)), "last_bytes": tail}
+        peak_event, held = last, total
+        if ctx.optimizer_in_backward(step):
+            # each is freed by its own update inside backward: what is held is the most alive at once
+            held, peak_event = _most_alive(ctx, grads)
+            text = (f"Gradients: {len(grads)} buffers, {format_bytes(total)} in all, made as backward reaches each "
+                    f"layer; the optimizer runs inside backward (a step per parameter, from gradient hooks), so each "
+                    f"is freed right after its update: at most {format_bytes(held)} of them exist at once, not their "
+                    f"total.")
+            details["in_backward"] = True
         out.append(Pattern(
             # peak_event: where the last gradient arrives and all of them are alive (the highest
             # point of the range is usually the logits' spike at backward's start, not theirs)
             kind="gradients", step=step, phase="backward", start_event=first, end_event=last,
-            peak_event=last, bytes=total,
-            explanation=(
-                f"Gradients: {len(grads)} buffers, {format_bytes(total)} in all, allocated as backward reaches "
-                f"each layer (the stripes); the last ({format_bytes(tail)}) comes at the very end{embedding}. They "
-                f"stay until zero_grad or the next step; their total is about the size of the trainable parameters."
-            ),
-            details={"count": int(len(grads)), "last_bytes": tail},
+            peak_event=peak_event, bytes=held, explanation=text, details=details,
             members=tuple(grads.tolist()),
         ))
     return out
 
 
+def _most_alive(ctx: Context, grads) -> tuple[int, int]:
+    """The most bytes of these allocations alive together, and the event where that is reached."""
+    at = np.concatenate([ctx.alloc[grads], ctx.free[grads]])
+    delta = np.concatenate([ctx.size[grads], -ctx.size[grads]])
+    order = np.lexsort((delta, at))  # at one event a free comes before an alloc
+    alive = np.cumsum(delta[order])
+    k = int(np.argmax(alive))
+    return int(alive[k]), int(at[order][k])
+
+
 def _releases(ctx: Context, step: int) -> list[Pattern]:
     out = []
+    bwd = ctx.runs_of(step, "backward")
+    inside = ctx.optimizer_in_backward(step)
     for z0, z1 in ctx.runs_of(step, "zero_grad"):
+        if inside and bwd[0][0] < z0 < bwd[-1][1]:
+            continue  # a per-parameter zero_grad of an update inside backward: the stripes say so
         # count by the curve, so gradients made before recording began (a warm-up step) count too
         d = ctx.timeline.delta[z0:z1 + 1]
         freed = d[d < 0]
         if not len(freed):
             continue
         nbytes = int(-freed.sum())
+        # the advice only where it applies: a zero_grad after this step's forward began
+        late = any(f0 < z0 for f0, _ in ctx.runs_of(step, "forward"))
+        advice = (" Calling it right after optimizer.step (rather than just before backward) keeps them from "
+                  "sitting alongside the next forward's activations." if late else
+                  " It runs before this step's forward, so they do not sit alongside its activations.")
         out.append(Pattern(
             kind="gradients", step=step, phase="zero_grad", start_event=z0, end_event=z1,
             peak_event=z0, bytes=nbytes,
             explanation=(
-                f"zero_grad(set_to_none=True) releases the gradients: {format_bytes(nbytes)} freed at once. "
-                f"Calling it right after optimizer.step (rather than just before backward) keeps them from "
-                f"sitting alongside the next forward's activations."
+                f"zero_grad(set_to_none=True) releases the gradients: {format_bytes(nbytes)} freed at once.{advice}"
             ),
             details={"release": True, "count": int(len(freed))},
         ))

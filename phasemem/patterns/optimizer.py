@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 
@@ -12,6 +13,9 @@ from ..units import format_bytes
 
 _CLASS = re.compile(r"^Optimizer\.step#(\w+)\.step")
 _FUSABLE = {"Adam", "AdamW", "SGD", "Adagrad"}
+#: Updates that end in a division (by sqrt of a second moment): their last temporary is its operand.
+#: SGD's is not (h6_legacy_empty_cache: Nesterov momentum with weight decay).
+_DIVIDING = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop", "Adadelta", "SparseAdam"}
 
 
 def optimizer_class(ctx: Context) -> str | None:
@@ -169,6 +173,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             else:
                 advice = " A fused implementation, where one exists for this optimizer, avoids them."
             first, last = int(ctx.alloc[temp].min()), int(ctx.free[temp].max())
+            pole_text = "for the division just before" if cls in _DIVIDING else "made just before"
             out.append(Pattern(
                 kind="optimizer_temporaries", step=step, phase="optimizer", start_event=first, end_event=last,
                 peak_event=p, bytes=peak,
@@ -176,11 +181,29 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                     f"The update's temporaries, the 'temple with a flagpole': a foreach update makes "
                     f"per-parameter intermediates for all parameters layer by layer (e.g. sqrt(exp_avg_sq)), a "
                     f"for-loop update one parameter's at a time; here up to {format_bytes(peak)} at once. The "
-                    f"flagpole on top ({format_bytes(pole_bytes)}) is the last temporary, for the division just "
-                    f"before the update is applied.{advice}"
+                    f"flagpole on top ({format_bytes(pole_bytes)}) is the last temporary, {pole_text} the update "
+                    f"is applied.{advice}"
                 ),
                 details={"count": int(len(temp)), "flagpole_bytes": pole_bytes, "optimizer": cls,
                          "own_code": mine},
                 members=tuple(temp.tolist()),
             ))
+    if ctx.optimizer_in_backward(step):
+        out = _one_update_per_step(out)
     return out
+
+
+def _one_update_per_step(found: list[Pattern]) -> list[Pattern]:
+    """Where the optimizer runs inside backward, a parameter at a time, each update is one run: the
+    step's temporaries are those of its largest update, not one shape per parameter."""
+    temps = [p for p in found if p.kind == "optimizer_temporaries"]
+    if len(temps) < 2:
+        return found
+    top = max(temps, key=lambda p: p.bytes)
+    top = replace(top, explanation=(
+        f"The update's temporaries: the optimizer runs inside backward, one parameter at a time ({len(temps)} "
+        f"updates with temporaries in this step), so only one update's intermediates exist at once; the largest "
+        f"is {format_bytes(top.bytes)}." + top.explanation.split(" is applied.", 1)[-1]),
+        details={**top.details, "updates": len(temps)},
+        members=tuple(sorted(m for p in temps for m in p.members)))
+    return [p for p in found if p.kind != "optimizer_temporaries"] + [top]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
+from ..infer.frames import offload_unpacks
 from ..model import Pattern
 from ..units import format_bytes
 
@@ -21,6 +22,10 @@ MIN_RUN = 2 * K  # allocations in one recompute run
 DISCARDED = 0.9  # share of the echoed forward allocations that forward had freed
 MIN_RUNS = 2
 GAP = 3  # a first-step allocation (a workspace) may split one run; rejoin across this many
+#: Where at least this share of a candidate's allocations come from an offloading unpack hook
+#: (infer.frames.offload_unpacks), the ripples are activations copied back, not recomputed:
+#: h6_save_on_cpu has half (the other half are the gradients computed from them, no frames).
+OFFLOADED = 0.25
 
 
 def _kgrams(sizes: np.ndarray, k: int) -> np.ndarray:
@@ -70,23 +75,34 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         good = list(zip(starts[ok].tolist(), stops[ok].tolist()))
         if len(good) < MIN_RUNS:
             continue
+        members = np.concatenate([bwd[a:b] for a, b in good])
+        unpacked = ctx.memo("offload_unpacks", lambda: offload_unpacks(ctx.trace))
+        if float(np.mean(unpacked[ctx.alloc[members]])) >= OFFLOADED:
+            continue
         csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
         per_run = np.array([csize[b] - csize[a] for a, b in good])
         first = int(ctx.alloc[bwd[good[0][0]]])
         last = int(min(ctx.free[bwd[good[-1][0]:good[-1][1]]].max(), b1))
         last = max(last, int(ctx.alloc[bwd[good[-1][1] - 1]]))
         per_layer = int(np.median(per_run))
+        # An unpack hook is Python, so where the trace has stack frames offloading was ruled out above
+        # (a compiled backward's recompute has none on its own allocations); without any, it cannot be.
+        framed = ctx.memo("has_frames", lambda: bool((ctx.trace.stack >= 0).any()))
+        what = ("Activation checkpointing at work: backward re-runs the forward of each checkpointed block "
+                "before differentiating it" if framed else
+                "Backward makes forward's discarded tensors again, block by block, before differentiating each "
+                "block: activation checkpointing's recompute (or activations offloaded to the host and copied "
+                "back, e.g. save_on_cpu; the trace has no stack frames to tell)")
         out.append(Pattern(
             kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
             peak_event=ctx.peak_in(first, last), bytes=per_layer,
             explanation=(
-                f"Activation checkpointing at work: backward re-runs the forward of each checkpointed block "
-                f"before differentiating it, {len(good)} times here, allocating about {format_bytes(per_layer)} "
+                f"{what}, {len(good)} times here, allocating about {format_bytes(per_layer)} "
                 f"per block and freeing it as backward moves on — the ripples. This trades compute for "
                 f"memory; checkpoint fewer blocks if memory allows, to run faster."
             ),
-            details={"count": len(good), "bytes_per_layer": per_layer,
+            details={"count": len(good), "bytes_per_layer": per_layer, "framed": framed,
                      "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]},
-            members=tuple(np.concatenate([bwd[a:b] for a, b in good]).tolist()),
+            members=tuple(members.tolist()),
         ))
     return out
