@@ -67,7 +67,7 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     # are a copy of the weights the optimizer does not own (h5_gpt_varlen_ema's EMA weights).
     state = pre_cat == C["optimizer_state"]
     if state.any():
-        grads = int(ctx.size[_busiest_gradients(ctx)].sum())
+        grads = int(_gradient_sizes(ctx).sum())
         # State stays for good, made before the last step: what a misplaced optimizer phase keeps for
         # a while, or the last step's gradients it holds to the end, is not it (heldout_embbag_adagrad
         # without frames: 217 MB freed later, and the embedding's last 207 MB gradient).
@@ -155,11 +155,15 @@ def _pass_over(ctx: Context, fwd_starts: np.ndarray, nxt: np.ndarray, a: np.ndar
     return out
 
 
-def _busiest_gradients(ctx: Context) -> np.ndarray:
-    """The gradients of the step with the most gradient bytes (a trace that wrapped can start
-    inside a backward, so not simply the first step's)."""
+def _gradient_sizes(ctx: Context) -> np.ndarray:
+    """The sizes of the gradients of the step with the most gradient bytes (a trace that wrapped can
+    start inside a backward, so not simply the first step's). Summing the steps' sets instead (for
+    optimizers that take turns) counted noise twice where phases were inferred without frames
+    (hf without frames: 299 MB of 'parameters' for 182); the trace's optimizer state names the
+    other turns' parameters (_sizes_from_state)."""
     per_step = [gradient_allocs(ctx, s) for s in range(len(ctx.seg.steps))]
-    return max(per_step, key=lambda g: int(ctx.size[g].sum()), default=np.zeros(0, np.int64))
+    best = max(per_step, key=lambda g: int(ctx.size[g].sum()), default=np.zeros(0, np.int64))
+    return ctx.size[best]
 
 
 def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:
@@ -168,10 +172,10 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
     optimizer state made before recording (Adam's pair per parameter); others (cuBLAS workspaces,
     the input batch, buffers) are 'other'. Without gradients (inference) all are parameters."""
     cat = np.full(len(sizes), C["parameter"], np.int8)
-    grads = _busiest_gradients(ctx)
-    if not len(grads):
+    gsizes = _gradient_sizes(ctx)
+    if not len(gsizes):
         return cat
-    gsizes = ctx.size[grads]
+    gsizes = _sizes_from_state(ctx, gsizes)
     idx = np.flatnonzero(alive)
     # Gradients in flat buffers (FSDP2, contiguous gradient buffers) pair with no parameter: then
     # size says nothing about which block is which, and the blocks stay parameters.
@@ -196,6 +200,70 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
     state = known & (rank >= n_grads) & (rank < n_grads * (1 + max(k, 0)))
     cat[order] = np.where(rank < n_grads, C["parameter"], np.where(state, C["optimizer_state"], C["other"]))
     return cat
+
+
+#: The trace's optimizer state names the parameters' sizes when, for at least this share of the
+#: bytes of the gradient sizes that state has too, its blocks of that size are a whole number of
+#: parameters' worth (a multiple of the state per parameter, Adam 2, momentum SGD 1), at least the
+#: gradients', and the sizes it names hold at least this share of the gradients' bytes. Set by h6_sparse_two_opt: a sparse embedding's gradient (32 MiB of
+#: values) has no parameter's size, its 488 MiB weight no gradient's, and SparseAdam's two 488 MiB
+#: state buffers say what it is; Adafactor's factored state (heldout_t5_adafactor) is not per size.
+STATE_PER_GRADIENT = 0.9
+#: Sizes holding less than this share of the gradients' bytes say nothing of the state per parameter.
+STATE_SIZE_SHARE = 0.01
+
+
+def _sizes_from_state(ctx: Context, gsizes: np.ndarray) -> np.ndarray:
+    """The sizes (a multiset) the pre-existing parameters pair off with: the gradients', and where the
+    trace made optimizer state that comes in a fixed number per gradient, the sizes that state names
+    beyond them (the weight of a sparse gradient has state of its size, not a gradient)."""
+    steps = ctx.seg.steps
+    if ctx.seg.inferred_by == "lifetimes":
+        # phases from lifetimes alone put other blocks kept for good in the optimizer (h5_two_losses
+        # without frames: 68 MB more 'parameters' than the model has): only the gradients' sizes
+        return gsizes
+    # made by an optimizer run and kept for good, before the last step where there are several (as
+    # in classify: what the last step leaves may be its own)
+    made = (ctx.phase_at_alloc == P["optimizer"]) & (ctx.free >= ctx.n)
+    if len(steps) > 1:
+        made &= ctx.alloc < steps[-1][0]
+    ssizes = ctx.size[made]
+    if not len(ssizes):
+        return gsizes
+    gu, gc = np.unique(gsizes, return_counts=True)
+    su, sc = np.unique(ssizes, return_counts=True)
+    pos = np.searchsorted(su, gu)
+    hit = (pos < len(su)) & (su[np.minimum(pos, len(su) - 1)] == gu)
+    per = np.where(hit, sc[np.minimum(pos, len(su) - 1)], 0) / gc
+    # state per parameter: the least whole number seen among the sizes that hold gradient bytes
+    # (where optimizers take turns over parameters of one size their state counts add up:
+    # h5_wgan_gp's critic and generator share sizes, 4 a size; a 4-byte bias beside a scalar's
+    # gradient, h6_ppo, says 1 and holds nothing)
+    weighty = gu * gc >= STATE_SIZE_SHARE * float((gu * gc).sum())
+    whole = per[hit & weighty & (per >= 1) & (per == np.round(per))]
+    if not len(whole):
+        return gsizes
+    k = int(whole.min())
+    # a size's state names at least its gradients' parameters, and a whole number of them: more where
+    # optimizers take turns and another step trained others of that size (h7_sac: the actor's 4 MiB
+    # weight has the critics' size; the busiest step's gradients are the critics')
+    sc_hit = np.where(hit, sc[np.minimum(pos, len(su) - 1)], 0)
+    consistent = hit & (sc_hit % k == 0) & (sc_hit >= k * gc)
+    implied = np.repeat(su, sc // k)
+    # consistent where gradient and state sizes meet, and naming at least the gradients' bytes (a
+    # factored state of full size only for the 1-D parameters names far fewer)
+    if (gu[consistent] * gc[consistent]).sum() < STATE_PER_GRADIENT * (gu[hit] * gc[hit]).sum() or (
+            int(implied.sum()) < STATE_PER_GRADIENT * int(gsizes.sum())):
+        return gsizes
+    # Only added to the gradients' sizes: a gradient with no state of its size still names its
+    # weight when both are one flat buffer (cuDNN's RNN weights, heldout3_gru_seq2seq and
+    # heldout_lstm_rmsprop: Adam's state is per view of it).
+    have = np.zeros(len(su), np.int64)
+    gpos = np.searchsorted(gu, su)
+    ghit = (gpos < len(gu)) & (gu[np.minimum(gpos, len(gu) - 1)] == su)
+    have[ghit] = gc[gpos[ghit]]
+    extra = np.repeat(su, np.maximum(sc // k - have, 0))
+    return np.concatenate([gsizes, extra])
 
 
 #: Up to this many points are answered by sorting the blocks between them (a (points x categories)
