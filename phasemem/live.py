@@ -18,6 +18,7 @@ Block layout, as torch writes it:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ CATEGORIES = ("parameter", "optimizer_state", "unknown")
 Frame = tuple  # (filename, line, name)
 
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)).replace("\\", "/") + "/"
+#: An autograd node's C++ frame: ``torch::autograd::generated::MmBackward0::apply(...)``.
+_NODE = re.compile(r"^torch::autograd::generated::(\w+)::apply\(")
 
 
 @dataclass
@@ -187,6 +190,14 @@ def site_of(stack: tuple) -> str | None:
     if not stack:
         return None
     py = [f for f in stack if f[0].endswith(".py")]
+    if not py:
+        # C++ frames only (torch's default stacks="all" on the autograd thread): the innermost frame
+        # is the unwinder's; the autograd node that ran says where (h7_state_only: 54 gradients)
+        node = next((m.group(1) for f in stack if (m := _NODE.match(f[2]))), None)
+        if node:
+            return f"{node} (backward, autograd thread)"
+        if any(f[2].startswith("torch::autograd::Engine::") for f in stack):
+            return "backward (autograd thread)"
     pick = (next((f for f in stack if _is_users(f[0])), None)
             or next((f for f in py if "/torch/" not in f[0].replace("\\", "/")), None) or stack[0])
     fn, line, name = pick

@@ -195,7 +195,8 @@ def _live_dict(live) -> dict:
 def _format_live(r: Report) -> str:
     live = r.live
     lines = [f"phasemem report — {r.device}: this snapshot holds no allocation history",
-             "  (recorded with the legacy _record_memory_history(True), or taken with torch.cuda.memory_snapshot()),",
+             "  (recorded with _record_memory_history(enabled=\"state\"), or taken with torch.cuda.memory_snapshot() "
+             "while no history was recorded),",
              "  so it has no steps, phases or shapes to read; to get them, " + RECORD_HINT,
              f"live memory when it was taken: allocated {format_bytes(live.allocated_bytes)} in {live.n_blocks:,} "
              f"blocks; reserved {format_bytes(live.reserved_bytes)} (of it cached free "
@@ -221,6 +222,16 @@ def _format_live(r: Report) -> str:
     return "\n".join(lines)
 
 
+def _before(r: Report) -> str:
+    """What the baseline is: memory from before recording, or, where optimizer steps ended before the
+    first event (the ring buffer dropped them: h7_ring_wrapped keeps 2500 events of 6 steps), from
+    before the first event the buffer kept."""
+    seg = r.analysis.segmentation if r.analysis is not None else None
+    if seg is not None and seg.t_lost > np.iinfo(np.int64).min:
+        return "allocated before the trace's first event (the ring buffer dropped what came before)"
+    return "allocated before recording"
+
+
 def format_report(r: Report) -> str:
     if r.live is not None:
         return _format_live(r)
@@ -229,7 +240,7 @@ def format_report(r: Report) -> str:
         f"phasemem report — {r.device}, {r.n_events:,} events, {len(r.steps)} step(s)",
         f"peak allocated {format_bytes(r.peak_bytes)} at event {r.peak_event}"
         f" (step {_step_at(r, r.peak_event)}, {_phase_at(r, r.peak_event)}); "
-        f"allocated before recording {format_bytes(r.preexisting_bytes)}; peak reserved {format_bytes(r.reserved_peak_bytes)}",
+        f"{_before(r)} {format_bytes(r.preexisting_bytes)}; peak reserved {format_bytes(r.reserved_peak_bytes)}",
     ]
     if r.by_category:
         parts = [f"{CATEGORY_NAMES.get(k, k)} {format_bytes(v)}" for k, v in r.by_category.items() if v]
