@@ -105,6 +105,10 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
             out["gradients(release)", k] += 1
         if len(bwd) >= 2 and meta.get("micro_batches", 1) > 1:
             out["gradient_accumulation", k] += 1
+        # A loop that keeps a tensor of every step (h6_kept_logits: meta "leak") leaks in each step a
+        # later one repeats; the last step's, held to the end, is not told from the loop's last tensors.
+        if meta.get("leak") and 0 < k < len(r.steps) - 1:
+            out["leak", k] += 1
         opt = [(x0, x1) for x0, x1, ph in runs if ph == "optimizer"]
         if bwd:  # between the last backward and the optimizer (the step's end if it made no events)
             gap = a[(a > bwd[-1][1]) & (a < (opt[0][0] if opt else st.end_event + 1))]

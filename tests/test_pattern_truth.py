@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "gpu-snapshots"
 # fixtures/big holds torch's own recordings (issue 20), fixtures/integrations the trainer callbacks'
 # (issue 16): no instrument() meta with the parameters and the vocabulary to derive truth from.
-TRACES = sorted(p for p in (ROOT / "fixtures").rglob("*.pkl.xz") if p.parent.name not in ("big", "integrations")) + sorted(
-    SHARED.glob("*.pkl.xz"))
+# h7_state_only was recorded with enabled="state": no history, nothing to detect.
+TRACES = sorted(p for p in (ROOT / "fixtures").rglob("*.pkl.xz") if p.parent.name not in ("big", "integrations")
+                and p.name != "h7_state_only.pkl.xz") + sorted(SHARED.glob("*.pkl.xz"))
 
 # Disagreements measured, each explained in docs/patterns.md; the detector may only miss here (never
 # claim what the truth does not have), except where the truth's own rule is narrower than the claim.
@@ -45,6 +46,13 @@ MISSES = {
     # the generator's Adam makes its state in its own first step, the trace's third: phasemem names
     # state made in the first step that runs an optimizer only (a later one may be state replaced)
     ("h5_wgan_gp", "optimizer_state_init"),
+    # the optimizer runs inside backward, cutting it into 28 runs: the truth counts a release in each run
+    # that frees a vocabulary-sized block (5), phasemem one where backward starts at the loss
+    ("h6_optim_in_backward", "logits_release"),
+    # save_on_cpu: the logits saved for backward come back from the host as a new block, freed in pieces
+    ("h6_save_on_cpu", "logits_release"),
+    # SAC's actor Adam makes its state in its own first step, the trace's second (as h5_wgan_gp's generator)
+    ("h7_sac", "optimizer_state_init"),
 }
 # The truth counts a release only where zero_grad frees 90 % of all parameter bytes; with a frozen
 # base (LoRA) or a frozen teacher (distillation) the trained gradients are fewer, and their release real.
@@ -54,7 +62,14 @@ NARROW_TRUTH = {("heldout_gpt_lora", "gradients(release)"), ("heldout3_distill_k
                 # the frozen reference model's parameters count in the truth's 90 %: the policy's gradients are fewer
                 ("truth_dpo_reference", "gradients(release)"),
                 # a GAN's two zero_grads each free one network's gradients, below 90 % of both
-                ("h5_wgan_gp", "gradients(release)")}
+                ("h5_wgan_gp", "gradients(release)"),
+                # a sparse embedding's gradient is 32 MiB for a 488 MiB weight: its release is far below 90 %
+                ("h6_sparse_two_opt", "gradients(release)"),
+                # detected() strips the frames: activations copied back from the host (save_on_cpu) echo
+                # forward's sizes as recompute does, and the claim then names both (docs/patterns.md)
+                ("h6_save_on_cpu", "checkpoint_recompute"),
+                # LoRA: the frozen base counts in the truth's 90 %; SAC: each zero_grad frees one network's
+                ("h7_peft_lora", "gradients(release)"), ("h7_sac", "gradients(release)")}
 
 _cache: dict = {}
 
@@ -80,7 +95,7 @@ def test_every_kind_has_truth_to_meet():
             if step in scored:
                 total[kind] += n
     assert len(TRACES) >= 50
-    assert {k for k in KINDS if total[k] == 0} == {"leak"}  # no workload leaks: test_patterns mutates one
+    assert {k for k in KINDS if total[k] == 0} == set()  # h6_kept_logits leaks (test_patterns mutates others)
 
 
 @pytest.mark.parametrize("path", TRACES, ids=_name)
