@@ -7,9 +7,6 @@ removed, PyTorch's own annotations and the stack frames kept: what a plain recor
 """
 from __future__ import annotations
 
-import copy
-import lzma
-import pickle
 import re
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import pytest
 
 import phasemem
 from phasemem.vocab import C
+from heldout_sets import as_handed_over, marked_and_plain, recording
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT5 = ROOT / "fixtures" / "heldout5"
@@ -25,23 +23,14 @@ SCRIPT = ROOT / "fixtures" / "record_heldout5.py"
 
 
 def _snap(name: str) -> dict:
-    path = HELDOUT5 / f"{name}.pkl.xz"
-    if not path.exists():
-        pytest.skip(f"{path} is missing")
-    return pickle.loads(lzma.decompress(path.read_bytes()))
+    return recording(HELDOUT5, name)
 
 
-def _plain(snap: dict) -> dict:
-    """What the user's own recording holds: no gt:: ranges, no phasemem key."""
-    s = copy.deepcopy(snap)
-    s.pop("phasemem", None)
-    s["external_annotations"] = [a for a in s.get("external_annotations") or [] if not a["name"].startswith("gt::")]
-    return s
+_plain = as_handed_over
 
 
 def _both(name: str):
-    snap = _snap(name)
-    return [("marked", phasemem.analyze(copy.deepcopy(snap), marker_prefix="gt::")), ("plain", phasemem.analyze(_plain(snap)))]
+    return marked_and_plain(_snap(name))
 
 
 def _line_of(function: str, text: str) -> int:

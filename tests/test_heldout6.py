@@ -7,15 +7,12 @@ the phasemem key removed; PyTorch's annotations and torch's default stack frames
 """
 from __future__ import annotations
 
-import copy
-import lzma
-import pickle
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import phasemem
+from heldout_sets import as_handed_over, marked_and_plain, recording
 from phasemem.vocab import C
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,22 +20,11 @@ HELDOUT6 = ROOT / "fixtures" / "heldout6"
 
 
 def _snap(name: str) -> dict:
-    path = HELDOUT6 / f"{name}.pkl.xz"
-    if not path.exists():
-        pytest.skip(f"{path} is missing")
-    return pickle.loads(lzma.decompress(path.read_bytes()))
+    return recording(HELDOUT6, name)
 
 
-def _plain(snap: dict) -> dict:
-    s = copy.deepcopy(snap)
-    s.pop("phasemem", None)
-    s["external_annotations"] = [a for a in s.get("external_annotations") or [] if not a["name"].startswith("gt::")]
-    return s
-
-
-def _both(snap: dict):
-    return [("marked", phasemem.analyze(copy.deepcopy(snap), marker_prefix="gt::")),
-            ("plain", phasemem.analyze(_plain(snap)))]
+_plain = as_handed_over
+_both = marked_and_plain
 
 
 def _ranges(snap: dict, match) -> list[tuple[int, int]]:
@@ -88,7 +74,6 @@ def test_optimizer_inside_backward_is_said_and_its_gradients_never_coexist():
             if p.phase != "backward":
                 continue
             # recomputed from the raw events: the most of this pattern's blocks alive at once
-            life = r.timeline.lifetimes
             idx = np.asarray([r.analysis.facts.alloc[m] for m in p.members])
             born = {int(e): int(trace[e]["size"]) for e in idx}
             events = sorted([(int(a), s) for a, s in born.items()] +

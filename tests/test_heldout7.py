@@ -5,7 +5,6 @@ recording's meta — not from phasemem.
 """
 from __future__ import annotations
 
-import copy
 import lzma
 import pickle
 import re
@@ -16,28 +15,18 @@ import numpy as np
 import pytest
 
 import phasemem
+from heldout_sets import as_handed_over, marked_and_plain, recording
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT7 = ROOT / "fixtures" / "heldout7"
 
 
 def _snap(name: str) -> dict:
-    path = HELDOUT7 / f"{name}.pkl.xz"
-    if not path.exists():
-        pytest.skip(f"{path} is missing")
-    return pickle.loads(lzma.decompress(path.read_bytes()))
+    return recording(HELDOUT7, name)
 
 
-def _plain(snap: dict) -> dict:
-    s = copy.deepcopy(snap)
-    s.pop("phasemem", None)
-    s["external_annotations"] = [a for a in s.get("external_annotations") or [] if not a["name"].startswith("gt::")]
-    return s
-
-
-def _both(snap: dict):
-    return [("marked", phasemem.analyze(copy.deepcopy(snap), marker_prefix="gt::")),
-            ("plain", phasemem.analyze(_plain(snap)))]
+_plain = as_handed_over
+_both = marked_and_plain
 
 
 def test_wrapped_ring_numbers_the_steps_it_kept_and_says_so():
