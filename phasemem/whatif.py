@@ -227,7 +227,8 @@ def _vocab(f: _Facts) -> np.ndarray:
 def _chunked_cross_entropy(f: _Facts):
     vocab = _vocab(f)
     if not len(vocab):
-        return "no logits found: no vocabulary-sized output consumed by a loss in this trace"
+        return ("no logits found: no vocabulary-sized output read by a softmax or cross-entropy in this trace (a loss "
+                "such as logits.sum() makes no such shape)")
     ch = f.change(f"The loss is computed over {CE_CHUNKS} chunks of the tokens, one at a time, its gradient with it "
                   f"(a fused linear cross-entropy): the {len(vocab)} vocabulary-sized blocks (logits, fp32 copies, "
                   f"softmax, gradients) never exist whole; while the loss runs, one chunk's fp32 logits and their "
@@ -259,7 +260,8 @@ def _chunked_cross_entropy(f: _Facts):
 def _bf16_logits(f: _Facts):
     vocab = _vocab(f)
     if not len(vocab):
-        return "no logits found: no vocabulary-sized output consumed by a loss in this trace"
+        return ("no logits found: no vocabulary-sized output read by a softmax or cross-entropy in this trace (a loss "
+                "such as logits.sum() makes no such shape)")
     small = int(f.size[vocab].min())
     wide = vocab[f.size[vocab] >= 2 * small]
     if not len(wide) or len(wide) == len(vocab):
