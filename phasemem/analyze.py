@@ -241,8 +241,10 @@ def _unpaired_note(an: Analysis) -> list[str]:
     if other < max(UNPAIRED_SHARE * int(life.size[kept].sum()), UNPAIRED_MIN):
         return []
     return [f"{format_bytes(other)} alive from before recording to the end pair with no gradient: frozen weights (a "
-            f"LoRA base, a reference or target model), a copy of the weights (an EMA), data kept on the device (a "
-            f"graph, a dataset), the math libraries' workspaces or a cache; they count as 'other', not as parameters"]
+            f"LoRA base, a reference or target model), weights whose gradients the trace does not show (made in a "
+            f"CUDA graph's pool), a copy of the weights (an EMA, an fp32 master copy) and state kept for it, data "
+            f"kept on the device (a graph, a dataset), the "
+            f"math libraries' workspaces or a cache; they count as 'other', not as parameters"]
 
 
 def _ooms(an: Analysis, steps: list[Step], device: str, patterns, replayed) -> list[OutOfMemory]:

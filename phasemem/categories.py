@@ -174,6 +174,11 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
     cat = np.full(len(sizes), C["parameter"], np.int8)
     gsizes = _gradient_sizes(ctx)
     if not len(gsizes):
+        # Inference: the weights. A trace that trains but shows no gradient (a CUDA graph's pool
+        # makes them, h8_compile_reduce_overhead: 384 MiB of weights beside 768 MiB of AdamW
+        # state, all from before recording) cannot tell weights from state: neither is claimed.
+        if _trains(ctx):
+            cat[:] = C["other"]
         return cat
     gsizes = _sizes_from_state(ctx, gsizes)
     idx = np.flatnonzero(alive)
@@ -211,6 +216,13 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
 STATE_PER_GRADIENT = 0.9
 #: Sizes holding less than this share of the gradients' bytes say nothing of the state per parameter.
 STATE_SIZE_SHARE = 0.01
+
+
+def _trains(ctx: Context) -> bool:
+    """Whether the trace shows training: a backward or an optimizer step (one that made no event too)."""
+    labels = ctx.seg.labels
+    return bool((labels == P["backward"]).any() or (labels == P["optimizer"]).any()
+                or any(iv.phase == "optimizer" for iv in ctx.seg.intervals))
 
 
 def _sizes_from_state(ctx: Context, gsizes: np.ndarray) -> np.ndarray:

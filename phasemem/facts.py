@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .infer.frames import loss_seeds
 from .segment import Segmentation
 from .sizes import in_sorted
 from .spans import backward_resumed, phase_runs
@@ -110,6 +111,8 @@ def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
             freed_in_bwd = (f < ctx.n) & (labels[np.minimum(f, ctx.n - 1)] == P["backward"])
             parts.append(idx[(ctx.phase_at_alloc[idx] == P["backward"]) & (f > b1) & ~freed_in_bwd])
         idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if len(idx):
+            idx = idx[~ctx.memo("loss_seeds", lambda: loss_seeds(ctx.trace))[ctx.alloc[idx]]]
         if len(ctx.param_sizes) and len(idx):
             sizes = ctx.memo("gradient_sizes", lambda: np.union1d(ctx.param_sizes, _released_sizes(ctx)))
             idx = idx[in_sorted(ctx.size[idx], sizes)]

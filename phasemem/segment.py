@@ -289,6 +289,12 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool =
         ends = [iv.t1 for iv in kept]
         if steps and lost:
             steps[0] = (steps[0][0], steps[0][1], False)
+        # A first step with no forward where every other has one began before the trace did
+        # (h8_mid_step_start: recording started between a forward and its backward).
+        if len(steps) > 1 and steps[0][2]:
+            fwd = [bool((labels[a:b] == P["forward"]).any()) for a, b, _ in steps]
+            if not fwd[0] and all(fwd[1:]):
+                steps[0] = (steps[0][0], steps[0][1], False)
         tail = labels[bounds[-1]:]
         # Training work after the last optimizer step is a step the trace cut short; a zero_grad or
         # logging after it is not a step, nor the end of a backward whose optimizer ran inside it
@@ -338,13 +344,21 @@ def _one_per_step(opt: list[Interval], labels: np.ndarray, inside: bool = True) 
         k = int(np.searchsorted(l, a, "left"))
         return a < b and k < len(f) and int(f[k]) < b
 
+    other_first, other_last = first[code == P["other"]], last[code == P["other"]]
+
     def inside_backward(iv):
-        # the last such run starting before the range, and the first holding an event at or after it
+        # the last such run starting before the range, and the first holding an event at or after it,
+        # both backward, with nothing unplaced between them and the range: a compiled step's forward
+        # leaves its allocations 'other' between two backward runs (h8_compile_reduce_overhead)
         k = int(np.searchsorted(sig_first, iv.first))
         if k == 0 or sig_code[k - 1] != P["backward"]:
             return False
         nxt = k - 1 if sig_last[k - 1] >= iv.first else k
-        return nxt < len(sig_code) and sig_code[nxt] == P["backward"]
+        if nxt >= len(sig_code) or sig_code[nxt] != P["backward"]:
+            return False
+        lo, hi = int(min(sig_last[k - 1], iv.first)), int(max(sig_first[nxt], iv.stop))
+        j = int(np.searchsorted(other_last, lo, "left"))
+        return not (j < len(other_first) and int(other_first[j]) < hi)
 
     out = []
     for iv, nxt in zip(opt, opt[1:]):

@@ -168,6 +168,14 @@ def inside_file(trace: Trace, files: tuple[str, ...]) -> np.ndarray:
     return per_event(trace, lambda fr: any(fn.endswith(files) for fn, _, _ in fr))
 
 
+def loss_seeds(trace: Trace) -> np.ndarray:
+    """Per event: is it made by ``torch.autograd``'s ``_make_grads``: the loss's seed gradient
+    (``ones_like(loss)``), made as backward starts and freed when it returns. No parameter's gradient,
+    though it outlives the backward run where a compiled or graphed backward makes no other event
+    (h8_compile_reduce_overhead: 3 such 4-byte blocks were "gradients, 12 B")."""
+    return per_event(trace, lambda fr: any(nm == "_make_grads" for _, _, nm in fr))
+
+
 def offload_unpacks(trace: Trace) -> np.ndarray:
     """Per event: is it made by a saved-tensor unpack hook that is not checkpointing's: activations
     copied back from the host in backward (``torch.autograd.graph.save_on_cpu``'s

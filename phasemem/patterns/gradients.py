@@ -76,10 +76,15 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
             continue
         nbytes = int(-freed.sum())
         # the advice only where it applies: a zero_grad after this step's forward began
-        late = any(f0 < z0 for f0, _ in ctx.runs_of(step, "forward"))
-        advice = (" Calling it right after optimizer.step (rather than just before backward) keeps them from "
-                  "sitting alongside the next forward's activations." if late else
-                  " It runs before this step's forward, so they do not sit alongside its activations.")
+        fwd = ctx.runs_of(step, "forward")
+        late = any(f0 < z0 for f0, _ in fwd)
+        if late:
+            advice = (" Calling it right after optimizer.step (rather than just before backward) keeps them from "
+                      "sitting alongside the next forward's activations.")
+        elif fwd:
+            advice = " It runs before this step's forward, so they do not sit alongside its activations."
+        else:  # a step the trace opens inside (h8_mid_step_start): its forward may have run unrecorded
+            advice = ""
         out.append(Pattern(
             kind="gradients", step=step, phase="zero_grad", start_event=z0, end_event=z1,
             peak_event=z0, bytes=nbytes,
