@@ -53,6 +53,11 @@ MISSES = {
     ("h6_save_on_cpu", "logits_release"),
     # SAC's actor Adam makes its state in its own first step, the trace's second (as h5_wgan_gp's generator)
     ("h7_sac", "optimizer_state_init"),
+    # reduce-overhead CUDA graphs make the gradients in the graph's pool: none is allocated in the trace
+    ("h8_compile_reduce_overhead", "gradients"),
+    # a hand-written Adam on an fp32 master copy, its state made before recording; the truth's frames
+    # rule sees the last parameter's upcast gradient, kept by the loop's variable into the next step
+    ("h8_master_weights", "optimizer_state_init"),
 }
 # The truth counts a release only where zero_grad frees 90 % of all parameter bytes; with a frozen
 # base (LoRA) or a frozen teacher (distillation) the trained gradients are fewer, and their release real.
