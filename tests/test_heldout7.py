@@ -93,6 +93,9 @@ def test_alternating_optimizers_name_every_trained_weight():
         # exact but for scalars: a 4-byte block from before recording has a 1-element bias's size
         assert abs(r.by_category["parameter"] - (actor + 2 * critic) * 4) <= 512, how
         assert len(r.steps) == 6, how
+        # each Adam makes its state in its own first step: the critics' in step 0, the actor's in step 1
+        state = {p.step: p.bytes for p in r.patterns_of("optimizer_state_init")}
+        assert state == {0: 2 * 2 * critic * 4, 1: 2 * actor * 4}, how
 
 
 def test_gan_parameters_are_both_networks():

@@ -43,16 +43,11 @@ MISSES = {
     # loss.backward(retain_graph=True) keeps the logits and their softmax for the second backward:
     # vocabulary-sized blocks are freed in backward (the logits' gradient) but there is no release
     ("h5_two_losses", "logits_release"),
-    # the generator's Adam makes its state in its own first step, the trace's third: phasemem names
-    # state made in the first step that runs an optimizer only (a later one may be state replaced)
-    ("h5_wgan_gp", "optimizer_state_init"),
     # the optimizer runs inside backward, cutting it into 28 runs: the truth counts a release in each run
     # that frees a vocabulary-sized block (5), phasemem one where backward starts at the loss
     ("h6_optim_in_backward", "logits_release"),
     # save_on_cpu: the logits saved for backward come back from the host as a new block, freed in pieces
     ("h6_save_on_cpu", "logits_release"),
-    # SAC's actor Adam makes its state in its own first step, the trace's second (as h5_wgan_gp's generator)
-    ("h7_sac", "optimizer_state_init"),
     # reduce-overhead CUDA graphs make the gradients in the graph's pool: none is allocated in the trace
     ("h8_compile_reduce_overhead", "gradients"),
     # a hand-written Adam on an fp32 master copy, its state made before recording; the truth's frames

@@ -96,7 +96,10 @@ def _created_state(ctx: Context, step: int, grad_bytes: int) -> np.ndarray:
     zero_grad frees is a gradient the phases misplaced, gpt_ckpt_fused_seedlike without frames).
     Created once: by the first step that runs the optimizer, seen whole (a trace that starts inside a
     step may have lost the state's making), and not where it replaces state of its sizes."""
-    if step != first_optimizer_step(ctx) or not ctx.seg.steps[step][2]:
+    if not ctx.seg.steps[step][2]:
+        return np.zeros(0, np.int64)
+    later = step != first_optimizer_step(ctx)
+    if later and not _new_parameters(ctx, step):
         return np.zeros(0, np.int64)
     parts = []
     for o0, o1 in ctx.runs_of(step, "optimizer"):
@@ -114,7 +117,33 @@ def _created_state(ctx: Context, step: int, grad_bytes: int) -> np.ndarray:
         kept = kept[np.isin(ctx.size[kept], sizes)] if len(sizes) else kept
         if int(ctx.size[kept].sum()) < MIN_STATE_SHARE * grad_bytes or not grad_bytes:
             kept = kept[:0]
+    if later and (not grad_bytes or int(ctx.size[kept].sum()) < MIN_STATE_SHARE * grad_bytes):
+        kept = kept[:0]  # a later step's state is its own parameters', as much as half their gradients
     return kept
+
+
+def _new_parameters(ctx: Context, step: int) -> bool:
+    """Whether this step trains parameters no earlier optimizer step did: its gradients' sizes are a
+    set no earlier step had (optimizers taking turns: SAC's actor after its critics, h7_sac;
+    WGAN-GP's generator after its critic, h5_wgan_gp). Only where phases are placed by markers,
+    annotations or frames: from lifetimes alone a later step's kept blocks are too often misplaced."""
+    if ctx.seg.inferred_by == "lifetimes" and ctx.seg.sources.get("optimizer") == "inferred":
+        return False
+
+    def signature(s: int):
+        return tuple(np.sort(ctx.size[gradient_allocs(ctx, s)]).tolist())
+
+    mine = signature(step)
+    if not mine:
+        return False
+    first = first_optimizer_step(ctx)
+    seen = ctx.memo("gradient_signatures", dict)
+    for s in range(max(first, 0), step):
+        if s not in seen:
+            seen[s] = signature(s)
+        if seen[s] == mine:
+            return False
+    return True
 
 
 def _state_pattern(ctx: Context, step: int, kept: np.ndarray, grad_bytes: int, cls) -> Pattern:
@@ -125,11 +154,14 @@ def _state_pattern(ctx: Context, step: int, kept: np.ndarray, grad_bytes: int, c
             "AdamW": "exp_avg and exp_avg_sq: two numbers per parameter",
             "SGD": "one momentum buffer per parameter"}.get(cls or "", "buffers per parameter (Adam keeps two, momentum SGD one)")
     first, last = int(ctx.alloc[kept].min()), int(ctx.alloc[kept].max())
+    opening = ("The optimizer creates its state on its first step: " if step == first_optimizer_step(ctx) else
+               "This step's optimizer creates state for parameters no earlier step trained (a second optimizer's "
+               "first step, optimizers taking turns): ")
     return Pattern(
         kind="optimizer_state_init", step=step, phase="optimizer", start_event=first, end_event=last,
         peak_event=ctx.peak_in(first, last), bytes=nbytes,
         explanation=(
-            f"The optimizer creates its state on its first step: {format_bytes(nbytes)}{times} — "
+            f"{opening}{format_bytes(nbytes)}{times} — "
             f"{what}. It stays for the rest of training, raising every later step's floor. "
             f"An 8-bit or factored optimizer, or sharding the state (FSDP/ZeRO), makes it smaller."
         ),
