@@ -130,20 +130,16 @@ def _new_parameters(ctx: Context, step: int) -> bool:
     if ctx.seg.inferred_by == "lifetimes" and ctx.seg.sources.get("optimizer") == "inferred":
         return False
 
-    def signature(s: int):
-        return tuple(np.sort(ctx.size[gradient_allocs(ctx, s)]).tolist())
+    def compute() -> set:
+        # each step's set of gradient sizes, from the first optimizer step on: the first step with it
+        first_with: dict = {}
+        for s in range(max(first_optimizer_step(ctx), 0), len(ctx.seg.steps)):
+            sig = tuple(np.sort(ctx.size[gradient_allocs(ctx, s)]).tolist())
+            if sig:
+                first_with.setdefault(sig, s)
+        return set(first_with.values())
 
-    mine = signature(step)
-    if not mine:
-        return False
-    first = first_optimizer_step(ctx)
-    seen = ctx.memo("gradient_signatures", dict)
-    for s in range(max(first, 0), step):
-        if s not in seen:
-            seen[s] = signature(s)
-        if seen[s] == mine:
-            return False
-    return True
+    return step in ctx.memo("steps_with_new_parameters", compute)
 
 
 def _state_pattern(ctx: Context, step: int, kept: np.ndarray, grad_bytes: int, cls) -> Pattern:
