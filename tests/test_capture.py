@@ -457,15 +457,18 @@ def test_recorded_fixture_markers_pair(path):
             assert open_.pop() == name
     assert not open_
     steps = meta["nsteps"] * meta.get("micro_batches", 1)
-    assert count["forward"] == meta.get("forwards", steps)  # gpt_train_eval adds evaluation forwards
+    # gpt_train_eval adds evaluation forwards; skipped updates (h9_scaler_skips_first) iterations with
+    # no optimizer range; two backward passes a step (h9_multitask_retain_graph) more backward ranges
+    assert count.get("forward", 0) == meta.get("forwards", steps)
+    backwards = meta.get("backwards", steps)
     if meta.get("optimizer_in_backward"):  # h6_optim_in_backward: torch's ranges, one per parameter a step
         assert count["backward"] == steps
         assert count["optimizer"] == count["zero_grad"] and count["optimizer"] % meta["nsteps"] == 0
         assert count["optimizer"] > meta["nsteps"]
     elif meta["optimizer"] is not None:
-        assert count["backward"] == steps
+        assert count.get("backward", 0) == backwards
         assert count["optimizer"] == meta["nsteps"]
-        assert count["zero_grad"] == meta.get("zero_grads", meta["nsteps"])  # the HF Trainer clears once more
+        assert count.get("zero_grad", 0) == meta.get("zero_grads", meta["nsteps"])  # the HF Trainer clears once more
     assert snap["device_traces"][0]
 
 
