@@ -206,6 +206,16 @@ def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
                      "so phases were inferred")
     if any(not s.complete for s in steps):
         notes.append(PARTIAL_NOTE)
+    if seg.skipped:
+        names = ", ".join(str(steps[k].number) for k in seg.skipped if k < len(steps))
+        notes.append(f"step(s) {names} ran no optimizer update: a zero_grad discarded their gradients before "
+                     f"the next forward and backward (GradScaler skips optimizer.step() while the scaled "
+                     f"gradients overflow, as in a run's first iterations; a loop can also skip it by hand)")
+    if seg.steps and seg.steps[-1][1] < len(seg.labels) and not (seg.labels[seg.steps[-1][1]:] == P["backward"]).any() \
+            and (seg.labels[seg.steps[-1][1]:] == P["forward"]).any():
+        a = seg.steps[-1][1]
+        notes.append(f"events {a}-{len(seg.labels) - 1}, after the last step, are forward passes with no backward that "
+                     f"free what they allocate (an evaluation or inference): not a step, and not in the steps' table")
     inside = backward_resumed(seg.labels, seg.step_of)
     if len(inside):
         notes.append(f"the optimizer runs inside backward in {len(inside)} of {len(steps)} step(s) (its steps "
@@ -214,7 +224,13 @@ def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
     if seg.sources.get("forward") == "inferred" and not (seg.labels == P["backward"]).any() and not (
             seg.labels == P["optimizer"]).any():
         n_fwd = int((np.diff(np.concatenate([[0], (seg.labels == P["forward"]).astype(np.int8)])) == 1).sum())
-        notes.append(f"no backward and no optimizer in this trace: forward passes only (inference, a forward-only "
+        # Lifetimes alone miss a backward whose gradients have no weight's size (h9_per_sample_dpsgd
+        # without frames: vmap(grad)'s per-sample gradients), so there it is what was found, not a fact.
+        head = ("no backward and no optimizer in this trace: forward passes only" if seg.inferred_by != "lifetimes"
+                else "no backward and no optimizer found by the allocations' lifetimes (the trace has no stack "
+                     "frames, and a backward that makes no weight-sized gradients is missed): forward passes only, "
+                     "as far as the trace shows")
+        notes.append(f"{head} (inference, a forward-only "
                      f"benchmark or a calibration); its {n_fwd} forward run(s) are reported as one step, since "
                      f"nothing in the trace tells which of them make up one call of the model")
     return notes

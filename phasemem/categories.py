@@ -179,6 +179,8 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
         # state, all from before recording) cannot tell weights from state: neither is claimed.
         if _trains(ctx):
             cat[:] = C["other"]
+        else:
+            cat[_one_block_pool(sizes, alive)] = C["other"]
         return cat
     gsizes = _sizes_from_state(ctx, gsizes)
     idx = np.flatnonzero(alive)
@@ -205,6 +207,28 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
     state = known & (rank >= n_grads) & (rank < n_grads * (1 + max(k, 0)))
     cat[order] = np.where(rank < n_grads, C["parameter"], np.where(state, C["optimizer_state"], C["other"]))
     return cat
+
+
+#: In inference, a block from before recording that holds more than POOL_SHARE of what was alive
+#: before recording and to the end, and is POOL_RATIO times the next largest, is no weight the trace
+#: can vouch for: a serving loop's preallocated KV cache or pool is one such block (h9_paged_kv_inference:
+#: 2 GiB beside 257 MiB of bf16 weights, called "parameters 2.31 GiB" before); an embedding that big
+#: beside the rest of its model is counted 'other' too (the trace cannot tell them apart).
+POOL_SHARE = 0.5
+POOL_RATIO = 4
+
+
+def _one_block_pool(sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:
+    """Mask of the pre-existing block that dominates an inference trace's weights (see POOL_SHARE)."""
+    out = np.zeros(len(sizes), bool)
+    idx = np.flatnonzero(alive)
+    if len(idx) < 2:
+        return out
+    order = idx[np.argsort(sizes[idx])[::-1]]
+    top, nxt = int(sizes[order[0]]), int(sizes[order[1]])
+    if top > POOL_SHARE * int(sizes[idx].sum()) and top >= POOL_RATIO * nxt:
+        out[order[0]] = True
+    return out
 
 
 #: The trace's optimizer state names the parameters' sizes when, for at least this share of the

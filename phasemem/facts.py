@@ -89,6 +89,12 @@ class Context:
         return first + int(np.argmax(self.level[first:last + 1]))
 
 
+#: A step's gradients are not trusted when what its backward made and kept, of no weight's size and
+#: freed later in the trace, is more than this many times the bytes of the weight-sized ones (in
+#: every training trace of ours the weight-sized ones are most of it; h9_per_sample_dpsgd: ~600x).
+STRAY_RATIO = 4
+
+
 def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
     """Allocations made in a backward run of the step that outlive that run and are not freed in a
     backward (a gradient waits for zero_grad, the optimizer or the next step).
@@ -115,7 +121,15 @@ def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
             idx = idx[~ctx.memo("loss_seeds", lambda: loss_seeds(ctx.trace))[ctx.alloc[idx]]]
         if len(ctx.param_sizes) and len(idx):
             sizes = ctx.memo("gradient_sizes", lambda: np.union1d(ctx.param_sizes, _released_sizes(ctx)))
-            idx = idx[in_sorted(ctx.size[idx], sizes)]
+            ok = in_sorted(ctx.size[idx], sizes)
+            # Far more of what backward made and kept being of no weight's size says the few that are
+            # match by chance: per-sample gradients (vmap(grad), batch x each parameter) are no
+            # gradients, and the one whose size a pre-existing block happens to have is none either
+            # (h9_per_sample_dpsgd: 3 MiB "gradients" of 1.78 GiB per-sample ones).
+            stray = ~ok & (ctx.free[idx] < ctx.n)
+            if int(ctx.size[idx[stray]].sum()) > STRAY_RATIO * int(ctx.size[idx[ok]].sum()):
+                return idx[:0]
+            idx = idx[ok]
         return idx
 
     return ctx.memo(("gradients", step), compute)

@@ -8,13 +8,13 @@ nested phases resolve to the innermost (Lightning runs forward and backward insi
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import infer
 from .spans import phase_runs
-from .trace import Trace
+from .trace import A, Trace
 from .vocab import MARKED, MARKER_PREFIX, P, PHASES
 
 # The vocabulary lives in vocab.py; these names stay importable from here.
@@ -68,6 +68,8 @@ class Segmentation:
     # µs: moments up to here belong to steps the ring buffer lost (a phase that ran then is not reported)
     t_lost: int = int(np.iinfo(np.int64).min)
     inferred_by: str | None = None  # "frames" or "lifetimes" where phases were inferred, else None
+    # positions in ``steps`` of whole steps that ran no update: a zero_grad discarded their gradients
+    skipped: list[int] = field(default_factory=list)
 
 
 def _pair(markers, wanted) -> list[tuple[str, int, int]]:
@@ -176,16 +178,23 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
         steps, numbers, ends = _steps_from_labels(trace, labels, starts, inside=how == "frames")
     else:
         # only labels from markers or frames place a backward well enough to see an update inside it
-        steps, numbers, ends = _steps(intervals, labels, n, inside=marked or how == "frames")
+        steps, numbers, ends = _steps(intervals, labels, n, inside=marked or how == "frames", trace=trace)
     steps = _cut_by_oom(trace, labels, steps)
     numbers = [window_first(trace.meta) + k for k in numbers]
     step_of = np.full(n, -1, dtype=np.int32)
     for k, (a, b, _) in enumerate(steps):
         step_of[a:b] = k
     lost = [iv.t1 for iv in _outermost([iv for iv in intervals if iv.phase == "optimizer"]) if iv.stop == 0]
+    # whole steps that no optimizer range ends (_split_skipped made them)
+    stops = np.sort([iv.stop for iv in intervals if iv.phase == "optimizer"])
+    skipped = []
+    if len(stops) and steps:
+        a, b = np.array([s[0] for s in steps]), np.array([s[1] for s in steps])
+        ended = np.searchsorted(stops, b, "right") > np.searchsorted(stops, a, "right")
+        skipped = [k for k in np.flatnonzero(~ended).tolist() if steps[k][2]]
     return Segmentation(labels, step_of, steps, numbers, np.array(ends, dtype=np.int64), intervals, sources,
                         confidence, max(lost) if lost else int(np.iinfo(np.int64).min),
-                        how if how in ("frames", "lifetimes") else None)
+                        how if how in ("frames", "lifetimes") else None, skipped)
 
 
 def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np.ndarray, str, list[int] | None]:
@@ -264,8 +273,44 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
             others = [h for j, h in enumerate(has) if j != k]
             if ph not in has[k] and all(ph in h for h in others) and (k == 0 or P["forward"] in has[k]):
                 steps[k] = (steps[k][0], steps[k][1], False)
+        a, b, whole = steps[-1]
+        if not whole and P["backward"] not in has[-1] and _keeps_nothing(trace, a, b):
+            steps = steps[:-1]  # an evaluation after the last step (see _keeps_nothing)
     ends = [int(trace.time_us[b - 1]) for _, b, _ in steps[:-1]] + [big]
     return steps, list(range(len(steps))), ends
+
+
+#: Forward passes after the last step are taken for an evaluation only when they allocate at least this
+#: many blocks (a model's worth of work; h9_train_eval_interleaved's two batches make ~400): a trace
+#: cut in the first layers of a training forward may have freed the few it made.
+EVAL_MIN_ALLOCS = 16
+#: ... and keep at most this share of the bytes they allocate (h9_train_eval_interleaved keeps its last
+#: batch, 64 KiB of ~1.6 GiB allocated; a training forward keeps its activations for backward).
+EVAL_KEPT_SHARE = 0.05
+
+
+def _keeps_nothing(trace: Trace, a: int, b: int) -> bool:
+    """Whether events a..b-1 free (nearly) every block they allocate. A training step the trace cut short
+    holds its forward's activations for a backward that never came; forward passes without backward
+    that end where they began are an evaluation or inference after the last step, no step
+    (h9_train_eval_interleaved: a no-grad evaluation after the last update was a "partial step")."""
+    if any(a <= e < b for e in trace.oom_device_free):
+        return False  # an out-of-memory error cut the step short and unwound what it held (hf_oom)
+    act, addr = trace.action[a:b], trace.addr[a:b]
+    ev = np.flatnonzero((act == A["alloc"]) | (act == A["free_completed"]))
+    if int((act[ev] == A["alloc"]).sum()) < EVAL_MIN_ALLOCS:
+        return False
+    # a block allocated here is freed here when the next event at its address is a free
+    order = ev[np.lexsort((ev, addr[ev]))]
+    is_alloc = act[order] == A["alloc"]
+    nxt_same = np.zeros(len(order), bool)
+    nxt_same[:-1] = addr[order[1:]] == addr[order[:-1]]
+    nxt_free = np.zeros(len(order), bool)
+    nxt_free[:-1] = act[order[1:]] == A["free_completed"]
+    kept = is_alloc & ~(nxt_same & nxt_free)
+    size = trace.size[a:b].astype(np.int64)
+    # what is left is the loop's last batch (an evaluation's inputs stay referenced), not activations
+    return int(size[order[kept]].sum()) <= EVAL_KEPT_SHARE * int(size[order[is_alloc]].sum())
 
 
 def step_at_time(seg: Segmentation, t: int) -> int:
@@ -276,8 +321,10 @@ def step_at_time(seg: Segmentation, t: int) -> int:
     return k if k < len(seg.steps) else -1
 
 
-def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool = True) -> tuple[list, list, list]:
-    """Steps end where an optimizer step ends; without an optimizer, each forward starts one."""
+def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool = True,
+           trace: Trace | None = None) -> tuple[list, list, list]:
+    """Steps end where an optimizer step ends; without an optimizer, each forward starts one; a
+    step whose update was skipped ends where the next zero_grad discards its gradients."""
     big = int(np.iinfo(np.int64).max)
     opt = _outermost([iv for iv in intervals if iv.phase == "optimizer"])
     if opt:
@@ -287,6 +334,8 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool =
         bounds = [0] + [iv.stop for iv in kept]
         steps = [(bounds[k], bounds[k + 1], kept[k].t1 != big) for k in range(len(kept))]
         ends = [iv.t1 for iv in kept]
+        if trace is not None:
+            steps, ends = _split_skipped(trace, intervals, labels, steps, ends, bounds)
         if steps and lost:
             steps[0] = (steps[0][0], steps[0][1], False)
         # A first step with no forward where every other has one began before the trace did
@@ -302,7 +351,8 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool =
         # forward, where forwards are labelled at all.
         work = [P["forward"], P["loss"]] if np.isin(labels, [P["forward"], P["loss"]]).any() else [
             P["forward"], P["loss"], P["backward"]]
-        if len(tail) and np.isin(tail, work).any():
+        if len(tail) and np.isin(tail, work).any() and not (
+                trace is not None and not (tail == P["backward"]).any() and _keeps_nothing(trace, bounds[-1], n)):
             steps.append((bounds[-1], n, False))
             ends.append(big)
         return steps, list(range(lost, lost + len(steps))), ends
@@ -315,6 +365,85 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool =
         steps = [(bounds[k], bounds[k + 1], True) for k in range(len(bounds) - 1)]
         return steps, list(range(len(steps))), [t0 - 1 for _, t0 in starts] + [big]
     return [(0, n, True)], [0], [big]
+
+
+def _split_skipped(trace: Trace, intervals: list[Interval], labels: np.ndarray, steps: list, ends: list,
+                   bounds: list[int]) -> tuple[list, list]:
+    """Split off the iterations that ran no optimizer update.
+
+    ``GradScaler.step`` skips ``optimizer.step()`` while the scaled gradients overflow (the first
+    iterations of a run with a large initial scale): no ``Optimizer.step`` range, but a zero_grad
+    that frees the gradients the skipped iteration's backward made, then another forward and
+    backward. Gradient accumulation has a forward and backward between two updates too, but no
+    zero_grad between them; a zero_grad inside an optimizer's range is a closure's
+    (``optimizer.step(closure)``, LBFGS). The zero_grad must free a block its previous backward pass
+    made: a second optimizer's zero_grad that frees nothing of it (a GAN clearing the generator's
+    gradients between the critic's backward and its own) is not the end of an iteration
+    (h9_scaler_skips_first: 3 steps for 5 iterations, the first holding three, before)."""
+    outer = _outermost([iv for iv in intervals if iv.phase == "optimizer"])
+    o_t0, o_t1 = np.array([o.t0 for o in outer], np.int64), np.array([o.t1 for o in outer], np.int64)
+
+    def in_optimizer(iv):
+        k = int(np.searchsorted(o_t0, iv.t0, "right")) - 1
+        return k >= 0 and iv.t1 <= o_t1[k]
+
+    zg = [iv for iv in intervals if iv.phase == "zero_grad" and iv.stop > iv.first and not in_optimizer(iv)]
+    if not zg:
+        return steps, ends
+    first, last, code, _ = runs(labels, np.zeros(len(labels), np.int32))
+    bw_first, bw_last = first[code == P["backward"]], last[code == P["backward"]]
+    fl = np.isin(code, [P["forward"], P["loss"]])
+    fl_first = first[fl]
+    alloc_at = trace.action == A["alloc"]
+    cuts = []
+    for z in zg:
+        kb = int(np.searchsorted(bw_last, z.first, "left")) - 1
+        if kb < 0 or kb + 1 >= len(bw_first) or z.stop > bw_first[kb + 1]:
+            continue
+        prev_end, next_start = int(bw_last[kb]), int(bw_first[kb + 1])
+        j = int(np.searchsorted(bounds, prev_end, "right"))
+        if j < len(bounds) and bounds[j] <= next_start:
+            continue  # an update ended a step between the two passes
+        lo = int(np.searchsorted(fl_first, prev_end, "right"))
+        if lo >= len(fl_first) or fl_first[lo] >= next_start:
+            continue  # no forward between the two passes
+        # the previous pass: back to the forward or loss before it
+        pass_first = int(fl_first[lo - 1]) if lo else 0
+        if not _frees_made_in(trace, alloc_at, z.first, z.stop, pass_first, prev_end, labels):
+            continue
+        cuts.append(min(int(fl_first[lo]), z.first))
+    if not cuts:
+        return steps, ends
+    t = trace.time_us
+    out, out_ends = [], []
+    for (a, b, complete), end in zip(steps, ends):
+        inner = sorted(c for c in set(cuts) if a < c < b)
+        for lo, hi in zip([a] + inner, inner):
+            out.append((lo, hi, True))
+            out_ends.append(int(t[hi - 1]))
+        out.append(((inner[-1] if inner else a), b, complete))
+        out_ends.append(end)
+    return out, out_ends
+
+
+def _frees_made_in(trace: Trace, alloc_at: np.ndarray, z0: int, z1: int, p0: int, p1: int,
+                   labels: np.ndarray) -> bool:
+    """Whether events z0..z1-1 free a block allocated in backward between events p0 and p1."""
+    addr = trace.addr
+    frees = np.flatnonzero(trace.action[z0:z1] == A["free_completed"]) + z0
+    if not len(frees):
+        return False
+    made = np.flatnonzero(alloc_at[p0:p1 + 1] & (labels[p0:p1 + 1] == P["backward"])) + p0
+    if not len(made):
+        return False
+    # the block freed is the last one allocated at its address before the free
+    for f in frees.tolist():
+        same = made[(addr[made] == addr[f]) & (made < f)]
+        if len(same):
+            later = np.flatnonzero(alloc_at[int(same[-1]) + 1:f] & (addr[int(same[-1]) + 1:f] == addr[f]))
+            if not len(later):
+                return True
+    return False
 
 
 def _one_per_step(opt: list[Interval], labels: np.ndarray, inside: bool = True) -> list[Interval]:

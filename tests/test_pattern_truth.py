@@ -53,6 +53,12 @@ MISSES = {
     # a hand-written Adam on an fp32 master copy, its state made before recording; the truth's frames
     # rule sees the last parameter's upcast gradient, kept by the loop's variable into the next step
     ("h8_master_weights", "optimizer_state_init"),
+    # written-out attention: 512 MiB score tensors dwarf the 8 MiB logits of a 256-way vocabulary, so the
+    # vocabulary-sized blocks are no logits by VOCAB_SHARE
+    ("h9_char_gpt_math_attention", "logits"), ("h9_char_gpt_math_attention", "softmax_spike"),
+    ("h9_char_gpt_math_attention", "logits_release"),
+    # vmap(grad) per-sample gradients are no .grad: the truth's rule (a backward and an optimizer) counts them
+    ("h9_per_sample_dpsgd", "gradients"),
 }
 # The truth counts a release only where zero_grad frees 90 % of all parameter bytes; with a frozen
 # base (LoRA) or a frozen teacher (distillation) the trained gradients are fewer, and their release real.

@@ -18,6 +18,7 @@ import numpy as np
 from ..spans import phase_runs as runs
 from ..vocab import P
 from ..timeline import Timeline
+from ..sizes import in_sorted
 from ..trace import A, Trace
 from .frames import has_usable_frames, labels_from_frames
 from .lifetimes import labels_from_lifetimes
@@ -51,6 +52,13 @@ def zero_grad_from_lifetimes(trace: Trace, tl: Timeline, labels: np.ndarray) -> 
     first, last, code, _ = runs(labels, np.zeros(n, np.int32))
     run_of = np.searchsorted(first, np.arange(n), "right") - 1
     grad = (labels[a] == P["backward"]) & (run_of[f] != run_of[a]) & (labels[f] != P["backward"])
+    # A gradient has a weight's size: where weights are known (blocks no backward made that stay
+    # alive across a whole backward run: the parameters, their optimizer state, the batch), a block
+    # freed after backward with no weight's size is none (h9_per_sample_dpsgd: vmap(grad) makes
+    # batch x parameter-sized per-sample gradients on the autograd thread, freed after clipping).
+    weights = _weight_sizes(life, labels, first[code == P["backward"]], last[code == P["backward"]])
+    if len(weights):
+        grad &= in_sorted(life.size[born], weights)
     fz = np.sort(f[grad])
     # zero_grad frees many gradients together; a lone free after backward (the loss's own
     # gradient, a hook's buffer) is not it.
@@ -62,6 +70,19 @@ def zero_grad_from_lifetimes(trace: Trace, tl: Timeline, labels: np.ndarray) -> 
     req = fz - 1
     ok = (req >= 0) & (trace.action[np.maximum(req, 0)] == A["free_requested"]) & (trace.addr[np.maximum(req, 0)] == trace.addr[fz])
     labels[req[ok]] = P["zero_grad"]
+
+
+def _weight_sizes(life, labels: np.ndarray, bw_first: np.ndarray, bw_last: np.ndarray) -> np.ndarray:
+    """Sizes of the blocks, not made in backward, alive from before a backward run to after it."""
+    n = len(labels)
+    if not len(bw_first) or not n:
+        return np.zeros(0, np.int64)
+    a = life.alloc_event
+    made = a >= 0
+    outside = ~made | (labels[np.clip(a, 0, n - 1)] != P["backward"])
+    k = np.searchsorted(bw_first, np.where(made, a, -1), "left")
+    spans = (k < len(bw_first)) & (life.free_event > bw_last[np.minimum(k, len(bw_last) - 1)])
+    return np.unique(life.size[outside & spans])
 
 
 def _loss_between(labels: np.ndarray) -> None:
