@@ -139,8 +139,9 @@ def vocabulary_sizes(meta: dict) -> list[int]:
     used (``seqs`` where it changed from step to step)."""
     out = []
     for seq in meta.get("seqs") or [meta.get("seq") or 0]:
-        bt = meta.get("batch", 0) * seq * (meta.get("vocab") or 0)
-        out += [2 * bt, 4 * bt] if bt else []
+        for vocab in meta.get("score_widths") or [meta.get("vocab") or 0]:  # h10_moco_queue: q @ queue, then 1 + queue
+            bt = meta.get("batch", 0) * seq * vocab
+            out += [2 * bt, 4 * bt] if bt else []
     return out
 
 
