@@ -395,6 +395,7 @@ def _split_skipped(trace: Trace, intervals: list[Interval], labels: np.ndarray, 
     fl = np.isin(code, [P["forward"], P["loss"]])
     fl_first = first[fl]
     alloc_at = trace.action == A["alloc"]
+    bounds = np.asarray(bounds, np.int64)  # searched once per zero_grad: not a list converted each time
     cuts = []
     for z in zg:
         kb = int(np.searchsorted(bw_last, z.first, "left")) - 1

@@ -184,3 +184,32 @@ def offload_unpacks(trace: Trace) -> np.ndarray:
     return per_event(trace, lambda fr: any("unpack" in nm and fn.endswith(".py")
                                            and not fn.endswith("torch/utils/checkpoint.py") for fn, _, nm in fr)
                      and not any(nm == "recompute_fn" for _, _, nm in fr))
+
+
+_ENGINE = (("torch/autograd/graph.py", "_engine_run_backward"), ("torch/autograd/__init__.py", "backward"),
+           ("torch/autograd/__init__.py", "grad"))
+
+
+def checkpoint_recomputes(trace: Trace) -> np.ndarray:
+    """Per event: is it made by checkpoint's recompute of a block's forward? Its stack runs through
+    torch/utils/checkpoint.py with no autograd engine call nearer the top: reentrant checkpointing
+    runs the block's backward inside ``CheckpointFunction.backward`` too (``torch.autograd.backward``
+    from there, then the engine: h10_reentrant_ckpt, h10_hf_reentrant_ckpt), and that is no recompute."""
+    def recompute(fr):
+        for fn, _, nm in fr:  # innermost first
+            if fn.endswith("torch/utils/checkpoint.py"):
+                return True
+            if any(fn.endswith(f) and nm == n for f, n in _ENGINE):
+                return False
+        return False
+
+    return per_event(trace, recompute)
+
+
+def outside_modules(trace: Trace) -> np.ndarray:
+    """Per event: do its stack's Python frames run through no ``nn.Module`` call? False where the
+    event has no Python frames (nothing tells). A model's head makes its logits inside the model's
+    forward; a contrastive loss computes its scores in the loop itself (h10_moco_queue)."""
+    return per_event(trace, lambda fr: any(fn.endswith(".py") for fn, _, _ in fr) and not any(
+        fn.endswith("torch/nn/modules/module.py") for fn, _, _ in fr))
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
+from ..infer.frames import outside_modules
 from ..model import Pattern
 from ..units import format_bytes
 
@@ -116,16 +117,25 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
     return Pattern(
         kind="logits", step=step, phase="forward", start_event=a, end_event=end,
         peak_event=ctx.peak_in(a, min(end, region_last)), bytes=size,
-        explanation=(
-            f"The LM head's output: one {format_bytes(size)} block of batch × sequence × vocabulary scores, "
-            f"the largest tensor of the forward pass. Vocabulary-sized tensors (logits, their softmax and "
-            f"gradients) hold {share:.0%} of this step's peak. To shrink it: compute the loss in chunks of the "
-            f"sequence (a fused or chunked cross-entropy), keep logits in bf16, or use a smaller micro-batch."
-        ),
+        explanation=(_loose(size, share) if ctx.memo("outside_modules", lambda: outside_modules(ctx.trace))[a] else
+                     f"The LM head's output: one {format_bytes(size)} block of batch × sequence × vocabulary scores, "
+                     f"the largest tensor of the forward pass. Vocabulary-sized tensors (logits, their softmax and "
+                     f"gradients) hold {share:.0%} of this step's peak. To shrink it: compute the loss in chunks of "
+                     f"the sequence (a fused or chunked cross-entropy), keep logits in bf16, or use a smaller "
+                     f"micro-batch."),
         details={"vocab_share_of_peak": round(share, 4), "vocab_bytes_at_peak": vocab_bytes,
                  "copies": int(len(vocab))},
         members=(int(logits),),
     )
+
+
+def _loose(size: int, share: float) -> str:
+    """The logits' words where the stack shows them made outside any module: no model head's output."""
+    return (f"The scores the loss reads, computed outside any module (no model head made them: e.g. a contrastive "
+            f"loss's similarities over a batch or a queue): one {format_bytes(size)} block, the largest tensor of "
+            f"the forward pass. Tensors of its size (the scores, their softmax and gradients) hold {share:.0%} of "
+            f"this step's peak. To shrink it: compute the loss in chunks, keep the scores in bf16, or use a smaller "
+            f"batch.")
 
 
 def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:

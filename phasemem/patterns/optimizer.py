@@ -142,13 +142,37 @@ def _new_parameters(ctx: Context, step: int) -> bool:
     return step in ctx.memo("steps_with_new_parameters", compute)
 
 
+#: What a named optimizer's state is, with the buffers per parameter that make it so.
+_STATE_OF = {"Adam": (2, "exp_avg and exp_avg_sq: two numbers per parameter"),
+             "AdamW": (2, "exp_avg and exp_avg_sq: two numbers per parameter"),
+             "SGD": (1, "one momentum buffer per parameter")}
+#: A ratio of state to gradients within this of a whole number is that many buffers per parameter.
+WHOLE_RATIO = 0.02
+
+
+def _state_words(cls, ratio) -> str:
+    """What the state is, said only as far as its size shows it: a named optimizer's buffers where the
+    ratio to the gradients is theirs; a whole number of buffers; or state not sized per parameter
+    (h10_shampoo_subclass: 4.36x, preconditioners sized by the weights' shapes, had "buffers per
+    parameter (Adam keeps two, momentum SGD one)"; Adam(amsgrad=True) keeps three)."""
+    if not ratio:
+        return "buffers per parameter (Adam keeps two, momentum SGD one)"
+    k = int(round(ratio))
+    if k >= 1 and abs(ratio - k) <= WHOLE_RATIO:
+        if cls in _STATE_OF and _STATE_OF[cls][0] == k:
+            return _STATE_OF[cls][1]
+        return {1: "one buffer the size of each parameter", 2: "two buffers the size of each parameter"}.get(
+            k, f"{k} buffers the size of each parameter")
+    return ("not a whole number of buffers per parameter: the state is sized otherwise (preconditioners and "
+            "factored moments follow the weights' shapes, LBFGS keeps a history of updates, some optimizers keep "
+            "state for some parameters only)")
+
+
 def _state_pattern(ctx: Context, step: int, kept: np.ndarray, grad_bytes: int, cls) -> Pattern:
     nbytes = int(ctx.size[kept].sum())
     ratio = nbytes / grad_bytes if grad_bytes else None
     times = f", {ratio:.2f}× the gradients" if ratio else ""
-    what = {"Adam": "exp_avg and exp_avg_sq: two numbers per parameter",
-            "AdamW": "exp_avg and exp_avg_sq: two numbers per parameter",
-            "SGD": "one momentum buffer per parameter"}.get(cls or "", "buffers per parameter (Adam keeps two, momentum SGD one)")
+    what = _state_words(cls, ratio)
     first, last = int(ctx.alloc[kept].min()), int(ctx.alloc[kept].max())
     opening = ("The optimizer creates its state on its first step: " if step == first_optimizer_step(ctx) else
                "This step's optimizer creates state for parameters no earlier step trained (a second optimizer's "
@@ -202,13 +226,17 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                 advice = " A fused implementation, where one exists for this optimizer, avoids them."
             first, last = int(ctx.alloc[temp].min()), int(ctx.free[temp].max())
             pole_text = "for the division just before" if cls in _DIVIDING else "made just before"
+            # torch.optim's updates make per-parameter intermediates; one's own may make anything
+            # (h10_shampoo_subclass: eigh's workspaces and inverse roots of its preconditioners)
+            how = ("" if mine else
+                   "a foreach update makes per-parameter intermediates for all parameters layer by layer (e.g. "
+                   "sqrt(exp_avg_sq)), a for-loop update one parameter's at a time; ")
             out.append(Pattern(
                 kind="optimizer_temporaries", step=step, phase="optimizer", start_event=first, end_event=last,
                 peak_event=p, bytes=peak,
                 explanation=(
-                    f"The update's temporaries, the 'temple with a flagpole': a foreach update makes "
-                    f"per-parameter intermediates for all parameters layer by layer (e.g. sqrt(exp_avg_sq)), a "
-                    f"for-loop update one parameter's at a time; here up to {format_bytes(peak)} at once. The "
+                    f"The update's temporaries, the 'temple with a flagpole': {how}"
+                    f"here up to {format_bytes(peak)} at once. The "
                     f"flagpole on top ({format_bytes(pole_bytes)}) is the last temporary, {pole_text} the update "
                     f"is applied.{advice}"
                 ),

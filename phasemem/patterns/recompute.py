@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
-from ..infer.frames import offload_unpacks
+from ..infer.frames import checkpoint_recomputes, offload_unpacks
 from ..model import Pattern
 from ..units import format_bytes
 
@@ -88,6 +88,10 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         # An unpack hook is Python, so where the trace has stack frames offloading was ruled out above
         # (a compiled backward's recompute has none on its own allocations); without any, it cannot be.
         framed = ctx.memo("has_frames", lambda: bool((ctx.trace.stack >= 0).any()))
+        count = len(good)
+        blocks = _recompute_calls(ctx, bwd)
+        if blocks is not None:
+            count, per_layer = blocks
         what = ("Activation checkpointing at work: backward re-runs the forward of each checkpointed block "
                 "before differentiating it" if framed else
                 "Backward makes forward's discarded tensors again, block by block, before differentiating each "
@@ -97,12 +101,27 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
             peak_event=ctx.peak_in(first, last), bytes=per_layer,
             explanation=(
-                f"{what}, {len(good)} times here, allocating about {format_bytes(per_layer)} "
+                f"{what}, {count} times here, allocating about {format_bytes(per_layer)} "
                 f"per block and freeing it as backward moves on — the ripples. This trades compute for "
                 f"memory; checkpoint fewer blocks if memory allows, to run faster."
             ),
-            details={"count": len(good), "bytes_per_layer": per_layer, "framed": framed,
+            details={"count": count, "bytes_per_layer": per_layer, "framed": framed,
                      "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]},
             members=tuple(members.tolist()),
         ))
     return out
+
+
+def _recompute_calls(ctx: Context, bwd: np.ndarray):
+    """(recomputes, median bytes each) where the stack frames show checkpoint's own recompute: each
+    block's forward runs again under torch/utils/checkpoint.py (reentrant: CheckpointFunction.backward;
+    non-reentrant: its unpack hook), and the block's gradients, computed between two recomputes, are
+    the engine's (infer.frames.checkpoint_recomputes). The matching runs of sizes split a block where its tensors' order differs
+    (h10_hf_reentrant_ckpt: 17 runs for 4 layers); the frames count calls. None without such frames."""
+    ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.alloc[bwd]]
+    if not ck.any():
+        return None
+    starts, stops = _runs(ck, 0)
+    csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
+    return len(starts), int(np.median(csize[stops] - csize[starts]))
+
