@@ -394,7 +394,6 @@ def _split_skipped(trace: Trace, intervals: list[Interval], labels: np.ndarray, 
     bw_first, bw_last = first[code == P["backward"]], last[code == P["backward"]]
     fl = np.isin(code, [P["forward"], P["loss"]])
     fl_first = first[fl]
-    alloc_at = trace.action == A["alloc"]
     bounds = np.asarray(bounds, np.int64)  # searched once per zero_grad: not a list converted each time
     cuts = []
     for z in zg:
@@ -410,7 +409,7 @@ def _split_skipped(trace: Trace, intervals: list[Interval], labels: np.ndarray, 
             continue  # no forward between the two passes
         # the previous pass: back to the forward or loss before it
         pass_first = int(fl_first[lo - 1]) if lo else 0
-        if not _frees_made_in(trace, alloc_at, z.first, z.stop, pass_first, prev_end, labels):
+        if not _frees_made_in(trace, z.first, z.stop, pass_first, prev_end, labels):
             continue
         cuts.append(min(int(fl_first[lo]), z.first))
     if not cuts:
@@ -427,22 +426,21 @@ def _split_skipped(trace: Trace, intervals: list[Interval], labels: np.ndarray, 
     return out, out_ends
 
 
-def _frees_made_in(trace: Trace, alloc_at: np.ndarray, z0: int, z1: int, p0: int, p1: int,
-                   labels: np.ndarray) -> bool:
+def _frees_made_in(trace: Trace, z0: int, z1: int, p0: int, p1: int, labels: np.ndarray) -> bool:
     """Whether events z0..z1-1 free a block allocated in backward between events p0 and p1."""
-    addr = trace.addr
-    frees = np.flatnonzero(trace.action[z0:z1] == A["free_completed"]) + z0
+    addr, act = trace.addr, trace.action
+    frees = np.flatnonzero(act[z0:z1] == A["free_completed"]) + z0
     if not len(frees):
         return False
-    made = np.flatnonzero(alloc_at[p0:p1 + 1] & (labels[p0:p1 + 1] == P["backward"])) + p0
+    made = np.flatnonzero((act[p0:p1 + 1] == A["alloc"]) & (labels[p0:p1 + 1] == P["backward"])) + p0
     if not len(made):
         return False
     # the block freed is the last one allocated at its address before the free
     for f in frees.tolist():
         same = made[(addr[made] == addr[f]) & (made < f)]
         if len(same):
-            later = np.flatnonzero(alloc_at[int(same[-1]) + 1:f] & (addr[int(same[-1]) + 1:f] == addr[f]))
-            if not len(later):
+            g = int(same[-1]) + 1
+            if not ((act[g:f] == A["alloc"]) & (addr[g:f] == addr[f])).any():
                 return True
     return False
 

@@ -328,12 +328,20 @@ def _smaller_optimizer_state(f: _Facts):
     return ch
 
 
-def _layer_period(sizes: np.ndarray) -> int | None:
-    """The smallest period the sizes repeat with, over at least MIN_BLOCKS blocks."""
+def _layer_period(sizes: np.ndarray, seen: dict | None = None) -> int | None:
+    """The smallest period the sizes repeat with, over at least MIN_BLOCKS blocks. ``seen`` caches it
+    by the sizes themselves: the steps of one loop save the same sizes (2,179 steps, one search)."""
+    key = sizes.tobytes()
+    if seen is not None and key in seen:
+        return seen[key]
+    found = None
     for p in range(2, len(sizes) // MIN_BLOCKS + 1):
-        if float((sizes[p:] == sizes[:-p]).mean()) >= PERIOD_MATCH:
-            return p
-    return None
+        if np.count_nonzero(sizes[p:] == sizes[:-p]) >= PERIOD_MATCH * (len(sizes) - p):
+            found = p
+            break
+    if seen is not None:
+        seen[key] = found
+    return found
 
 
 def _activation_checkpointing(f: _Facts):
@@ -346,11 +354,11 @@ def _activation_checkpointing(f: _Facts):
                   "backward recomputes one block at a time.",
                   "a block's input is its saved tensor of the most common size (the residual stream)",
                   "recompute holds one block's saved activations through backward (the ripples' height)")
-    added, steps = ([], [], []), 0
+    added, steps, periods = ([], [], []), 0, {}
     for s, (a, b, _) in enumerate(f.an.segmentation.steps):
         idx = f.made_in(a, b)
         idx = idx[saved[idx]]
-        period = _layer_period(f.size[idx]) if len(idx) >= 2 * MIN_BLOCKS else None
+        period = _layer_period(f.size[idx], periods) if len(idx) >= 2 * MIN_BLOCKS else None
         if period is None:
             continue
         blocks = len(idx) // period

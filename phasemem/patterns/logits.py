@@ -33,6 +33,9 @@ TINY = 512
 #: recommender's backward starts with its MLP's gradients, 2 MiB before 4 MiB
 #: (heldout_embbag_adagrad: its last dense activation was taken for logits).
 LOSS_GRAD_FIRST = 0.125
+#: The logits' gradient has their size, or twice or half of it (bf16 logits, an fp32 gradient), to
+#: within this share (block sizes are rounded to 512 bytes).
+GRAD_SIZE_TOLERANCE = 0.01
 
 
 def microbatches(ctx: Context, step: int) -> list[tuple[int, int, tuple[int, int] | None]]:
@@ -79,13 +82,14 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         vocab = idx[is_vocab]
         if not consumed_by_loss(ctx, bwd, VOCAB_SHARE * big):
             continue
-        logits = vocab[0]
+        logits = _consumed(ctx, vocab, last, bwd)
+        vocab = vocab[ctx.alloc[vocab] >= ctx.alloc[logits]]  # what the loss made from them, not a workspace before
         out.append(_logits(ctx, step, logits, vocab, big, last))
         spike = _spike(ctx, step, vocab, bwd)
         if spike:
             out.append(spike)
         if bwd is not None:
-            rel = _release(ctx, step, vocab, bwd, big)
+            rel = _release(ctx, step, vocab, bwd, big, logits)
             if rel:
                 out.append(rel)
     return out
@@ -113,13 +117,15 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
     vocab_bytes = int(ctx.size[live].sum())
     share = vocab_bytes / max(int(ctx.level[p]), 1)
     end = min(f, ctx.n - 1)
+    # a library's workspace made in forward can be larger (cuDNN's LSTM: h11_tbptt_lstm)
+    largest = "the largest tensor of the forward pass" if size >= big else "among the largest tensors of the forward pass"
     # Its place is the forward that made it, even when the loop keeps it into the next step.
     return Pattern(
         kind="logits", step=step, phase="forward", start_event=a, end_event=end,
         peak_event=ctx.peak_in(a, min(end, region_last)), bytes=size,
-        explanation=(_loose(size, share) if ctx.memo("outside_modules", lambda: outside_modules(ctx.trace))[a] else
+        explanation=(_loose(size, share, largest) if ctx.memo("outside_modules", lambda: outside_modules(ctx.trace))[ctx.trace.stack[a]] else
                      f"The LM head's output: one {format_bytes(size)} block of batch × sequence × vocabulary scores, "
-                     f"the largest tensor of the forward pass. Vocabulary-sized tensors (logits, their softmax and "
+                     f"{largest}. Vocabulary-sized tensors (logits, their softmax and "
                      f"gradients) hold {share:.0%} of this step's peak. To shrink it: compute the loss in chunks of "
                      f"the sequence (a fused or chunked cross-entropy), keep logits in bf16, or use a smaller "
                      f"micro-batch."),
@@ -129,11 +135,34 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
     )
 
 
-def _loose(size: int, share: float) -> str:
+def _consumed(ctx: Context, vocab: np.ndarray, last: int, bwd) -> int:
+    """The logits among the vocabulary-sized blocks: the first, unless its size is none of the
+    logits' gradient's (the same, or 2x either way: bf16 logits and an fp32 gradient) while a later
+    one's is. A library's workspace can be the first: cuDNN's LSTM makes a 124 MB one before the 82 MB
+    logits (h11_tbptt_lstm, where it was "the LM head's output")."""
+    first = int(vocab[0])
+    if bwd is None:
+        return first
+    idx = ctx.allocs_between(bwd[0], bwd[1])
+    sizes = ctx.size[idx[ctx.size[idx] > TINY][:LOSS_GRAD_WITHIN]]
+    grad = sizes[sizes >= VOCAB_SHARE * int(ctx.size[vocab].max())]
+    if not len(grad):
+        return first
+    g = float(grad[0])
+
+    def fits(b):
+        return any(abs(float(ctx.size[b]) - g * r) <= GRAD_SIZE_TOLERANCE * g * r for r in (0.5, 1.0, 2.0))
+
+    if fits(first):
+        return first
+    later = [int(b) for b in vocab[1:] if fits(b)]
+    return later[0] if later else first
+
+
+def _loose(size: int, share: float, largest: str = "the largest tensor of the forward pass") -> str:
     """The logits' words where the stack shows them made outside any module: no model head's output."""
     return (f"The scores the loss reads, computed outside any module (no model head made them: e.g. a contrastive "
-            f"loss's similarities over a batch or a queue): one {format_bytes(size)} block, the largest tensor of "
-            f"the forward pass. Tensors of its size (the scores, their softmax and gradients) hold {share:.0%} of "
+            f"loss's similarities over a batch or a queue): one {format_bytes(size)} block, {largest}. Tensors of its size (the scores, their softmax and gradients) hold {share:.0%} of "
             f"this step's peak. To shrink it: compute the loss in chunks, keep the scores in bf16, or use a smaller "
             f"batch.")
 
@@ -169,7 +198,7 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
     )
 
 
-def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int) -> Pattern | None:
+def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: int | None = None) -> Pattern | None:
     b0, b1 = bwd
     # Vocabulary-sized tensors that backward frees: the saved softmax, the logits unless the
     # caller still holds them, and the logits' gradient made at backward's start.
@@ -182,6 +211,9 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int) -> Patte
     if len(grads):
         end = max(end, int(ctx.free[grads].max()))
     p = ctx.peak_in(b0, end)
+    # logits a variable still holds are not among what backward frees (h11_tbptt_lstm keeps them to the
+    # end of the step: "the logits ... are freed together" was untrue there)
+    held = logits if logits is not None and ctx.free[logits] > end else None
     before = int(ctx.before[b0])
     after = int(ctx.timeline.active_after[end])
     spike, cliff = int(ctx.level[p]) - before, int(ctx.level[p]) - after
@@ -192,7 +224,12 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int) -> Patte
             f"Where backward starts at the loss: the gradient of the logits is allocated "
             f"(a {format_bytes(max(spike, 0))} spike), then the logits, their softmax and that gradient are freed "
             f"together, a {format_bytes(cliff)} cliff. Everything vocabulary-sized is gone after this, so "
-            f"the rest of backward runs far lower."
+            f"the rest of backward runs far lower." if held is None else
+            f"Where backward starts at the loss: the gradient of the logits is allocated "
+            f"(a {format_bytes(max(spike, 0))} spike), then their softmax and that gradient are freed together, "
+            f"a {format_bytes(cliff)} cliff. The logits themselves ({format_bytes(int(ctx.size[held]))}) stay: "
+            f"the loop still holds them until event {int(min(ctx.free[held], ctx.n - 1))}; without that reference "
+            f"(del it before backward) they would be gone by here too."
         ),
         details={"spike_bytes": spike, "cliff_bytes": cliff},
         members=tuple(np.union1d(alive, grads).tolist()),

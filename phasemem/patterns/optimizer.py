@@ -228,9 +228,12 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             pole_text = "for the division just before" if cls in _DIVIDING else "made just before"
             # torch.optim's updates make per-parameter intermediates; one's own may make anything
             # (h10_shampoo_subclass: eigh's workspaces and inverse roots of its preconditioners)
+            # the example is the class's own: SGD makes no sqrt (h11_resnet50_amp_cl: weight decay, Nesterov)
+            example = {"SGD": " (e.g. the gradient plus weight decay, Nesterov's look-ahead)"}.get(
+                cls or "", " (e.g. sqrt(exp_avg_sq))" if cls in _DIVIDING else "")
             how = ("" if mine else
-                   "a foreach update makes per-parameter intermediates for all parameters layer by layer (e.g. "
-                   "sqrt(exp_avg_sq)), a for-loop update one parameter's at a time; ")
+                   f"a foreach update makes per-parameter intermediates for all parameters layer by layer{example}, "
+                   f"a for-loop update one parameter's at a time; ")
             out.append(Pattern(
                 kind="optimizer_temporaries", step=step, phase="optimizer", start_event=first, end_event=last,
                 peak_event=p, bytes=peak,
