@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .facts import Context, gradient_allocs
-from .infer.frames import copies, weight_moves
+from .infer.frames import copies, weight_moves, weight_sources
 from .vocab import CATEGORIES, C, P
 
 __all__ = ["CATEGORIES", "C", "CategoryCurves", "classify"]  # the vocabulary lives in vocab.py
@@ -59,7 +59,12 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     cat[_batch(ctx, other, fwd_starts)] = C["input"]
     # Made before the first step's forward and kept to the end: weights created after recording began.
     first_fwd = fwd_starts[0] if len(fwd_starts) else n
-    cat[other & (f >= n) & (a < first_fwd) & (s_at <= 0)] = C["parameter"]
+    made = other & (f >= n) & (a < first_fwd) & (s_at <= 0)
+    if not _trains(ctx):
+        # in inference nothing pairs them with a gradient: only a stack that makes weights says so
+        # (h12_static_kv_decode: an 80 MiB KV cache made by the script was "parameters")
+        made &= ctx.memo("weight_sources", lambda: weight_sources(ctx.trace))[ctx.trace.stack[a]]
+    cat[made] = C["parameter"]
     # Weights the stack says a module placed on the device (model.to(), load_state_dict).
     cat[other & weight_moves(ctx.trace)[a]] = C["parameter"]
     # Gradient-sized blocks from before recording are optimizer state only if the optimizer did not

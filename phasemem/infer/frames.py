@@ -220,3 +220,21 @@ def outside_modules(trace: Trace) -> np.ndarray:
     return per_stack(trace, lambda fr: any(fn.endswith(".py") for fn, _, _ in fr) and not any(
         fn.endswith("torch/nn/modules/module.py") for fn, _, _ in fr))
 
+
+#: Where weights are made: module construction and moves, and the loaders of model files. A block an
+#: inference trace makes before its first forward and keeps is a weight only from one of these.
+WEIGHT_SOURCES = ("torch/nn/", "torch/serialization.py", "transformers/", "accelerate/", "safetensors/",
+                  "peft/", "timm/", "torchvision/")
+
+
+def weight_sources(trace: Trace) -> np.ndarray:
+    """Per stack id (``per_stack``): could an event with it make a weight? True without Python frames
+    (nothing tells), else where a frame runs through WEIGHT_SOURCES. A KV cache a script makes with
+    ``torch.zeros`` before decoding (gpt-fast's ``setup_caches``, h12_static_kv_decode) is none; a
+    model moved (``module._apply``) or loaded (``transformers``' loader thread) is."""
+    def source(fr):
+        py = [fn for fn, _, _ in fr if fn.endswith(".py")]
+        return not py or any(part in fn for fn in py for part in WEIGHT_SOURCES)
+
+    return per_stack(trace, source, none=True)
+
