@@ -178,7 +178,7 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
         steps, numbers, ends = _steps_from_labels(trace, labels, starts, inside=how == "frames")
     else:
         # only labels from markers or frames place a backward well enough to see an update inside it
-        steps, numbers, ends = _steps(intervals, labels, n, inside=marked or how == "frames", trace=trace)
+        steps, numbers, ends = _steps(trace, intervals, labels, inside=marked or how == "frames")
     steps = _cut_by_oom(trace, labels, steps)
     numbers = [window_first(trace.meta) + k for k in numbers]
     step_of = np.full(n, -1, dtype=np.int32)
@@ -321,11 +321,10 @@ def step_at_time(seg: Segmentation, t: int) -> int:
     return k if k < len(seg.steps) else -1
 
 
-def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool = True,
-           trace: Trace | None = None) -> tuple[list, list, list]:
+def _steps(trace: Trace, intervals: list[Interval], labels: np.ndarray, inside: bool = True) -> tuple[list, list, list]:
     """Steps end where an optimizer step ends; without an optimizer, each forward starts one; a
     step whose update was skipped ends where the next zero_grad discards its gradients."""
-    big = int(np.iinfo(np.int64).max)
+    big, n = int(np.iinfo(np.int64).max), len(labels)
     opt = _outermost([iv for iv in intervals if iv.phase == "optimizer"])
     if opt:
         # A step whose optimizer finished before the first recorded event was lost to the ring buffer.
@@ -334,8 +333,7 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool =
         bounds = [0] + [iv.stop for iv in kept]
         steps = [(bounds[k], bounds[k + 1], kept[k].t1 != big) for k in range(len(kept))]
         ends = [iv.t1 for iv in kept]
-        if trace is not None:
-            steps, ends = _split_skipped(trace, intervals, labels, steps, ends, bounds)
+        steps, ends = _split_skipped(trace, intervals, labels, steps, ends, bounds)
         if steps and lost:
             steps[0] = (steps[0][0], steps[0][1], False)
         # A first step with no forward where every other has one began before the trace did
@@ -351,8 +349,9 @@ def _steps(intervals: list[Interval], labels: np.ndarray, n: int, inside: bool =
         # forward, where forwards are labelled at all.
         work = [P["forward"], P["loss"]] if np.isin(labels, [P["forward"], P["loss"]]).any() else [
             P["forward"], P["loss"], P["backward"]]
-        if len(tail) and np.isin(tail, work).any() and not (
-                trace is not None and not (tail == P["backward"]).any() and _keeps_nothing(trace, bounds[-1], n)):
+        # ... but not forward passes that keep nothing (an evaluation after the last update)
+        if len(tail) and np.isin(tail, work).any() and (
+                (tail == P["backward"]).any() or not _keeps_nothing(trace, bounds[-1], n)):
             steps.append((bounds[-1], n, False))
             ends.append(big)
         return steps, list(range(lost, lost + len(steps))), ends
