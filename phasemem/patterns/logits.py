@@ -211,6 +211,9 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: 
     if len(grads):
         end = max(end, int(ctx.free[grads].max()))
     p = ctx.peak_in(b0, end)
+    # the spike is how far memory rises at backward's start, the logits' gradient and what comes with it
+    # (wild/bcrafton_cs336 under torch.compile: 135 MiB beside a 12 MiB gradient, "a 135 MiB spike" read
+    # as the gradient's size)
     # logits a variable still holds are not among what backward frees (h11_tbptt_lstm keeps them to the
     # end of the step: "the logits ... are freed together" was untrue there)
     held = logits if logits is not None and ctx.free[logits] > end else None
@@ -222,11 +225,11 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: 
         bytes=cliff,
         explanation=(
             f"Where backward starts at the loss: the gradient of the logits is allocated "
-            f"(a {format_bytes(max(spike, 0))} spike), then the logits, their softmax and that gradient are freed "
+            f"(memory rises {format_bytes(max(spike, 0))} there: the spike), then the logits, their softmax and that gradient are freed "
             f"together, a {format_bytes(cliff)} cliff. Everything vocabulary-sized is gone after this, so "
             f"the rest of backward runs far lower." if held is None else
             f"Where backward starts at the loss: the gradient of the logits is allocated "
-            f"(a {format_bytes(max(spike, 0))} spike), then their softmax and that gradient are freed together, "
+            f"(memory rises {format_bytes(max(spike, 0))} there: the spike), then their softmax and that gradient are freed together, "
             f"a {format_bytes(cliff)} cliff. The logits themselves ({format_bytes(int(ctx.size[held]))}) stay: "
             f"the loop still holds them until event {int(min(ctx.free[held], ctx.n - 1))}; without that reference "
             f"(del it before backward) they would be gone by here too."
