@@ -7,6 +7,7 @@ nested phases resolve to the innermost (Lightning runs forward and backward insi
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from . import infer
 from .spans import phase_runs
+from .timeline import Lifetimes, Timeline
 from .trace import A, Trace
 from .vocab import MARKED, MARKER_PREFIX, P, PHASES
 
@@ -136,6 +138,11 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
     """
     t = trace.time_us
     n = len(trace)
+
+    @functools.cache
+    def lifetimes() -> Lifetimes:  # which block each free frees: built only where a rule below asks
+        return (timeline if timeline is not None else Timeline.from_trace(trace)).lifetimes
+
     intervals, sources = find_intervals(trace, prefix)
     for iv in intervals:
         iv.first = int(np.searchsorted(t, iv.t0, "left"))
@@ -175,10 +182,10 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
                 sources[ph] = "inferred"
                 confidence[ph] = CONFIDENCE.get(how, {}).get(ph, 0.5)
     if not marked and n and not any(iv.phase == "optimizer" for iv in intervals):
-        steps, numbers, ends = _steps_from_labels(trace, labels, starts, inside=how == "frames")
+        steps, numbers, ends = _steps_from_labels(trace, labels, starts, lifetimes, inside=how == "frames")
     else:
         # only labels from markers or frames place a backward well enough to see an update inside it
-        steps, numbers, ends = _steps(trace, intervals, labels, inside=marked or how == "frames")
+        steps, numbers, ends = _steps(trace, intervals, labels, lifetimes, inside=marked or how == "frames")
     steps = _cut_by_oom(trace, labels, steps)
     numbers = [window_first(trace.meta) + k for k in numbers]
     step_of = np.full(n, -1, dtype=np.int32)
@@ -220,7 +227,8 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
     return merged, how, starts
 
 
-def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | None, inside: bool = False):
+def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | None, lifetimes,
+                       inside: bool = False):
     """Steps from inferred phases. Between two backward passes, a step ends after the optimizer's
     last run; when the optimizer leaves no events (fused, after its first step) it ends right after
     the backward — unless the trace shows optimizer or zero_grad activity between some backward
@@ -274,7 +282,7 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
             if ph not in has[k] and all(ph in h for h in others) and (k == 0 or P["forward"] in has[k]):
                 steps[k] = (steps[k][0], steps[k][1], False)
         a, b, whole = steps[-1]
-        if not whole and P["backward"] not in has[-1] and _keeps_nothing(trace, a, b):
+        if not whole and P["backward"] not in has[-1] and _keeps_nothing(trace, lifetimes, a, b):
             steps = steps[:-1]  # an evaluation after the last step (see _keeps_nothing)
     ends = [int(trace.time_us[b - 1]) for _, b, _ in steps[:-1]] + [big]
     return steps, list(range(len(steps))), ends
@@ -289,28 +297,20 @@ EVAL_MIN_ALLOCS = 16
 EVAL_KEPT_SHARE = 0.05
 
 
-def _keeps_nothing(trace: Trace, a: int, b: int) -> bool:
+def _keeps_nothing(trace: Trace, lifetimes, a: int, b: int) -> bool:
     """Whether events a..b-1 free (nearly) every block they allocate. A training step the trace cut short
     holds its forward's activations for a backward that never came; forward passes without backward
     that end where they began are an evaluation or inference after the last step, no step
     (h9_train_eval_interleaved: a no-grad evaluation after the last update was a "partial step")."""
     if any(a <= e < b for e in trace.oom_device_free):
         return False  # an out-of-memory error cut the step short and unwound what it held (hf_oom)
-    act, addr = trace.action[a:b], trace.addr[a:b]
-    ev = np.flatnonzero((act == A["alloc"]) | (act == A["free_completed"]))
-    if int((act[ev] == A["alloc"]).sum()) < EVAL_MIN_ALLOCS:
+    made = np.flatnonzero(trace.action[a:b] == A["alloc"]) + a
+    if len(made) < EVAL_MIN_ALLOCS:
         return False
-    # a block allocated here is freed here when the next event at its address is a free
-    order = ev[np.lexsort((ev, addr[ev]))]
-    is_alloc = act[order] == A["alloc"]
-    nxt_same = np.zeros(len(order), bool)
-    nxt_same[:-1] = addr[order[1:]] == addr[order[:-1]]
-    nxt_free = np.zeros(len(order), bool)
-    nxt_free[:-1] = act[order[1:]] == A["free_completed"]
-    kept = is_alloc & ~(nxt_same & nxt_free)
-    size = trace.size[a:b].astype(np.int64)
+    size = trace.size[made].astype(np.int64)
+    kept = lifetimes().free_of(made) >= b
     # what is left is the loop's last batch (an evaluation's inputs stay referenced), not activations
-    return int(size[order[kept]].sum()) <= EVAL_KEPT_SHARE * int(size[order[is_alloc]].sum())
+    return int(size[kept].sum()) <= EVAL_KEPT_SHARE * int(size.sum())
 
 
 def step_at_time(seg: Segmentation, t: int) -> int:
@@ -321,7 +321,8 @@ def step_at_time(seg: Segmentation, t: int) -> int:
     return k if k < len(seg.steps) else -1
 
 
-def _steps(trace: Trace, intervals: list[Interval], labels: np.ndarray, inside: bool = True) -> tuple[list, list, list]:
+def _steps(trace: Trace, intervals: list[Interval], labels: np.ndarray, lifetimes,
+           inside: bool = True) -> tuple[list, list, list]:
     """Steps end where an optimizer step ends; without an optimizer, each forward starts one; a
     step whose update was skipped ends where the next zero_grad discards its gradients."""
     big, n = int(np.iinfo(np.int64).max), len(labels)
@@ -333,7 +334,7 @@ def _steps(trace: Trace, intervals: list[Interval], labels: np.ndarray, inside: 
         bounds = [0] + [iv.stop for iv in kept]
         steps = [(bounds[k], bounds[k + 1], kept[k].t1 != big) for k in range(len(kept))]
         ends = [iv.t1 for iv in kept]
-        steps, ends = _split_skipped(trace, intervals, labels, steps, ends, bounds)
+        steps, ends = _split_skipped(trace, lifetimes, intervals, labels, steps, ends, bounds)
         if steps and lost:
             steps[0] = (steps[0][0], steps[0][1], False)
         # A first step with no forward where every other has one began before the trace did
@@ -351,7 +352,7 @@ def _steps(trace: Trace, intervals: list[Interval], labels: np.ndarray, inside: 
             P["forward"], P["loss"], P["backward"]]
         # ... but not forward passes that keep nothing (an evaluation after the last update)
         if len(tail) and np.isin(tail, work).any() and (
-                (tail == P["backward"]).any() or not _keeps_nothing(trace, bounds[-1], n)):
+                (tail == P["backward"]).any() or not _keeps_nothing(trace, lifetimes, bounds[-1], n)):
             steps.append((bounds[-1], n, False))
             ends.append(big)
         return steps, list(range(lost, lost + len(steps))), ends
@@ -366,8 +367,8 @@ def _steps(trace: Trace, intervals: list[Interval], labels: np.ndarray, inside: 
     return [(0, n, True)], [0], [big]
 
 
-def _split_skipped(trace: Trace, intervals: list[Interval], labels: np.ndarray, steps: list, ends: list,
-                   bounds: list[int]) -> tuple[list, list]:
+def _split_skipped(trace: Trace, lifetimes, intervals: list[Interval], labels: np.ndarray, steps: list,
+                   ends: list, bounds: list[int]) -> tuple[list, list]:
     """Split off the iterations that ran no optimizer update.
 
     ``GradScaler.step`` skips ``optimizer.step()`` while the scaled gradients overflow (the first
@@ -408,7 +409,7 @@ def _split_skipped(trace: Trace, intervals: list[Interval], labels: np.ndarray, 
             continue  # no forward between the two passes
         # the previous pass: back to the forward or loss before it
         pass_first = int(fl_first[lo - 1]) if lo else 0
-        if not _frees_made_in(trace, z.first, z.stop, pass_first, prev_end, labels):
+        if not _frees_made_in(trace, lifetimes(), z.first, z.stop, pass_first, prev_end, labels):
             continue
         cuts.append(min(int(fl_first[lo]), z.first))
     if not cuts:
@@ -425,24 +426,11 @@ def _split_skipped(trace: Trace, intervals: list[Interval], labels: np.ndarray, 
     return out, out_ends
 
 
-def _frees_made_in(trace: Trace, z0: int, z1: int, p0: int, p1: int, labels: np.ndarray) -> bool:
+def _frees_made_in(trace: Trace, life: Lifetimes, z0: int, z1: int, p0: int, p1: int, labels: np.ndarray) -> bool:
     """Whether events z0..z1-1 free a block allocated in backward between events p0 and p1."""
-    addr, act = trace.addr, trace.action
-    frees = np.flatnonzero(act[z0:z1] == A["free_completed"]) + z0
-    if not len(frees):
-        return False
-    made = np.flatnonzero((act[p0:p1 + 1] == A["alloc"]) & (labels[p0:p1 + 1] == P["backward"])) + p0
-    if not len(made):
-        return False
-    # the block freed is the last one allocated at its address before the free
-    for f in frees.tolist():
-        same = made[(addr[made] == addr[f]) & (made < f)]
-        if len(same):
-            g = int(same[-1]) + 1
-            if not ((act[g:f] == A["alloc"]) & (addr[g:f] == addr[f])).any():
-                return True
-    return False
-
+    made = np.flatnonzero((trace.action[p0:p1 + 1] == A["alloc"]) & (labels[p0:p1 + 1] == P["backward"])) + p0
+    freed = life.free_of(made)
+    return bool(((freed >= z0) & (freed < z1)).any())
 
 def _one_per_step(opt: list[Interval], labels: np.ndarray, inside: bool = True) -> list[Interval]:
     """The optimizer ranges that end a step: of those that are one step's, the last.

@@ -198,10 +198,11 @@ _ENGINE = (("torch/autograd/graph.py", "_engine_run_backward"), ("torch/autograd
 
 
 def checkpoint_recomputes(trace: Trace) -> np.ndarray:
-    """Per stack id (``per_stack``): is an event with it made by checkpoint's recompute of a block's forward? Its stack runs through
-    torch/utils/checkpoint.py with no autograd engine call nearer the top: reentrant checkpointing
-    runs the block's backward inside ``CheckpointFunction.backward`` too (``torch.autograd.backward``
-    from there, then the engine: h10_reentrant_ckpt, h10_hf_reentrant_ckpt), and that is no recompute."""
+    """Per stack id (``per_stack``): is an event with it made by checkpoint's recompute of a block's
+    forward? Its stack runs through torch/utils/checkpoint.py with no autograd engine call nearer the
+    top: reentrant checkpointing runs the block's backward inside ``CheckpointFunction.backward`` too
+    (``torch.autograd.backward`` from there, then the engine: h10_reentrant_ckpt,
+    h10_hf_reentrant_ckpt), and that is no recompute."""
     def recompute(fr):
         for fn, _, nm in fr:  # innermost first
             if fn.endswith("torch/utils/checkpoint.py"):
@@ -214,11 +215,11 @@ def checkpoint_recomputes(trace: Trace) -> np.ndarray:
 
 
 def outside_modules(trace: Trace) -> np.ndarray:
-    """Per stack id (``per_stack``): do the stack's Python frames run through no ``nn.Module`` call? False where the
-    event has no Python frames (nothing tells). A model's head makes its logits inside the model's
+    """Per stack id (``per_stack``): do the stack's Python frames run through no ``nn.Module`` call?
+    False where the event has no Python frames (nothing tells). A model's head makes its logits inside the model's
     forward; a contrastive loss computes its scores in the loop itself (h10_moco_queue)."""
-    return per_stack(trace, lambda fr: any(fn.endswith(".py") for fn, _, _ in fr) and not any(
-        fn.endswith("torch/nn/modules/module.py") for fn, _, _ in fr))
+    return per_stack(trace, lambda fr: bool(py := _python(fr)) and not any(
+        fn.endswith("torch/nn/modules/module.py") for fn, _, _ in py))
 
 
 #: Where weights are made: module construction and moves, and the loaders of model files. A block an
@@ -233,8 +234,8 @@ def weight_sources(trace: Trace) -> np.ndarray:
     ``torch.zeros`` before decoding (gpt-fast's ``setup_caches``, h12_static_kv_decode) is none; a
     model moved (``module._apply``) or loaded (``transformers``' loader thread) is."""
     def source(fr):
-        py = [fn for fn, _, _ in fr if fn.endswith(".py")]
-        return not py or any(part in fn for fn in py for part in WEIGHT_SOURCES)
+        py = _python(fr)
+        return not py or any(part in fn for fn, _, _ in py for part in WEIGHT_SOURCES)
 
     return per_stack(trace, source, none=True)
 
