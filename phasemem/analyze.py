@@ -211,8 +211,8 @@ def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
         notes.append(f"step(s) {names} ran no optimizer update: a zero_grad discarded their gradients before "
                      f"the next forward and backward (GradScaler skips optimizer.step() while the scaled "
                      f"gradients overflow, as in a run's first iterations; a loop can also skip it by hand)")
-    if seg.steps and seg.steps[-1][1] < len(seg.labels) and not (seg.labels[seg.steps[-1][1]:] == P["backward"]).any() \
-            and (seg.labels[seg.steps[-1][1]:] == P["forward"]).any():
+    after = seg.labels[seg.steps[-1][1]:] if seg.steps else seg.labels[:0]
+    if len(after) and not (after == P["backward"]).any() and (after == P["forward"]).any():
         a = seg.steps[-1][1]
         notes.append(f"events {a}-{len(seg.labels) - 1}, after the last step, are forward passes with no backward that "
                      f"free what they allocate (an evaluation or inference): not a step, and not in the steps' table")

@@ -82,7 +82,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         vocab = idx[is_vocab]
         if not consumed_by_loss(ctx, bwd, VOCAB_SHARE * big):
             continue
-        logits = _consumed(ctx, vocab, last, bwd)
+        logits = _consumed(ctx, vocab, bwd)
         vocab = vocab[ctx.alloc[vocab] >= ctx.alloc[logits]]  # what the loss made from them, not a workspace before
         out.append(_logits(ctx, step, logits, vocab, big, last))
         spike = _spike(ctx, step, vocab, bwd)
@@ -95,13 +95,19 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
+def _backward_opening(ctx: Context, bwd) -> np.ndarray:
+    """Sizes of backward's first LOSS_GRAD_WITHIN allocations above TINY bytes: where the loss's
+    gradient of the logits is."""
+    idx = ctx.allocs_between(bwd[0], bwd[1])
+    return ctx.size[idx[ctx.size[idx] > TINY][:LOSS_GRAD_WITHIN]]
+
+
 def consumed_by_loss(ctx: Context, bwd, vocab_bytes: float) -> bool:
     """Evidence that a loss consumed a vocabulary-sized output: its backward begins with a gradient
     of that size (see LOSS_GRAD_WITHIN)."""
     if bwd is None:
         return False
-    idx = ctx.allocs_between(bwd[0], bwd[1])
-    first = ctx.size[idx[ctx.size[idx] > TINY][:LOSS_GRAD_WITHIN]]
+    first = _backward_opening(ctx, bwd)
     hit = np.flatnonzero(first >= vocab_bytes)
     return bool(len(hit)) and bool((first[:hit[0]] < LOSS_GRAD_FIRST * first[hit[0]]).all())
 
@@ -119,11 +125,12 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
     end = min(f, ctx.n - 1)
     # a library's workspace made in forward can be larger (cuDNN's LSTM: h11_tbptt_lstm)
     largest = "the largest tensor of the forward pass" if size >= big else "among the largest tensors of the forward pass"
+    loose = bool(ctx.memo("outside_modules", lambda: outside_modules(ctx.trace))[ctx.trace.stack[a]])
     # Its place is the forward that made it, even when the loop keeps it into the next step.
     return Pattern(
         kind="logits", step=step, phase="forward", start_event=a, end_event=end,
         peak_event=ctx.peak_in(a, min(end, region_last)), bytes=size,
-        explanation=(_loose(size, share, largest) if ctx.memo("outside_modules", lambda: outside_modules(ctx.trace))[ctx.trace.stack[a]] else
+        explanation=(_loose(size, share, largest) if loose else
                      f"The LM head's output: one {format_bytes(size)} block of batch × sequence × vocabulary scores, "
                      f"{largest}. Vocabulary-sized tensors (logits, their softmax and "
                      f"gradients) hold {share:.0%} of this step's peak. To shrink it: compute the loss in chunks of "
@@ -135,7 +142,7 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
     )
 
 
-def _consumed(ctx: Context, vocab: np.ndarray, last: int, bwd) -> int:
+def _consumed(ctx: Context, vocab: np.ndarray, bwd) -> int:
     """The logits among the vocabulary-sized blocks: the first, unless its size is none of the
     logits' gradient's (the same, or 2x either way: bf16 logits and an fp32 gradient) while a later
     one's is. A library's workspace can be the first: cuDNN's LSTM makes a 124 MB one before the 82 MB
@@ -143,8 +150,7 @@ def _consumed(ctx: Context, vocab: np.ndarray, last: int, bwd) -> int:
     first = int(vocab[0])
     if bwd is None:
         return first
-    idx = ctx.allocs_between(bwd[0], bwd[1])
-    sizes = ctx.size[idx[ctx.size[idx] > TINY][:LOSS_GRAD_WITHIN]]
+    sizes = _backward_opening(ctx, bwd)
     grad = sizes[sizes >= VOCAB_SHARE * int(ctx.size[vocab].max())]
     if not len(grad):
         return first
@@ -162,8 +168,8 @@ def _consumed(ctx: Context, vocab: np.ndarray, last: int, bwd) -> int:
 def _loose(size: int, share: float, largest: str = "the largest tensor of the forward pass") -> str:
     """The logits' words where the stack shows them made outside any module: no model head's output."""
     return (f"The scores the loss reads, computed outside any module (no model head made them: e.g. a contrastive "
-            f"loss's similarities over a batch or a queue): one {format_bytes(size)} block, {largest}. Tensors of its size (the scores, their softmax and gradients) hold {share:.0%} of "
-            f"this step's peak. To shrink it: compute the loss in chunks, keep the scores in bf16, or use a smaller "
+            f"loss's similarities over a batch or a queue): one {format_bytes(size)} block, {largest}. Tensors "
+            f"of its size (the scores, their softmax and gradients) hold {share:.0%} of this step's peak. To shrink it: compute the loss in chunks, keep the scores in bf16, or use a smaller "
             f"batch.")
 
 
@@ -198,7 +204,7 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
     )
 
 
-def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: int | None = None) -> Pattern | None:
+def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: int) -> Pattern | None:
     b0, b1 = bwd
     # Vocabulary-sized tensors that backward frees: the saved softmax, the logits unless the
     # caller still holds them, and the logits' gradient made at backward's start.
@@ -216,7 +222,7 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: 
     # as the gradient's size)
     # logits a variable still holds are not among what backward frees (h11_tbptt_lstm keeps them to the
     # end of the step: "the logits ... are freed together" was untrue there)
-    held = logits if logits is not None and ctx.free[logits] > end else None
+    held = bool(ctx.free[logits] > end)
     before = int(ctx.before[b0])
     after = int(ctx.timeline.active_after[end])
     spike, cliff = int(ctx.level[p]) - before, int(ctx.level[p]) - after
@@ -224,15 +230,14 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: 
         kind="logits_release", step=step, phase="backward", start_event=b0, end_event=end, peak_event=p,
         bytes=cliff,
         explanation=(
-            f"Where backward starts at the loss: the gradient of the logits is allocated "
-            f"(memory rises {format_bytes(max(spike, 0))} there: the spike), then the logits, their softmax and that gradient are freed "
-            f"together, a {format_bytes(cliff)} cliff. Everything vocabulary-sized is gone after this, so "
-            f"the rest of backward runs far lower." if held is None else
-            f"Where backward starts at the loss: the gradient of the logits is allocated "
-            f"(memory rises {format_bytes(max(spike, 0))} there: the spike), then their softmax and that gradient are freed together, "
-            f"a {format_bytes(cliff)} cliff. The logits themselves ({format_bytes(int(ctx.size[held]))}) stay: "
-            f"the loop still holds them until event {int(min(ctx.free[held], ctx.n - 1))}; without that reference "
-            f"(del it before backward) they would be gone by here too."
+            f"Where backward starts at the loss: the gradient of the logits is allocated (memory rises "
+            f"{format_bytes(max(spike, 0))} there: the spike), then "
+            + (f"their softmax and that gradient are freed together, a {format_bytes(cliff)} cliff. The logits "
+               f"themselves ({format_bytes(int(ctx.size[logits]))}) stay: the loop still holds them until event "
+               f"{int(min(ctx.free[logits], ctx.n - 1))}; without that reference (del it before backward) they "
+               f"would be gone by here too." if held else
+               f"the logits, their softmax and that gradient are freed together, a {format_bytes(cliff)} cliff. "
+               f"Everything vocabulary-sized is gone after this, so the rest of backward runs far lower.")
         ),
         details={"spike_bytes": spike, "cliff_bytes": cliff},
         members=tuple(np.union1d(alive, grads).tolist()),

@@ -116,9 +116,11 @@ def _recompute_calls(ctx: Context, bwd: np.ndarray):
     """(recomputes, median bytes each) where the stack frames show checkpoint's own recompute: each
     block's forward runs again under torch/utils/checkpoint.py (reentrant: CheckpointFunction.backward;
     non-reentrant: its unpack hook), and the block's gradients, computed between two recomputes, are
-    the engine's (infer.frames.checkpoint_recomputes). The matching runs of sizes split a block where its tensors' order differs
-    (h10_hf_reentrant_ckpt: 17 runs for 4 layers); the frames count calls. None without such frames."""
-    ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]
+    the engine's (infer.frames.checkpoint_recomputes). The matching runs of sizes split a block where
+    its tensors' order differs (h10_hf_reentrant_ckpt: 17 runs for 4 layers); the frames count calls.
+    None without such frames."""
+    table = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))
+    ck = table[ctx.trace.stack[ctx.alloc[bwd]]]
     if not ck.any():
         return None
     starts, stops = _runs(ck, 0)
