@@ -26,7 +26,10 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     pre = life.preexisting
     pre_free = life.free_event[pre]
     freed = pre_free < n
-    pre_cat = _preexisting_alive(ctx, life.size[pre], ~freed)
+    # A math library's workspace (its stack says so) is no weight, whatever its size.
+    workspace = ~freed & np.isin(life.addr[pre], ctx.trace.live_workspaces)
+    pre_cat = _preexisting_alive(ctx, life.size[pre], ~freed & ~workspace)
+    pre_cat[workspace] = C["other"]
     # A pre-existing block freed during the trace was not a parameter: read it by where it dies.
     fphase = np.where(freed, ctx.seg.labels[np.minimum(pre_free, n - 1)], -1)
     pre_cat[freed] = C["other"]
@@ -65,8 +68,10 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
         # (h12_static_kv_decode: an 80 MiB KV cache made by the script was "parameters")
         made &= ctx.memo("weight_sources", lambda: weight_sources(ctx.trace))[ctx.trace.stack[a]]
     cat[made] = C["parameter"]
-    # Weights the stack says a module placed on the device (model.to(), load_state_dict).
-    cat[other & weight_moves(ctx.trace)[a]] = C["parameter"]
+    # Weights the stack says a module placed on the device (model.to(), load_state_dict), in any
+    # phase: offloading moves each block's weights in just before it runs and out after, inside
+    # forward (h13_layer_offload_infer, marked: the blocks' weights were forward's temporaries).
+    cat[weight_moves(ctx.trace)[a]] = C["parameter"]
     # Gradient-sized blocks from before recording are optimizer state only if the optimizer did not
     # make its state in the trace: where it did (at least STATE_MADE of the gradients' bytes), they
     # are a copy of the weights the optimizer does not own (h5_gpt_varlen_ema's EMA weights).
@@ -218,9 +223,11 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
 #: before recording and to the end, and is POOL_RATIO times the next largest, is no weight the trace
 #: can vouch for: a serving loop's preallocated KV cache or pool is one such block (h9_paged_kv_inference:
 #: 2 GiB beside 257 MiB of bf16 weights, called "parameters 2.31 GiB" before); an embedding that big
-#: beside the rest of its model is counted 'other' too (the trace cannot tell them apart).
+#: beside the rest of its model is counted 'other' too (the trace cannot tell them apart). The pools
+#: seen are 64× (h9) and ~900× (wild/octreenca_mysnap's 20 MB seed) the next block; a two-layer MLP's
+#: weights are 4× apart (h13_embeddings_cat_growth: 32 MiB beside 8 MiB, both weights).
 POOL_SHARE = 0.5
-POOL_RATIO = 4
+POOL_RATIO = 16
 
 
 def _one_block_pool(sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:

@@ -51,7 +51,7 @@ def save_trace(trace: Trace, path: str | os.PathLike, index: StepIndex | None = 
         "reserved_at_snapshot": trace.reserved_at_snapshot, "meta": trace.meta,
         "frames": trace.frames, "marker_names": trace.markers.name,
         "oom_device_free": {str(k): v for k, v in trace.oom_device_free.items()},
-        "first_event": trace.first_event,
+        "first_event": trace.first_event, "live_workspaces": trace.live_workspaces.tolist(),
     }
     arrays = {name: getattr(trace, name) for name in _ARRAYS}
     arrays.update(stack_offsets=offsets, stack_frames=flat, marker_start=trace.markers.start,
@@ -148,7 +148,8 @@ def _trace(z, doc: dict, arrays: dict) -> Trace:
         device=int(doc["device"]), stacks=stacks, frames=[tuple(f) for f in doc["frames"]], markers=markers,
         oom_device_free={int(k): int(v) for k, v in doc["oom_device_free"].items()},
         reserved_at_snapshot=int(doc["reserved_at_snapshot"]), n_devices=int(doc["n_devices"]),
-        meta=dict(doc["meta"]), first_event=int(doc.get("first_event", 0)), **arrays,
+        meta=dict(doc["meta"]), first_event=int(doc.get("first_event", 0)),
+        live_workspaces=np.array(doc.get("live_workspaces", []), dtype=np.int64), **arrays,
     )
 
 

@@ -160,6 +160,7 @@ def slice_trace(skeleton: Trace, index: StepIndex, k0: int, k1: int, columns: di
         frames=skeleton.frames,
         markers=Markers(name=m.name[:keep], start=m.start[:keep], time_us=m.time_us[:keep]),
         live_blocks=np.ascontiguousarray(alive[:, 2:4]),
+        live_workspaces=skeleton.live_workspaces,
         oom_device_free={e - a: v for e, v in skeleton.oom_device_free.items() if a <= e < b},
         reserved_at_snapshot=int(index.reserved_end[k1]),
         n_devices=skeleton.n_devices,

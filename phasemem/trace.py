@@ -85,6 +85,10 @@ class Trace:
     # Event 0 here is this event of the recorded trace: nonzero when only some steps were loaded
     # (``phasemem.slicing``); every index elsewhere in the Trace counts from here.
     first_event: int = 0
+    #: Addresses of the blocks alive when the snapshot was taken, made before the trace, whose
+    #: allocation stack (``segments`` keeps it from an earlier recording of the process) passes
+    #: through a math library's workspace getter: no weight, whatever its size (``WORKSPACE_FRAME``).
+    live_workspaces: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.action)
@@ -129,13 +133,13 @@ class Trace:
         """A Trace from one device's event columns (``action`` … ``oom_device_free``, as the fields
         are named) and what the rest of the snapshot says: live blocks, reserved bytes, markers.
         The streaming reader (``phasemem.stream``) builds the columns without a list of events."""
-        live = [
-            (b.get("address", 0), b.get("requested_size", b.get("size", 0)))
-            for seg in snapshot.get("segments") or []
+        blocks = [
+            b for seg in snapshot.get("segments") or []
             if seg.get("device", device) in (device, -1)
             for b in _blocks_with_addresses(seg)
             if b.get("state") in ("active_allocated", "active_pending_free")
         ]
+        live = [(b.get("address", 0), b.get("requested_size", b.get("size", 0))) for b in blocks]
         reserved = sum(
             int(seg.get("total_size", 0)) for seg in snapshot.get("segments") or []
             if seg.get("device", device) == device
@@ -147,11 +151,27 @@ class Trace:
             # Without event times (older snapshots) annotations cannot be placed among the events.
             markers=_markers(snapshot, device) if columns["time_us"].any() else _markers({}, device),
             live_blocks=np.array(live, dtype=np.int64).reshape(-1, 2),
+            live_workspaces=np.array([b.get("address", 0) for b in blocks if _made_by_workspace(b)], dtype=np.int64),
             reserved_at_snapshot=reserved,
             n_devices=n_devices,
             meta=dict(snapshot.get("phasemem") or {}),
             **columns,
         )
+
+
+#: A C++ frame whose name holds this made a math library's workspace: cuBLAS's per handle and
+#: stream (``at::cuda::setWorkspaceForHandle``, 32 MiB each on Hopper) and cuBLASLt's
+#: (``at::cuda::getCUDABlasLtWorkspace``, 1 MiB). In heldout13's inference traces (and every later
+#: workload of a process that ran a matmul under an earlier recording) these blocks came from before
+#: the trace, beside the weights, and were "parameters" (h13_embeddings_cat_growth: 105 MiB of them
+#: for 40 MiB of weights); one of the weights there has the workspace's 32 MiB too.
+WORKSPACE_FRAME = "Workspace"
+
+
+def _made_by_workspace(block: dict) -> bool:
+    frames = block.get("frames") or ()
+    return any(WORKSPACE_FRAME in str(f.get("name", "")) and not str(f.get("filename", "")).endswith(".py")
+               for f in frames if isinstance(f, dict))
 
 
 def from_stand_in(obj, stand_in, device: int | None) -> "Trace | None":

@@ -29,6 +29,15 @@ SHARED_META = {
 }
 
 
+# What a recording's meta does not say, from its script (fixtures/record_heldout13.py): the validation
+# graphs kept every step are a leak; the segmentation net's per-pixel scores (21 classes, fp32 from
+# F.interpolate) are its logits, batch × pixels × classes at each of the three sizes.
+EXTRA_META = {
+    "h13_eval_graph_leak": dict(leak=True),
+    "h13_multiscale_seg": dict(vocab=21, seqs=[256 * 256, 384 * 384, 512 * 512]),
+}
+
+
 def load(path: Path) -> tuple[dict, dict, str]:
     obj = pickle.loads(lzma.decompress(path.read_bytes()))
     if "snapshot" in obj:  # the shared files wrap the snapshot
@@ -38,6 +47,7 @@ def load(path: Path) -> tuple[dict, dict, str]:
     if "config" in meta:  # fixtures/record_pairs.py keeps the dimensions under "config"
         cfg = meta["config"]
         meta = {**cfg, "checkpointing": cfg.get("ckpt"), **meta}
+    meta = {**meta, **EXTRA_META.get(str(meta.get("workload")), {})}
     return obj, meta, obj["phasemem"].get("markers", "phasemem::")
 
 

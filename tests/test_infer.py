@@ -186,6 +186,18 @@ SP = "/usr/lib/python3/site-packages/"
     ([(SP + "torch/nn/modules/module.py", "_call_impl"), ("/home/u/model.py", "training_step"),
       (SP + "torch/optim/adamw.py", "step")], frames_mod.FWD),
     ([("/home/u/train.py", "zero_grad")], frames_mod.ZG),
+    # Muon as modded-nanogpt writes it (fixtures/heldout13): step decorated with @torch.no_grad(),
+    # its Newton-Schulz helper in the same file
+    ([("/home/u/muon.py", "zeropower_via_newtonschulz5"), ("/home/u/muon.py", "step"),
+      (SP + "torch/utils/_contextlib.py", "decorate_context"), (SP + "torch/optim/optimizer.py", "wrapper"),
+      ("/home/u/train.py", "main")], frames_mod.OPT),
+    # ... but a closure that subclass's step calls is the loss, not the optimizer
+    ([(SP + "torch/nn/functional.py", "cross_entropy"), ("/home/u/train.py", "closure"),
+      ("/home/u/myopt.py", "step"), (SP + "torch/utils/_contextlib.py", "decorate_context"),
+      (SP + "torch/optim/optimizer.py", "wrapper"), ("/home/u/train.py", "main")], frames_mod.OTHER),
+    # ... and so is the user's training_step that Lightning's loop runs from it
+    ([("/home/u/model.py", "training_step"), (SP + "lightning/pytorch/loops/automatic.py", "__call__"),
+      ("/home/u/myopt.py", "step"), (SP + "torch/optim/optimizer.py", "wrapper")], frames_mod.OTHER),
 ])
 def test_frame_classes_for_optimizers_from_anywhere(stack, want):
     assert frames_mod.classify_frames([(fn, 1, nm) for fn, nm in stack]) == want

@@ -83,8 +83,9 @@ def classify_frames(frames) -> int:
             # right inside torch's generic step wrapper (optimizer.py) is a subclass's own step,
             # wherever it lives (bitsandbytes, transformers, timm, the user's file), and a
             # library's code under it is still the optimizer.
-            own = k > 0 and fn.endswith("torch/optim/optimizer.py") and _is_user(frames[k - 1][0])
-            return OTHER if users - own > 0 else OPT
+            if fn.endswith("torch/optim/optimizer.py") and _own_step(frames, k):
+                return OPT
+            return OTHER if users > 0 else OPT
         if nm == "_call_impl" and fn.endswith("torch/nn/modules/module.py"):
             return FWD
         # A model that calls its blocks' forward() directly skips _call_impl (silmont_memory_forward_*
@@ -93,6 +94,31 @@ def classify_frames(frames) -> int:
             return FWD
         users += _is_user(fn)
     return OTHER
+
+
+def _own_step(frames, k: int) -> bool:
+    """Whether the frames inside torch's step wrapper (``frames[k]``) are a subclass's own step in
+    the user's code and what it calls, not a closure the step runs.
+
+    Decorators in between (``@torch.no_grad()`` is ``_contextlib.decorate_context``) are skipped:
+    Muon in heldout13 is decorated so, and calls a Newton-Schulz helper from its step. A closure
+    is told by its name (``closure``, as torch's docs and LBFGS users write it, and Lightning's
+    ``Closure``) or by another library's frames (Lightning's loop) among those inside."""
+    j = k - 1
+    while j >= 0 and frames[j][0].replace("\\", "/").endswith(DECORATOR_FILES):
+        j -= 1
+    if j < 0 or not _is_user(frames[j][0]):
+        return False
+    return not any("closure" in nm.lower() or not (_is_user(f) or _is_torch(f)) for f, _, nm in frames[:j])
+
+
+#: torch's files whose frames sit between a decorated function and its caller.
+DECORATOR_FILES = ("torch/utils/_contextlib.py",)
+
+
+def _is_torch(fn: str) -> bool:
+    fn = fn.replace("\\", "/")
+    return "/torch/" in fn or fn.startswith("torch/")
 
 
 def _is_user(fn: str) -> bool:
@@ -239,3 +265,37 @@ def weight_sources(trace: Trace) -> np.ndarray:
 
     return per_stack(trace, source, none=True)
 
+
+
+#: Frames that show a linear layer made a block, as an LM head makes its logits: ``nn.Linear``'s
+#: file, torch's matmul-like Python functions (``F.linear``, ``torch.einsum``, which a hand-written
+#: Linear calls: wild/magma27_cs336) and the matmul kernels' C++ names. A segmentation net's
+#: per-pixel scores come from ``F.interpolate`` or a 1x1 conv (h13_multiscale_seg: "the LM head's
+#: output ... vocabulary scores" was untrue there).
+LINEAR_FILES = ("torch/nn/modules/linear.py",)
+LINEAR_NAMES = ("linear", "einsum", "matmul", "bmm", "mm")
+LINEAR_CPP = ("addmm", "at::native::linear", "mm_out", "at::_ops::mm", "matmul", "einsum")
+#: Python frames of a compiled graph: which op made a block is not in them (inductor allocates its
+#: outputs with empty_strided and fills them later).
+COMPILED_FILES = ("torch/_inductor/", "torch/_functorch/", "torch/_dynamo/")
+#: made_by_linear's answers
+LINEAR, NOT_LINEAR, UNKNOWN = 1, 0, -1
+
+
+def made_by_linear(trace: Trace) -> np.ndarray:
+    """Per stack id (``per_stack``, int8): LINEAR where the frames show a linear layer or a matmul
+    made the block, NOT_LINEAR where they show the op and it is none of those, UNKNOWN without
+    frames or inside a compiled graph."""
+    def of(fr):
+        fr = [(fn.replace("\\", "/"), nm) for fn, _, nm in fr]
+        for fn, nm in fr:
+            if fn.endswith(".py"):
+                if fn.endswith(LINEAR_FILES) or ("/torch/" in fn and nm in LINEAR_NAMES):
+                    return LINEAR
+            elif any(k in nm for k in LINEAR_CPP):
+                return LINEAR
+        if not fr or any(part in fn for fn, _ in fr for part in COMPILED_FILES):
+            return UNKNOWN
+        return NOT_LINEAR
+
+    return per_stack(trace, of, np.int8, UNKNOWN)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
-from ..infer.frames import outside_modules
+from ..infer.frames import LINEAR, NOT_LINEAR, made_by_linear, outside_modules, _python
 from ..model import Pattern
 from ..units import format_bytes
 
@@ -84,12 +84,14 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             continue
         logits = _consumed(ctx, vocab, bwd)
         vocab = vocab[ctx.alloc[vocab] >= ctx.alloc[logits]]  # what the loss made from them, not a workspace before
-        out.append(_logits(ctx, step, logits, vocab, big, last))
-        spike = _spike(ctx, step, vocab, bwd)
+        made = int(ctx.memo("made_by_linear", lambda: made_by_linear(ctx.trace))[ctx.trace.stack[int(ctx.alloc[logits])]])
+        noun = "vocabulary-sized" if made == LINEAR else "logits-sized"
+        out.append(_logits(ctx, step, logits, vocab, big, last, made))
+        spike = _spike(ctx, step, vocab, bwd, noun)
         if spike:
             out.append(spike)
         if bwd is not None:
-            rel = _release(ctx, step, vocab, bwd, big, logits)
+            rel = _release(ctx, step, vocab, bwd, big, logits, noun)
             if rel:
                 out.append(rel)
     return out
@@ -112,7 +114,8 @@ def consumed_by_loss(ctx: Context, bwd, vocab_bytes: float) -> bool:
     return bool(len(hit)) and bool((first[:hit[0]] < LOSS_GRAD_FIRST * first[hit[0]]).all())
 
 
-def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, region_last: int) -> Pattern:
+def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, region_last: int,
+            made: int) -> Pattern:
     a, f, size = int(ctx.alloc[logits]), int(ctx.free[logits]), int(ctx.size[logits])
     s0, s1, _ = ctx.seg.steps[step]
     p = ctx.peak_in(s0, s1 - 1)
@@ -135,7 +138,8 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
                      f"{largest}. Vocabulary-sized tensors (logits, their softmax and "
                      f"gradients) hold {share:.0%} of this step's peak. To shrink it: compute the loss in chunks of "
                      f"the sequence (a fused or chunked cross-entropy), keep logits in bf16, or use a smaller "
-                     f"micro-batch."),
+                     f"micro-batch." if made == LINEAR else
+                     _unnamed(size, share, largest, _op(ctx, a) if made == NOT_LINEAR else None)),
         details={"vocab_share_of_peak": round(share, 4), "vocab_bytes_at_peak": vocab_bytes,
                  "copies": int(len(vocab))},
         members=(int(logits),),
@@ -165,6 +169,26 @@ def _consumed(ctx: Context, vocab: np.ndarray, bwd) -> int:
     return later[0] if later else first
 
 
+def _op(ctx: Context, alloc_event: int) -> str | None:
+    """The innermost Python function of an allocation's stack (the op that made it), if any."""
+    sid = int(ctx.trace.stack[alloc_event])
+    py = _python([ctx.trace.frames[f] for f in ctx.trace.stacks[sid]]) if sid >= 0 else []
+    return py[0][2] if py else None
+
+
+def _unnamed(size: int, share: float, largest: str, op: str | None) -> str:
+    """The logits' words where nothing shows a linear layer made them: an LM head's, or a dense
+    predictor's per-pixel scores (h13_multiscale_seg), or unknown (no frames, a compiled graph)."""
+    who = (f"made by {op}() inside the model, not by a linear layer (so not an LM head's): scores per output "
+           f"position and class, e.g. a dense prediction's per-pixel classes" if op else
+           "scores per output position and class (an LM head's batch × sequence × vocabulary, or a dense "
+           "prediction's per-pixel classes; the trace does not show which layer made them)")
+    return (f"The output the loss reads (the logits): one {format_bytes(size)} block, {largest}, {who}. "
+            f"Tensors of its size (the logits, their softmax and gradients) hold {share:.0%} of this step's peak. "
+            f"To shrink it: compute the loss in chunks (a fused or chunked cross-entropy), keep the logits in bf16, "
+            f"or use a smaller micro-batch.")
+
+
 def _loose(size: int, share: float, largest: str = "the largest tensor of the forward pass") -> str:
     """The logits' words where the stack shows them made outside any module: no model head's output."""
     return (f"The scores the loss reads, computed outside any module (no model head made them: e.g. a contrastive "
@@ -173,7 +197,7 @@ def _loose(size: int, share: float, largest: str = "the largest tensor of the fo
             f"batch.")
 
 
-def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
+def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd, noun: str) -> Pattern | None:
     bwd_first = bwd[0] if bwd is not None else ctx.n
     transient = vocab[ctx.free[vocab] < bwd_first]
     if not len(transient):
@@ -195,7 +219,7 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
         bytes=height,
         explanation=(
             f"The spike at the top of forward: while the logits are alive, the loss makes another "
-            f"vocabulary-sized tensor (an fp32 upcast or the log-softmax), so for a moment both exist, "
+            f"{noun} tensor (an fp32 upcast or the log-softmax), so for a moment both exist, "
             f"{format_bytes(height)} above where memory settles.{sets_text} A fused or "
             f"chunked cross-entropy, or dropping the logits before the loss, removes it."
         ),
@@ -204,7 +228,7 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd) -> Pattern | None:
     )
 
 
-def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: int) -> Pattern | None:
+def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: int, noun: str) -> Pattern | None:
     b0, b1 = bwd
     # Vocabulary-sized tensors that backward frees: the saved softmax, the logits unless the
     # caller still holds them, and the logits' gradient made at backward's start.
@@ -237,7 +261,7 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: 
                f"{int(min(ctx.free[logits], ctx.n - 1))}; without that reference (del it before backward) they "
                f"would be gone by here too." if held else
                f"the logits, their softmax and that gradient are freed together, a {format_bytes(cliff)} cliff. "
-               f"Everything vocabulary-sized is gone after this, so the rest of backward runs far lower.")
+               f"Everything {noun} is gone after this, so the rest of backward runs far lower.")
         ),
         details={"spike_bytes": spike, "cliff_bytes": cliff},
         members=tuple(np.union1d(alive, grads).tolist()),
