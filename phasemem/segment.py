@@ -15,7 +15,7 @@ import numpy as np
 
 from . import infer
 from .spans import phase_runs
-from .timeline import Lifetimes, Timeline
+from .timeline import Lifetimes, lifetimes_of
 from .trace import A, Trace
 from .vocab import MARKED, MARKER_PREFIX, P, PHASES
 
@@ -128,9 +128,10 @@ def _outermost(ivs: list[Interval]) -> list[Interval]:
     return out
 
 
-def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segmentation:
+def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None, lifetimes_given=None) -> Segmentation:
     """Label every event with its phase and step; without forward/backward markers, infer them
-    (from frames, else from lifetimes, which needs ``timeline``).
+    (from frames, else from lifetimes, which needs ``timeline``). ``lifetimes_given``: the trace's
+    Lifetimes where there is no timeline (a step index reads only those).
 
     Example:
         >>> seg = segment(Trace.from_snapshot(snap))
@@ -141,7 +142,9 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
 
     @functools.cache
     def lifetimes() -> Lifetimes:  # which block each free frees: built only where a rule below asks
-        return (timeline if timeline is not None else Timeline.from_trace(trace)).lifetimes
+        if timeline is not None:
+            return timeline.lifetimes
+        return lifetimes_given if lifetimes_given is not None else lifetimes_of(trace)
 
     intervals, sources = find_intervals(trace, prefix)
     for iv in intervals:
