@@ -160,7 +160,8 @@ class Trace:
 
 
 #: A C++ frame whose name holds this made a math library's workspace: cuBLAS's per handle and
-#: stream (``at::cuda::setWorkspaceForHandle``, 32 MiB each on Hopper) and cuBLASLt's
+#: stream (``at::cuda::setWorkspaceForHandle`` in torch 2.11, ``at::cuda::getNewWorkspace`` in the
+#: torch of wild/kkaitlyn_ctx256_forward_mixed; 32 MiB each on Hopper) and cuBLASLt's
 #: (``at::cuda::getCUDABlasLtWorkspace``, 1 MiB). In heldout13's inference traces (and every later
 #: workload of a process that ran a matmul under an earlier recording) these blocks came from before
 #: the trace, beside the weights, and were "parameters" (h13_embeddings_cat_growth: 105 MiB of them

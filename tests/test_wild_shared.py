@@ -193,3 +193,16 @@ def test_the_last_gradient_is_not_called_the_embeddings_when_it_is_not():
     adapter's (128 KiB), not the embedding's (frozen, 32000 × 2048)."""
     (g,) = [p for p in _report("cranberrii_ftcourse").patterns_of("gradients") if p.phase == "backward"]
     assert "embedding" not in g.explanation
+
+
+def test_a_workspace_from_before_recording_is_not_a_weight():
+    """kkaitlyn_ctx256_forward_mixed: the 2.7B CS336 model (d 2560, d_ff 10240, 32 layers, vocab
+    10000; cs336_systems/benchmark.py's get_model_config) kept in fp32 under autocast, and cuBLAS's
+    32 MiB workspace, whose stack in segments names getNewWorkspace, beside it."""
+    r = _report("kkaitlyn_ctx256_forward_mixed")
+    d, ff, layers, vocab = 2560, 10240, 32, 10000
+    # fp32, as requested (the segments' requested_size, not the 2 MiB-rounded block)
+    weights = 4 * (layers * (4 * d * d + 3 * d * ff) + 2 * vocab * d)
+    param = r.by_category["parameter"]
+    assert weights <= param <= weights + (4 << 20)  # plus the norms' small blocks
+    assert r.by_category["other"] >= 32 << 20
