@@ -49,4 +49,4 @@ class Analysis:
 
     def categories_at_level(self, events) -> np.ndarray:
         """(len(events), len(CATEGORIES)) bytes per category at the level each event reaches."""
-        return self.categories.at_level(events, self.timeline.delta)
+        return self.categories.at_level(events, self.timeline)

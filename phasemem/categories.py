@@ -368,8 +368,8 @@ class CategoryCurves:
             out[:, c] = np.cumsum(d)[pts]
         return out
 
-    def at_level(self, events, delta: np.ndarray) -> np.ndarray:
+    def at_level(self, events, timeline) -> np.ndarray:
         """Bytes per category at the level each event reaches (after an alloc, before a free),
         so that each row sums to ``Timeline.level`` there."""
         ev = np.asarray(events, dtype=np.int64)
-        return self.at(np.where(delta[ev] < 0, ev, ev + 1))
+        return self.at(np.where(timeline.change_at(ev) < 0, ev, ev + 1))

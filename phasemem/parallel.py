@@ -110,7 +110,7 @@ def backward_ends(steps: list[Step], n_events: int) -> np.ndarray:
 def role_bytes(timeline: Timeline, codes: np.ndarray, event: int) -> tuple[dict[str, int], dict[str, int]]:
     """Bytes of each role alive at the level ``event`` reaches, and the most each held at once."""
     life, n = timeline.lifetimes, len(timeline.delta)
-    point = event if timeline.delta[event] < 0 else event + 1  # after an alloc, before a free: as categories
+    point = event if timeline.active_after[event] < timeline.active_before[event] else event + 1  # after an alloc, before a free: as categories
     at, most = {}, {}
     for c, r in enumerate(ROLES):
         m = codes == c

@@ -34,7 +34,7 @@ def alive_at(an: Analysis, event: int) -> np.ndarray:
     """Which allocations (Lifetimes order) hold memory at the level ``event`` reaches: after an
     alloc, before a free (as ``Timeline.level`` counts it)."""
     life = an.timeline.lifetimes
-    q = event if an.timeline.delta[event] < 0 else event + 1
+    q = event if an.timeline.active_after[event] < an.timeline.active_before[event] else event + 1
     return (life.alloc_event < q) & (life.free_event >= q)
 
 

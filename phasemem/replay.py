@@ -16,12 +16,14 @@ SPARSE_SHARE = 0.125
 def points(n: int, alloc: np.ndarray, free: np.ndarray, size: np.ndarray) -> np.ndarray:
     """Bytes alive at the n + 1 points between events (point k: just before event k) of blocks
     alive from alloc (-1: before the trace) to free (n: to the end)."""
-    # bincount over float64 is exact below 2**53 bytes and far faster than np.add.at; in place, as
-    # each array is n long (80 MB at 10M events)
-    d = np.bincount(alloc + 1, weights=size, minlength=n + 2)[:n + 2]
-    d -= np.bincount(free + 1, weights=size, minlength=n + 2)[:n + 2]
+    # One int64 column, summed in place (80 MB at 10M events): ufunc.at is fast since numpy 1.25
+    # (0.09 s against bincount's 0.5 s for 5M blocks at 10M events), and bincount's float64
+    # columns and their int64 copy were three of these at once, the analysis's peak.
+    d = np.zeros(n + 2, np.int64)
+    np.add.at(d, alloc + 1, size)
+    np.subtract.at(d, free + 1, size)
     np.cumsum(d, out=d)
-    return d[:n + 1].astype(np.int64)
+    return d[:n + 1]
 
 
 def replay(n: int, alloc: np.ndarray, free: np.ndarray, size: np.ndarray) -> np.ndarray:
@@ -40,23 +42,29 @@ def changed_level(base: np.ndarray, alloc: np.ndarray, free: np.ndarray, size: n
                   new_free: np.ndarray, new_size: np.ndarray, added: tuple = ()) -> np.ndarray:
     """The level once blocks (alloc, free, size) take ``new_free``/``new_size`` and the blocks
     ``added`` (alloc events, free events, sizes) join them; ``base`` is ``points`` of the unchanged blocks."""
+    pts = changed_points(base, alloc, free, size, new_free, new_size, added)
+    return np.maximum(pts[:-1], pts[1:])
+
+
+def changed_points(base: np.ndarray, alloc: np.ndarray, free: np.ndarray, size: np.ndarray,
+                   new_free: np.ndarray, new_size: np.ndarray, added: tuple = ()) -> np.ndarray:
+    """``points`` of the changed blocks (see changed_level), a new array (``base`` is not modified)."""
     n = len(base) - 1
     touched = np.flatnonzero((new_size != size) | (new_free != free))
     if len(touched) > SPARSE_SHARE * len(size):  # summed again whole: no copies of the touched blocks
         if added:
             alloc, new_free, new_size = (np.concatenate([x, y]) for x, y in zip((alloc, new_free, new_size), added))
-        pts = points(n, alloc, new_free, new_size)
-        return np.maximum(pts[:-1], pts[1:])
+        return points(n, alloc, new_free, new_size)
     a = alloc[touched]
     # each touched block: its original taken out, its changed self put in
     ev_a = np.concatenate([a, a] + ([added[0]] if added else []))
     ev_f = np.concatenate([free[touched], new_free[touched]] + ([added[1]] if added else []))
     w = np.concatenate([-size[touched], new_size[touched]] + ([added[2]] if added else []))
     if not len(w):
-        return np.maximum(base[:-1], base[1:])
+        return base.copy()
     pts = _step_function(n, np.concatenate([ev_a + 1, ev_f + 1]), np.concatenate([w, -w]))
     pts += base
-    return np.maximum(pts[:-1], pts[1:])
+    return pts
 
 
 def _step_function(n: int, at: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -85,6 +93,23 @@ class Replayed:
         return cls(explanation, list(assumptions), peak, int(level[peak]),
                    np.maximum.reduceat(level, run_first) if len(run_first) else np.zeros(0, np.int64),
                    {int(e): (int(level[:e + 1].max()), int(level[e])) for e in events})
+
+    @classmethod
+    def of_points(cls, pts: np.ndarray, run_first: np.ndarray, events, explanation: str, assumptions: list[str]):
+        """``of`` the level ``np.maximum(pts[:-1], pts[1:])`` without making it (80 MB at 10M events):
+        event i's level is the larger of the points around it."""
+        n = len(pts) - 1
+        if n <= 0:
+            return cls.of(np.maximum(pts[:-1], pts[1:]), run_first, events, explanation, assumptions)
+        top = int(np.argmax(pts))  # the first point at the highest level; the first event touching it
+        peak = max(top - 1, 0)
+        if len(run_first):
+            ends = np.append(run_first[1:], n)  # each run's events [r_k, r_k+1) touch points up to r_k+1
+            runs = np.maximum(np.maximum.reduceat(pts[:n], run_first), pts[ends])
+        else:
+            runs = np.zeros(0, np.int64)
+        return cls(explanation, list(assumptions), peak, int(pts[top]), runs,
+                   {int(e): (int(pts[:e + 2].max()), int(max(pts[e], pts[e + 1]))) for e in events})
 
     def need(self, event: int, request: int) -> int:
         """The most memory needed up to ``event`` once it also asks for ``request`` bytes."""

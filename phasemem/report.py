@@ -127,14 +127,14 @@ class Report:
         e = self.peak_event if event is None else int(event)
         if not 0 <= e < self.n_events:
             raise IndexError(f"event {e} is outside the trace (0..{self.n_events - 1})")
-        row = self.category_curves.at_level([e], self.timeline.delta)[0]
+        row = self.category_curves.at_level([e], self.timeline)[0]
         return dict(zip(CATEGORIES, row.tolist()))
 
     def category_curve(self, points: int = 1000) -> dict[str, list[int]]:
         """Bytes per category at up to ``points`` evenly spaced events (and the overall peak)."""
         ev = np.unique(np.concatenate([np.linspace(0, self.n_events - 1, min(points, self.n_events)).astype(np.int64),
                                        [self.peak_event]]))
-        m = self.category_curves.at_level(ev, self.timeline.delta)
+        m = self.category_curves.at_level(ev, self.timeline)
         return {"event": ev.tolist(), **{c: m[:, k].tolist() for k, c in enumerate(CATEGORIES)}}
 
     def patterns_of(self, kind: str) -> list[Pattern]:

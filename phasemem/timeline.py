@@ -57,15 +57,30 @@ class Timeline:
     """
 
     active_after: np.ndarray  # int64, bytes allocated after each event
-    delta: np.ndarray  # int64, change each event makes
     baseline: int  # bytes alive before the first event
     reserved_after: np.ndarray  # int64, bytes reserved from the driver after each event
     lifetimes: Lifetimes
 
-    # Cached: measure, the patterns and the report all read these whole-trace arrays.
+    # Cached: measure, the patterns and the report all read these whole-trace arrays. Each is 80 MB
+    # at 10M events, so none is made before something asks (the picture asks for delta, after the
+    # what-if replays have freed theirs: the 10M analysis's peak).
+    @cached_property
+    def delta(self) -> np.ndarray:
+        """int64, the change each event makes."""
+        return np.diff(self.active_after, prepend=self.baseline)
+
+    def change_at(self, events) -> np.ndarray:
+        """The change the given events make (``delta[events]``, without the whole column)."""
+        ev = np.asarray(events, dtype=np.int64)
+        return self.active_after[ev] - self.active_before[ev]
+
     @cached_property
     def active_before(self) -> np.ndarray:
-        return self.active_after - self.delta
+        out = np.empty_like(self.active_after)
+        if len(out):
+            out[0] = self.baseline
+            out[1:] = self.active_after[:-1]
+        return out
 
     @cached_property
     def level(self) -> np.ndarray:
@@ -76,7 +91,7 @@ class Timeline:
     def freed_at(self) -> np.ndarray:
         """Per event: the event that frees what it allocated (``len(trace)`` while still alive, and
         for events that allocate nothing)."""
-        n = len(self.delta)
+        n = len(self.active_after)
         out = np.full(n, n, np.int64)
         made = self.lifetimes.alloc_event >= 0
         out[self.lifetimes.alloc_event[made]] = self.lifetimes.free_event[made]
@@ -98,8 +113,9 @@ class Timeline:
 
         lifetimes = _lifetimes(trace, alloc_ev, free_ev, orphan_ev)
         baseline = int(lifetimes.size[lifetimes.preexisting].sum())
-        return cls(active_after=baseline + np.cumsum(delta), delta=delta, baseline=baseline,
-                   reserved_after=_reserved(trace), lifetimes=lifetimes)
+        np.cumsum(delta, out=delta)
+        delta += baseline  # now the bytes after each event
+        return cls(active_after=delta, baseline=baseline, reserved_after=_reserved(trace), lifetimes=lifetimes)
 
 
 def lifetimes_of(trace: Trace) -> Lifetimes:

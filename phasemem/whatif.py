@@ -14,7 +14,7 @@ import numpy as np
 
 from .analysis import Analysis
 from .model import Pattern, WhatIf
-from .replay import Replayed, changed_level, points, replay
+from .replay import Replayed, changed_points, points, replay
 from .sizes import in_sorted
 from .units import format_bytes
 from .vocab import C, P, PHASES
@@ -62,10 +62,10 @@ def replays(an: Analysis, patterns: list[Pattern]) -> list[tuple[str, Replayed |
             continue
         if base is None:
             base = points(n, life.alloc_event, life.free_event, life.size)
-        level = changed_level(base, life.alloc_event, life.free_event, life.size, change.free, change.size,
-                              change.added)
-        out.append((name, Replayed.of(level, an.facts.run_first, ooms, change.explanation, change.assumptions)))
-        del level, change  # a curve and a change are ~130 MB at 10M events: one of each at a time
+        pts = changed_points(base, life.alloc_event, life.free_event, life.size, change.free, change.size,
+                             change.added)
+        out.append((name, Replayed.of_points(pts, an.facts.run_first, ooms, change.explanation, change.assumptions)))
+        del pts, change  # a curve and a change are ~130 MB at 10M events: one of each at a time
     return out
 
 

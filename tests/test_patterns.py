@@ -97,7 +97,7 @@ def test_adam_state_once_and_temporaries_unless_fused_shared(analysed):
 def test_categories_sum_to_the_curve_and_match_the_model_shared(analysed):
     report, meta, _ = analysed
     tl = report.timeline
-    every = report.category_curves.at_level(np.arange(report.n_events), tl.delta)
+    every = report.category_curves.at_level(np.arange(report.n_events), tl)
     assert (every.sum(axis=1) == tl.level).all()
     cats = report.categories()
     assert _close(cats["parameter"], meta["param_bytes"])
@@ -230,7 +230,7 @@ def test_categories_match_each_recorded_model(path):
         e["frames"] = []
     report = phasemem.analyze(snap)
     p = meta["param_bytes"]
-    every = report.category_curves.at_level(np.arange(report.n_events), report.timeline.delta)
+    every = report.category_curves.at_level(np.arange(report.n_events), report.timeline)
     assert _close(report.categories()["parameter"], p)
     assert _close(int(every[:, 1].max()), p)  # gradients, where alive
     name = meta["optimizer"]

@@ -70,7 +70,7 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
         if inside and bwd[0][0] < z0 < bwd[-1][1]:
             continue  # a per-parameter zero_grad of an update inside backward: the stripes say so
         # count by the curve, so gradients made before recording began (a warm-up step) count too
-        d = ctx.timeline.delta[z0:z1 + 1]
+        d = ctx.timeline.active_after[z0:z1 + 1] - ctx.before[z0:z1 + 1]  # their changes (no whole-trace delta)
         freed = d[d < 0]
         if not len(freed):
             continue
