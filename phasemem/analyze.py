@@ -192,6 +192,21 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report
     )
 
 
+#: An out-of-memory error is caught where at least this many allocations follow it in the trace
+#: (h13_oom_retry_halve: hundreds after each; a program that dies makes none, or a few as it unwinds).
+CAUGHT_ALLOCS = 16
+
+
+def _caught_ooms(trace: Trace) -> list[int]:
+    """The ``oom`` events that the program went on after (CAUGHT_ALLOCS allocations follow)."""
+    ooms = np.flatnonzero(trace.action == A["oom"])
+    if not len(ooms):
+        return []
+    allocs = np.flatnonzero(trace.action == A["alloc"])
+    after = len(allocs) - np.searchsorted(allocs, ooms, "right")
+    return [int(e) for e, k in zip(ooms, after) if k >= CAUGHT_ALLOCS]
+
+
 def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
     """What the reader must know to trust the report: where its phases came from, partial steps."""
     notes = []
@@ -216,6 +231,12 @@ def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
         a = seg.steps[-1][1]
         notes.append(f"events {a}-{len(seg.labels) - 1}, after the last step, are forward passes with no backward that "
                      f"free what they allocate (an evaluation or inference): not a step, and not in the steps' table")
+    caught = _caught_ooms(trace)
+    if caught:
+        where = ", ".join(f"{e:,}" for e in caught[:5]) + (" …" if len(caught) > 5 else "")
+        notes.append(f"{len(caught)} out-of-memory error(s) (event(s) {where}) did not end the program: allocations "
+                     f"succeed after each, so it caught them and went on (a retry, e.g. with a smaller batch); the "
+                     f"step holding them includes the attempts that failed, and their memory")
     inside = backward_resumed(seg.labels, seg.step_of)
     if len(inside):
         notes.append(f"the optimizer runs inside backward in {len(inside)} of {len(steps)} step(s) (its steps "
