@@ -221,6 +221,15 @@ def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
                      "so phases were inferred")
     if any(not s.complete for s in steps):
         notes.append(PARTIAL_NOTE)
+        last = steps[-1]
+        tail = seg.labels[last.start_event:last.end_event + 1]
+        if not last.complete and len(steps) > 1 and len(tail) and not np.isin(
+                tail, [P["loss"], P["backward"], P["zero_grad"], P["optimizer"]]).any():
+            # h13_eval_graph_leak: a validation forward after the last update that keeps its graph
+            # reads as the start of a next step; a recording stopped inside a forward reads the same
+            notes.append(f"step {last.number} is forward passes only (events {last.start_event:,}-{last.end_event:,}): "
+                         f"either the trace ends inside that step's forward, or they are an evaluation after the "
+                         f"last update that keeps memory; the trace cannot tell which")
     if seg.skipped:
         names = ", ".join(str(steps[k].number) for k in seg.skipped if k < len(steps))
         notes.append(f"step(s) {names} ran no optimizer update: a zero_grad discarded their gradients before "

@@ -161,3 +161,16 @@ def test_caught_out_of_memory_errors_are_said_and_fatal_ones_are_not():
     if fatal.exists():
         r = phasemem.analyze(str(fatal))
         assert r.ooms and not any("did not end the program" in n for n in r.notes)
+
+
+def test_a_forward_only_last_step_is_said_to_be_either_cut_or_an_evaluation():
+    """The validation after the last update keeps its graph, so with torch's annotations alone it
+    reads as a fifth, partial step; the report says it may be either."""
+    snap = recording(HELDOUT13, "h13_eval_graph_leak")
+    (_, marked), (_, plain) = marked_and_plain(snap)
+    assert len(marked.steps) == 4 and not any("forward passes only (events" in n for n in marked.notes)
+    last = plain.steps[-1]
+    assert not last.complete
+    assert _in_gt_range(snap, "eval3")[last.start_event + 3:last.end_event - 3].all()
+    said = [n for n in plain.notes if "forward passes only (events" in n]
+    assert len(said) == 1 and f"step {last.number} " in said[0] and "evaluation" in said[0]
