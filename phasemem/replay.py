@@ -38,17 +38,11 @@ def replay(n: int, alloc: np.ndarray, free: np.ndarray, size: np.ndarray) -> np.
     return np.maximum(pts[:-1], pts[1:])
 
 
-def changed_level(base: np.ndarray, alloc: np.ndarray, free: np.ndarray, size: np.ndarray,
-                  new_free: np.ndarray, new_size: np.ndarray, added: tuple = ()) -> np.ndarray:
-    """The level once blocks (alloc, free, size) take ``new_free``/``new_size`` and the blocks
-    ``added`` (alloc events, free events, sizes) join them; ``base`` is ``points`` of the unchanged blocks."""
-    pts = changed_points(base, alloc, free, size, new_free, new_size, added)
-    return np.maximum(pts[:-1], pts[1:])
-
-
 def changed_points(base: np.ndarray, alloc: np.ndarray, free: np.ndarray, size: np.ndarray,
                    new_free: np.ndarray, new_size: np.ndarray, added: tuple = ()) -> np.ndarray:
-    """``points`` of the changed blocks (see changed_level), a new array (``base`` is not modified)."""
+    """The points (see ``points``) once blocks (alloc, free, size) take ``new_free``/``new_size`` and
+    the blocks ``added`` (alloc events, free events, sizes) join them; ``base`` is ``points`` of the
+    unchanged blocks and is not modified. The level is ``np.maximum(pts[:-1], pts[1:])``."""
     n = len(base) - 1
     touched = np.flatnonzero((new_size != size) | (new_free != free))
     if len(touched) > SPARSE_SHARE * len(size):  # summed again whole: no copies of the touched blocks

@@ -97,7 +97,7 @@ def build_index(trace: Trace, prefix: str, timeline: Timeline | None = None) -> 
         return StepIndex(prefix=prefix, exact=False, reason=_INFERRED, n_events=n, first=z, stop=z, number=z,
                          complete=z.astype(bool), t_end=z, reserved_end=z, cross=np.zeros((0, 4), np.int64))
     # Only the lifetimes and the reserved bytes: no per-event curves for a whole trace of which a
-    # few steps are wanted (10M events: 1.45 -> {} GiB peak for --steps from the pickle).
+    # few steps are wanted (10M events: 1.45 -> 1.33 GiB peak for --steps from the pickle).
     life = timeline.lifetimes if timeline is not None else lifetimes_of(trace)
     reserved = timeline.reserved_after if timeline is not None else reserved_curve(trace)
     seg = segment(trace, prefix, timeline, lifetimes_given=life)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.replay import changed_level, points, replay
+from phasemem.replay import Replayed, changed_points, points, replay
 from phasemem.whatif import REMEDIES
 from reference import replay as naive_replay
 from conftest import FIXTURES, load_snapshot
@@ -69,8 +69,14 @@ def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
     want = replay(n, np.concatenate([life.alloc_event, added[0]]), np.concatenate([free, added[1]]),
                   np.concatenate([size, added[2]]))
     base_pts = points(n, life.alloc_event, life.free_event, life.size)
-    got = changed_level(base_pts, life.alloc_event, life.free_event, life.size, free, size, added)
-    assert np.array_equal(got, want)
+    pts = changed_points(base_pts, life.alloc_event, life.free_event, life.size, free, size, added)
+    assert np.array_equal(np.maximum(pts[:-1], pts[1:]), want)
+    # what the report keeps of it, read from the points, is what the level itself gives
+    runs = report.analysis.facts.run_first
+    ooms = [0, n // 2, n - 1]
+    a, b = Replayed.of(want, runs, ooms, "", []), Replayed.of_points(pts, runs, ooms, "", [])
+    assert (a.peak_event, a.peak_bytes, a.at_events) == (b.peak_event, b.peak_bytes, b.at_events)
+    assert np.array_equal(a.run_peaks, b.run_peaks)
 
 
 @pytest.fixture(scope="module")

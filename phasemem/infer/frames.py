@@ -123,7 +123,7 @@ def _is_torch(fn: str) -> bool:
 
 def _is_user(fn: str) -> bool:
     fn = fn.replace("\\", "/")
-    return not ("/torch/" in fn or fn.startswith("torch/") or "site-packages/" in fn or "dist-packages/" in fn)
+    return not (_is_torch(fn) or "site-packages/" in fn or "dist-packages/" in fn)
 
 
 def has_usable_frames(trace: Trace) -> bool:
@@ -266,7 +266,6 @@ def weight_sources(trace: Trace) -> np.ndarray:
     return per_stack(trace, source, none=True)
 
 
-
 #: Frames that show a linear layer made a block, as an LM head makes its logits: ``nn.Linear``'s
 #: file, torch's matmul-like Python functions (``F.linear``, ``torch.einsum``, which a hand-written
 #: Linear calls: wild/magma27_cs336) and the matmul kernels' C++ names. A segmentation net's
@@ -299,3 +298,10 @@ def made_by_linear(trace: Trace) -> np.ndarray:
         return NOT_LINEAR
 
     return per_stack(trace, of, np.int8, UNKNOWN)
+
+
+def innermost_function(trace: Trace, stack_id: int) -> str | None:
+    """The innermost Python function of a stack (the op that made a block: ``interpolate``), or
+    None where the stack has no Python frame."""
+    py = _python([trace.frames[f] for f in trace.stacks[stack_id]]) if stack_id >= 0 else []
+    return py[0][2] if py else None

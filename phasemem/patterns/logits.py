@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
-from ..infer.frames import LINEAR, NOT_LINEAR, made_by_linear, outside_modules, _python
+from ..infer.frames import LINEAR, NOT_LINEAR, innermost_function, made_by_linear, outside_modules
 from ..model import Pattern
 from ..units import format_bytes
 
@@ -139,7 +139,8 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
                      f"gradients) hold {share:.0%} of this step's peak. To shrink it: compute the loss in chunks of "
                      f"the sequence (a fused or chunked cross-entropy), keep logits in bf16, or use a smaller "
                      f"micro-batch." if made == LINEAR else
-                     _unnamed(size, share, largest, _op(ctx, a) if made == NOT_LINEAR else None)),
+                     _unnamed(size, share, largest,
+                              innermost_function(ctx.trace, int(ctx.trace.stack[a])) if made == NOT_LINEAR else None)),
         details={"vocab_share_of_peak": round(share, 4), "vocab_bytes_at_peak": vocab_bytes,
                  "copies": int(len(vocab))},
         members=(int(logits),),
@@ -167,13 +168,6 @@ def _consumed(ctx: Context, vocab: np.ndarray, bwd) -> int:
         return first
     later = [int(b) for b in vocab[1:] if fits(b)]
     return later[0] if later else first
-
-
-def _op(ctx: Context, alloc_event: int) -> str | None:
-    """The innermost Python function of an allocation's stack (the op that made it), if any."""
-    sid = int(ctx.trace.stack[alloc_event])
-    py = _python([ctx.trace.frames[f] for f in ctx.trace.stacks[sid]]) if sid >= 0 else []
-    return py[0][2] if py else None
 
 
 def _unnamed(size: int, share: float, largest: str, op: str | None) -> str:
