@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .facts import Context, gradient_allocs
-from .infer.frames import copies, weight_moves, weight_sources
+from .infer.frames import copies, weight_moves, weight_sources, workspace_stacks
 from .vocab import CATEGORIES, C, P
 
 __all__ = ["CATEGORIES", "C", "CategoryCurves", "classify"]  # the vocabulary lives in vocab.py
@@ -61,7 +61,9 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     fwd_starts = ctx.run_first[ctx.run_phase == P["forward"]]
     cat[_batch(ctx, other, fwd_starts)] = C["input"]
     # Made before the first step's forward and kept to the end: weights created after recording began.
-    first_fwd = fwd_starts[0] if len(fwd_starts) else n
+    # Without a forward found there is no "before": what a bare function computes and the script
+    # keeps is no weight (wild/silmont_mem_snapshot: an attention output and its 4-byte sum were).
+    first_fwd = fwd_starts[0] if len(fwd_starts) else -1
     made = other & (f >= n) & (a < first_fwd) & (s_at <= 0)
     if not _trains(ctx):
         # in inference nothing pairs them with a gradient: only a stack that makes weights says so
@@ -72,6 +74,8 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     # phase: offloading moves each block's weights in just before it runs and out after, inside
     # forward (h13_layer_offload_infer, marked: the blocks' weights were forward's temporaries).
     cat[weight_moves(ctx.trace)[a]] = C["parameter"]
+    # ... but never a math library's workspace, made by the first matmul wherever it runs
+    cat[(cat == C["parameter"]) & workspace_stacks(ctx.trace)[ctx.trace.stack[a]]] = C["other"]
     # Gradient-sized blocks from before recording are optimizer state only if the optimizer did not
     # make its state in the trace: where it did (at least STATE_MADE of the gradients' bytes), they
     # are a copy of the weights the optimizer does not own (h5_gpt_varlen_ema's EMA weights).

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..vocab import P
 from ..timeline import Timeline
-from ..trace import A, Trace
+from ..trace import A, WORKSPACE_FRAME, Trace
 
 # Event classes from frames.
 NONE, FWD, OPT, ZG, BWD_PY, OTHER = range(6)
@@ -305,3 +305,11 @@ def innermost_function(trace: Trace, stack_id: int) -> str | None:
     None where the stack has no Python frame."""
     py = _python([trace.frames[f] for f in trace.stacks[stack_id]]) if stack_id >= 0 else []
     return py[0][2] if py else None
+
+
+def workspace_stacks(trace: Trace) -> np.ndarray:
+    """Per stack id (``per_stack``): does a C++ frame name a math library's workspace getter
+    (``trace.WORKSPACE_FRAME``: cuBLAS's, cuBLASLt's)? Such a block is no weight, whatever its size
+    or its place (h14_pinn_second_order: the first matmul's 32 MiB and 1 MiB, made before the first
+    forward and kept, were "parameters")."""
+    return per_stack(trace, lambda fr: any(WORKSPACE_FRAME in nm and not fn.endswith(".py") for fn, _, nm in fr))

@@ -79,7 +79,7 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
         fwd = ctx.runs_of(step, "forward")
         late = any(f0 < z0 for f0, _ in fwd)
         if late:
-            advice = (" Calling it right after optimizer.step (rather than just before backward) keeps them from "
+            advice = (" Releasing them right after the update (rather than just before backward) keeps them from "
                       "sitting alongside the next forward's activations.")
         elif fwd:
             advice = " It runs before this step's forward, so they do not sit alongside its activations."
@@ -89,7 +89,10 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
             kind="gradients", step=step, phase="zero_grad", start_event=z0, end_event=z1,
             peak_event=z0, bytes=nbytes,
             explanation=(
-                f"zero_grad(set_to_none=True) releases the gradients: {format_bytes(nbytes)} freed at once.{advice}"
+                # the same frees whether zero_grad(set_to_none=True) or the loop's own .grad = None made them
+                # (h14_sgd_by_hand has no optimizer object to call zero_grad on)
+                f"The gradients are released (zero_grad(set_to_none=True), or .grad = None): "
+                f"{format_bytes(nbytes)} freed at once.{advice}"
             ),
             details={"release": True, "count": int(len(freed))},
         ))
