@@ -206,3 +206,12 @@ def test_a_workspace_from_before_recording_is_not_a_weight():
     param = r.by_category["parameter"]
     assert weights <= param <= weights + (4 << 20)  # plus the norms' small blocks
     assert r.by_category["other"] >= 32 << 20
+
+
+def test_a_bare_function_has_no_weights():
+    """silmont_mem_snapshot: trace_peak_memory.py (133f064) makes Q, K, V (8×4096×16, requires_grad)
+    and runs an attention function with no module: nothing there is a parameter."""
+    r = _report("silmont_mem_snapshot")
+    assert r.by_category["parameter"] == 0
+    qkv = 3 * 8 * 4096 * 16 * 4
+    assert r.by_category["other"] + r.by_category.get("input", 0) >= qkv
