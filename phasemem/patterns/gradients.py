@@ -91,7 +91,7 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
             explanation=(
                 # the same frees whether zero_grad(set_to_none=True) or the loop's own .grad = None made them
                 # (h14_sgd_by_hand has no optimizer object to call zero_grad on)
-                f"The gradients are released (zero_grad(set_to_none=True), or .grad = None): "
+                f"The gradients are released (zero_grad(set_to_none=True), or each .grad set to none by hand): "
                 f"{format_bytes(nbytes)} freed at once.{advice}"
             ),
             details={"release": True, "count": int(len(freed))},
