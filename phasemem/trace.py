@@ -169,9 +169,14 @@ class Trace:
 WORKSPACE_FRAME = "Workspace"
 
 
+def is_workspace_frame(filename: str, name: str) -> bool:
+    """A C++ frame of a math library's workspace getter (see WORKSPACE_FRAME)."""
+    return WORKSPACE_FRAME in name and not filename.endswith(".py")
+
+
 def _made_by_workspace(block: dict) -> bool:
     frames = block.get("frames") or ()
-    return any(WORKSPACE_FRAME in str(f.get("name", "")) and not str(f.get("filename", "")).endswith(".py")
+    return any(is_workspace_frame(str(f.get("filename", "")), str(f.get("name", "")))
                for f in frames if isinstance(f, dict))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..vocab import P
 from ..timeline import Timeline
-from ..trace import A, WORKSPACE_FRAME, Trace
+from ..trace import A, Trace, is_workspace_frame
 
 # Event classes from frames.
 NONE, FWD, OPT, ZG, BWD_PY, OTHER = range(6)
@@ -312,4 +312,4 @@ def workspace_stacks(trace: Trace) -> np.ndarray:
     (``trace.WORKSPACE_FRAME``: cuBLAS's, cuBLASLt's)? Such a block is no weight, whatever its size
     or its place (h14_pinn_second_order: the first matmul's 32 MiB and 1 MiB, made before the first
     forward and kept, were "parameters")."""
-    return per_stack(trace, lambda fr: any(WORKSPACE_FRAME in nm and not fn.endswith(".py") for fn, _, nm in fr))
+    return per_stack(trace, lambda fr: any(is_workspace_frame(fn, nm) for fn, _, nm in fr))
