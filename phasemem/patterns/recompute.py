@@ -56,6 +56,8 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         order = np.argsort(hf, kind="stable")
         pos = np.minimum(np.searchsorted(hf[order], hb), len(hf) - 1)
         hit = hf[order][pos] == hb
+        if not hit.any():
+            continue  # no run can form (most backward runs of a network without checkpointing)
         fpos = order[pos]  # first forward k-gram with the same sizes
         discarded = np.concatenate([(ctx.free[fwd] < b0).astype(np.float64), np.zeros(K)])
         csum = np.concatenate([[0.0], np.cumsum(discarded)])
