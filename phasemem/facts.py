@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .infer.frames import loss_seeds
+from .infer.frames import loss_seeds, workspace_stacks
 from .segment import Segmentation
 from .sizes import in_sorted
 from .spans import backward_resumed, phase_runs
@@ -119,6 +119,9 @@ def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
         idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         if len(idx):
             idx = idx[~ctx.memo("loss_seeds", lambda: loss_seeds(ctx.trace))[ctx.alloc[idx]]]
+            # The autograd thread's cuBLAS workspace, made in the first backward and kept, is no gradient
+            # even where it has a weight's size (h15_gradcache_contrastive: 32 MiB, the embedding's).
+            idx = idx[~ctx.memo("workspace_stacks", lambda: workspace_stacks(ctx.trace))[ctx.trace.stack[ctx.alloc[idx]]]]
         if len(ctx.param_sizes) and len(idx):
             sizes = ctx.memo("gradient_sizes", lambda: np.union1d(ctx.param_sizes, _released_sizes(ctx)))
             ok = in_sorted(ctx.size[idx], sizes)
