@@ -346,7 +346,7 @@ def _layer_period(sizes: np.ndarray, seen: dict | None = None) -> int | None:
 
 def _activation_checkpointing(f: _Facts):
     if f.members("checkpoint_recompute").size:
-        return "activation checkpointing is on already: backward recomputes blocks (checkpoint_recompute)"
+        return "backward recomputes forward's tensors already (checkpoint_recompute)"
     vocab = np.zeros(len(f.size), bool)
     vocab[_vocab(f)] = True
     saved = (f.phase_alloc == P["forward"]) & (f.phase_free == P["backward"]) & (f.cat == C["activation"]) & ~vocab

@@ -240,6 +240,22 @@ def checkpoint_recomputes(trace: Trace) -> np.ndarray:
     return per_stack(trace, recompute)
 
 
+MODULE_CALLS = ("_call_impl", "_wrapped_call_impl")
+
+
+def module_forwards(trace: Trace) -> np.ndarray:
+    """Per stack id (``per_stack``): is the event made by a module's forward that the program itself
+    calls, not checkpoint's recompute (no frame in torch/utils/checkpoint.py)? Where backward's ripples
+    are such allocations, the program runs forward again on its own (gradient caching:
+    h15_gradcache_contrastive encodes each chunk again with grad inside its backward phase), and that
+    is no activation checkpointing."""
+    def own(fr):
+        called = any(fn.endswith("torch/nn/modules/module.py") and nm in MODULE_CALLS for fn, _, nm in fr)
+        return called and not any(fn.endswith("torch/utils/checkpoint.py") for fn, _, _ in fr)
+
+    return per_stack(trace, own)
+
+
 def outside_modules(trace: Trace) -> np.ndarray:
     """Per stack id (``per_stack``): do the stack's Python frames run through no ``nn.Module`` call?
     False where the event has no Python frames (nothing tells). A model's head makes its logits inside the model's

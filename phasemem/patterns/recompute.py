@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
-from ..infer.frames import checkpoint_recomputes, offload_unpacks
+from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks, workspace_stacks
 from ..model import Pattern
 from ..units import format_bytes
 
@@ -26,6 +26,11 @@ GAP = 3  # a first-step allocation (a workspace) may split one run; rejoin acros
 #: (infer.frames.offload_unpacks), the ripples are activations copied back, not recomputed:
 #: h6_save_on_cpu has half (the other half are the gradients computed from them, no frames).
 OFFLOADED = 0.25
+#: Where no allocation of the runs is checkpoint's and at least this share are made by a module's
+#: forward that the program calls itself (infer.frames.module_forwards), the program runs forward
+#: again on its own: h15_gradcache_contrastive's chunks, encoded again with grad in its backward phase
+#: (all of them), were "activation checkpointing at work".
+OWN_FORWARD = 0.5
 
 
 def _kgrams(sizes: np.ndarray, k: int) -> np.ndarray:
@@ -43,6 +48,36 @@ def _runs(mask: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
     return np.delete(starts, join + 1), np.delete(stops, join)
 
 
+def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int) -> list[tuple[int, int]]:
+    """The runs of backward allocations (positions in ``bwd``) whose sizes repeat, K at a time, forward
+    allocations that forward had mostly discarded (DISCARDED) before backward began."""
+    if len(fwd) < K or len(bwd) < K:
+        return []
+    hf, hb = _kgrams(ctx.size[fwd], K), _kgrams(ctx.size[bwd], K)
+    order = np.argsort(hf, kind="stable")
+    pos = np.minimum(np.searchsorted(hf[order], hb), len(hf) - 1)
+    hit = hf[order][pos] == hb
+    if not hit.any():
+        return []  # no run can form (most backward runs of a network without checkpointing)
+    fpos = order[pos]  # first forward k-gram with the same sizes
+    discarded = np.concatenate([(ctx.free[fwd] < b0).astype(np.float64), np.zeros(K)])
+    csum = np.concatenate([[0.0], np.cumsum(discarded)])
+    disc_share = (csum[fpos + K] - csum[fpos]) / K
+    covered = np.zeros(len(bwd), dtype=bool)
+    for j in range(K):  # every allocation inside a matching k-gram is a candidate
+        covered[j:len(hit) + j] |= hit
+    starts, stops = _runs(covered, GAP)
+    # per run, the matching k-grams that start in it (a..max(b-K+1, a+1)) and their mean share
+    # discarded, from running sums (the shares are quarters: their sums are exact)
+    hits = np.concatenate([[0], np.cumsum(hit)])
+    shares = np.concatenate([[0.0], np.cumsum(np.where(hit, disc_share, 0.0))])
+    ends = np.maximum(stops - K + 1, starts + 1)
+    count = hits[ends] - hits[starts]
+    ok = (stops - starts >= MIN_RUN) & (count > 0)
+    ok[ok] = (shares[ends[ok]] - shares[starts[ok]]) / count[ok] >= DISCARDED
+    return list(zip(starts[ok].tolist(), stops[ok].tolist()))
+
+
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
     fwd_runs = ctx.runs_of(step, "forward")
@@ -50,32 +85,13 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         fwd = [ctx.allocs_between(a, b) for a, b in fwd_runs if b < b0]
         fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
         bwd = ctx.allocs_between(b0, b1)
-        if len(fwd) < K or len(bwd) < K:
-            continue
-        hf, hb = _kgrams(ctx.size[fwd], K), _kgrams(ctx.size[bwd], K)
-        order = np.argsort(hf, kind="stable")
-        pos = np.minimum(np.searchsorted(hf[order], hb), len(hf) - 1)
-        hit = hf[order][pos] == hb
-        if not hit.any():
-            continue  # no run can form (most backward runs of a network without checkpointing)
-        fpos = order[pos]  # first forward k-gram with the same sizes
-        discarded = np.concatenate([(ctx.free[fwd] < b0).astype(np.float64), np.zeros(K)])
-        csum = np.concatenate([[0.0], np.cumsum(discarded)])
-        disc_share = (csum[fpos + K] - csum[fpos]) / K
-        covered = np.zeros(len(bwd), dtype=bool)
-        for j in range(K):  # every allocation inside a matching k-gram is a candidate
-            covered[j:len(hit) + j] |= hit
-        starts, stops = _runs(covered, GAP)
-        # per run, the matching k-grams that start in it (a..max(b-K+1, a+1)) and their mean share
-        # discarded, from running sums (the shares are quarters: their sums are exact)
-        hits = np.concatenate([[0], np.cumsum(hit)])
-        shares = np.concatenate([[0.0], np.cumsum(np.where(hit, disc_share, 0.0))])
-        ends = np.maximum(stops - K + 1, starts + 1)
-        count = hits[ends] - hits[starts]
-        ok = (stops - starts >= MIN_RUN) & (count > 0)
-        ok[ok] = (shares[ends[ok]] - shares[starts[ok]]) / count[ok] >= DISCARDED
-        good = list(zip(starts[ok].tolist(), stops[ok].tolist()))
+        good = _size_runs(ctx, fwd, bwd, b0)
         if len(good) < MIN_RUNS:
+            # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
+            # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
+            framed = _from_frames(ctx, step, bwd, b1)
+            if framed is not None:
+                out.append(framed)
             continue
         members = np.concatenate([bwd[a:b] for a, b in good])
         unpacked = ctx.memo("offload_unpacks", lambda: offload_unpacks(ctx.trace))
@@ -94,24 +110,87 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         blocks = _recompute_calls(ctx, bwd)
         if blocks is not None:
             count, per_layer = blocks
+        own = blocks is None and framed and float(np.mean(
+            ctx.memo("module_forwards", lambda: module_forwards(ctx.trace))[ctx.trace.stack[ctx.alloc[members]]])) >= OWN_FORWARD
+        if own:
+            out.append(_own_forward(ctx, step, first, last, per_layer, count, good, bwd, members))
+            continue
         what = ("Activation checkpointing at work: backward re-runs the forward of each checkpointed block "
                 "before differentiating it" if framed else
                 "Backward makes forward's discarded tensors again, block by block, before differentiating each "
                 "block: activation checkpointing's recompute (or activations offloaded to the host and copied "
-                "back, e.g. save_on_cpu; the trace has no stack frames to tell)")
+                "back, e.g. save_on_cpu, or the program running forward again itself, as gradient caching does; "
+                "the trace has no stack frames to tell)")
         out.append(Pattern(
             kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
             peak_event=ctx.peak_in(first, last), bytes=per_layer,
             explanation=(
                 f"{what}, {count} times here, allocating about {format_bytes(per_layer)} "
                 f"per block and freeing it as backward moves on — the ripples. This trades compute for "
-                f"memory; checkpoint fewer blocks if memory allows, to run faster."
+                + ("memory; checkpoint fewer blocks if memory allows, to run faster." if framed else
+                   "memory; if it is checkpointing, checkpointing fewer blocks runs faster where memory allows.")
             ),
             details={"count": count, "bytes_per_layer": per_layer, "framed": framed,
                      "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]},
             members=tuple(members.tolist()),
         ))
     return out
+
+
+def _own_forward(ctx: Context, step: int, first: int, last: int, per_run: int, count: int, good, bwd,
+                 members: np.ndarray) -> Pattern:
+    """The ripples where the program calls the model's forward again itself (no checkpoint frames)."""
+    return Pattern(
+        kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
+        peak_event=ctx.peak_in(first, last), bytes=per_run,
+        explanation=(
+            f"Forward runs again in the backward phase, called by the program itself, not by torch.utils.checkpoint: "
+            f"{count} runs here, each allocating about {format_bytes(per_run)} and freeing it before the next — the ripples "
+            f"(gradient caching, which encodes chunk by chunk again with grad, works so; so does any loop that "
+            f"re-runs a module before calling backward on its output). Memory stays at one run's activations; the "
+            f"price is the forward computed twice."
+        ),
+        details={"count": count, "bytes_per_layer": per_run, "framed": True, "checkpoint": False,
+                 "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]},
+        members=tuple(members.tolist()),
+    )
+
+
+def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
+    """The ripples from checkpoint's frames alone (infer.frames.checkpoint_recomputes): at least
+    MIN_RUNS separate recomputes in one backward run (h15_selective_ac: 6 blocks under a selective
+    policy; h15_chunked_ce: 8 loss chunks), where the sizes never repeat K in a row."""
+    if not len(bwd):
+        return None
+    table = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))
+    # the autograd thread's cuBLAS workspace is made by the first matmul it runs, a recompute's if that
+    # comes first, and kept for good (h15_chunked_ce): no activation, and no break between two blocks
+    bwd = bwd[~ctx.memo("workspace_stacks", lambda: workspace_stacks(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]]
+    ck = table[ctx.trace.stack[ctx.alloc[bwd]]]
+    starts, stops = _runs(ck, 0)
+    if len(starts) < MIN_RUNS:
+        return None
+    members = bwd[ck]
+    csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
+    per_block = int(np.median(csize[stops] - csize[starts]))
+    first = int(ctx.alloc[bwd[starts[0]]])
+    last = int(min(ctx.free[bwd[starts[-1]:stops[-1]]].max(), b1))
+    last = max(last, int(ctx.alloc[bwd[stops[-1] - 1]]))
+    count = len(starts)
+    return Pattern(
+        kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
+        peak_event=ctx.peak_in(first, last), bytes=per_block,
+        explanation=(
+            f"Activation checkpointing at work: backward re-runs the forward of each checkpointed block before "
+            f"differentiating it, {count} times here, allocating about {format_bytes(per_block)} per block and freeing "
+            f"it as backward moves on (the stack frames show torch.utils.checkpoint's recompute; what a block saved "
+            f"in forward, e.g. under a selective policy, is not made again). This trades compute for memory; "
+            f"checkpoint fewer blocks if memory allows, to run faster."
+        ),
+        details={"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True,
+                 "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in zip(starts, stops)]},
+        members=tuple(members.tolist()),
+    )
 
 
 def _recompute_calls(ctx: Context, bwd: np.ndarray):
