@@ -45,7 +45,7 @@ def parameter_sizes(tl: Timeline) -> np.ndarray:
 
 
 def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: int, end: int,
-                     labels: np.ndarray) -> int:
+                     labels: np.ndarray, free_of: np.ndarray | None = None, top: int | None = None) -> int:
     """Where the optimizer begins after a backward that ended at ``b1``.
 
     An optimizer works on blocks the parameters' sizes (its temporaries, its state). Backward's
@@ -59,11 +59,68 @@ def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: in
     sized = np.isin(trace.size[ours], params)
     if not sized.any():
         return b1 + 1
+    late = _late_gradients(trace, allocs, params, free_of, top, b1, end, ours, sized)
+    if late < 0:
+        return _first_sized(labels, b1, ours, sized)
+    # The embedding's backward runs after the last activation is freed: its sort buffers (other sizes),
+    # its gradient, more buffers; the optimizer's blocks come after that, and backward ends with the
+    # last free, before the optimizer begins, of what it made there.
+    g = int(ours[late])
+    start = _first_sized(labels, g, ours[late + 1:], sized[late + 1:]) if sized[late + 1:].any() else g + 1
+    made = ours[ours < start]
+    freed = free_of[made][free_of[made] < start]
+    labels[b1 + 1:max(g, int(freed.max()) if len(freed) else g) + 1] = P["backward"]
+    return start
+
+
+def _first_sized(labels: np.ndarray, b1: int, ours: np.ndarray, sized: np.ndarray) -> int:
+    """The first parameter-sized allocation after the first of another size, where one comes first
+    (clipping's norms, GradScaler's checks before the optimizer), else the first parameter-sized one;
+    what comes before it is labelled backward."""
     other = np.flatnonzero(~sized)
     if len(other) and sized[other[0]:].any():
         labels[b1 + 1:ours[other[0]]] = P["backward"]
         return int(ours[other[0] + np.argmax(sized[other[0]:])])
     return int(ours[np.argmax(sized)])
+
+
+#: Frees at most this many events apart are one run: zero_grad freeing the gradients one after another
+#: (each a free_requested/free_completed pair).
+FREED_TOGETHER = 8
+
+
+def _late_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of, top, b1: int, end: int,
+                     ours: np.ndarray, sized: np.ndarray) -> int:
+    """Position in ``ours`` of the last of the parameter-sized blocks made first after ``b1`` that are
+    freed among the pass's gradients (within FREED_TOGETHER events of the run of their frees: zero_grad
+    freeing them one after another), else -1. Such a block is a gradient, not the optimizer's: without frames,
+    h15_shared_layers' and h15_selective_ac's embedding gradients (64 and 48 MiB, made after the last
+    activation's free) began the optimizer and were taken for its state."""
+    if free_of is None or top is None:
+        return -1
+    n = len(trace)
+    made = allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]
+    grads = made[np.isin(trace.size[made], params) & (free_of[made] > b1) & (free_of[made] < n)]
+    if len(grads) < 2:
+        return -1
+    # The gradients' frees: the largest run of them at most FREED_TOGETHER apart (zero_grad frees them
+    # one after another). A backward block of a weight's size freed while clipping or the optimizer
+    # runs is not among them (heldout_bert_mlm: clip_grad_norm_'s blocks were taken for gradients).
+    fs = np.sort(free_of[grads])
+    run = np.concatenate([[0], np.cumsum(np.diff(fs) > FREED_TOGETHER)])
+    big = fs[run == np.argmax(np.bincount(run))]
+    if big[0] <= end:
+        # zero_grad right after step(): the optimizer's last temporaries are freed just before the
+        # gradients, and nothing tells them from a gradient (truth_gpt_foreach, gpt_zero_grad_end)
+        return -1
+    f = free_of[ours]
+    near = (f >= big[0] - FREED_TOGETHER) & (f <= big[-1] + FREED_TOGETHER)
+    # ... and only those before the first weight-sized block that is not: the optimizer's last
+    # temporaries are freed right before a zero_grad that follows step() (gpt_zero_grad_end)
+    sp = np.flatnonzero(sized)
+    ok = (f[sp] < n) & near[sp]
+    k = len(sp) if ok.all() else int(np.argmin(ok))
+    return int(sp[k - 1]) if k else -1
 
 
 def keeps_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,

@@ -148,6 +148,6 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
         return
     bursts = np.flatnonzero(w.burst[b1 + 1:nxt])
     end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
-    labels[optimizer_start(w.trace, w.allocs, w.params, b1, end, labels):end + 1] = P["optimizer"]
+    labels[optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top):end + 1] = P["optimizer"]
     if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
         labels[end + 1:nxt] = P["forward"]
