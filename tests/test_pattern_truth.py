@@ -62,6 +62,8 @@ MISSES = {
     # cuDNN's LSTM keeps a 92 MB reserve for backward in the body of forward from the second step on: the
     # 82 MB logits are no longer 1.5x everything before them, and the detector stays silent there
     ("h11_tbptt_lstm", "logits"), ("h11_tbptt_lstm", "softmax_spike"), ("h11_tbptt_lstm", "logits_release"),
+    # a selective policy saves the matmuls: no run of repeated sizes, and detected() has no frames to count by
+    ("h15_selective_ac", "checkpoint_recompute"),
 }
 # The truth counts a release only where zero_grad frees 90 % of all parameter bytes; with a frozen
 # base (LoRA) or a frozen teacher (distillation) the trained gradients are fewer, and their release real.
@@ -77,6 +79,9 @@ NARROW_TRUTH = {("heldout_gpt_lora", "gradients(release)"), ("heldout3_distill_k
                 # detected() strips the frames: activations copied back from the host (save_on_cpu) echo
                 # forward's sizes as recompute does, and the claim then names both (docs/patterns.md)
                 ("h6_save_on_cpu", "checkpoint_recompute"),
+                # gradient caching encodes every chunk again in its backward: the ripples without checkpointing,
+                # which the truth's rule requires; without frames the claim names the program's own re-run too
+                ("h15_gradcache_contrastive", "checkpoint_recompute"),
                 # LoRA: the frozen base counts in the truth's 90 %; SAC: each zero_grad frees one network's
                 ("h7_peft_lora", "gradients(release)"), ("h7_sac", "gradients(release)")}
 
