@@ -215,3 +215,25 @@ def test_a_bare_function_has_no_weights():
     assert r.by_category["parameter"] == 0
     qkv = 3 * 8 * 4096 * 16 * 4
     assert r.by_category["other"] + r.by_category.get("input", 0) >= qkv
+
+
+def test_the_autograd_threads_workspace_is_no_gradient_of_the_27b_model():
+    """kkaitlyn_ctx128_fullstep: the same 2.7B config (cs336_systems/benchmark.py at 46eae3f8), one full
+    step. The first backward makes the autograd thread's 32 MiB cuBLAS workspace (getNewWorkspace under
+    getCurrentCUDABlasHandle in this torch's stack) and keeps it; it was counted among the gradients
+    (13.66 GB for 13.63 GB of weights)."""
+    path = _path("kkaitlyn_ctx128_fullstep")
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    ev = snap["device_traces"][0]
+    freed = {e["addr"] for e in ev if e["action"] == "free_completed"}
+    kept_ws = sum(e["size"] for e in ev if e["action"] == "alloc" and e["addr"] not in freed
+                  and any("getCurrentCUDABlasHandle" in fr["name"] for fr in e.get("frames") or []))
+    assert kept_ws >= 32 << 20
+    r = _report("kkaitlyn_ctx128_fullstep")
+    d, ff, layers, vocab = 2560, 10240, 32, 10000
+    weights = 4 * (layers * (4 * d * d + 3 * d * ff) + 2 * vocab * d)
+    (grads,) = [p for p in r.patterns if p.kind == "gradients" and not p.details.get("release")]
+    assert weights <= grads.bytes <= weights + (4 << 20)  # plus the norms' small ones
+    (init,) = r.patterns_of("optimizer_state_init")
+    assert init.bytes == 2 * grads.bytes
