@@ -93,9 +93,9 @@ def _late_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_o
                      ours: np.ndarray, sized: np.ndarray) -> int:
     """Position in ``ours`` of the last of the parameter-sized blocks made first after ``b1`` that are
     freed among the pass's gradients (within FREED_TOGETHER events of the run of their frees: zero_grad
-    freeing them one after another), else -1. Such a block is a gradient, not the optimizer's: without frames,
-    h15_shared_layers' and h15_selective_ac's embedding gradients (64 and 48 MiB, made after the last
-    activation's free) began the optimizer and were taken for its state."""
+    freeing them one after another), else -1. Such a block is a gradient, not the optimizer's: without
+    frames, h15_shared_layers' and h15_selective_ac's embedding gradients (64 and 48 MiB, made after the
+    last activation's free) began the optimizer and were taken for its state."""
     if free_of is None or top is None:
         return -1
     n = len(trace)
@@ -115,8 +115,8 @@ def _late_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_o
         return -1
     f = free_of[ours]
     near = (f >= big[0] - FREED_TOGETHER) & (f <= big[-1] + FREED_TOGETHER)
-    # ... and only those before the first weight-sized block that is not: the optimizer's last
-    # temporaries are freed right before a zero_grad that follows step() (gpt_zero_grad_end)
+    # ... and only those before the first weight-sized block that is not: the optimizer's first block
+    # (state it keeps, or a temporary freed in its own burst) ends the backward's late gradients
     sp = np.flatnonzero(sized)
     ok = (f[sp] < n) & near[sp]
     k = len(sp) if ok.all() else int(np.argmin(ok))
