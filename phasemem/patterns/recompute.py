@@ -97,12 +97,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         unpacked = ctx.memo("offload_unpacks", lambda: offload_unpacks(ctx.trace))
         if float(np.mean(unpacked[ctx.alloc[members]])) >= OFFLOADED:
             continue
-        csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
-        per_run = np.array([csize[b] - csize[a] for a, b in good])
-        first = int(ctx.alloc[bwd[good[0][0]]])
-        last = int(min(ctx.free[bwd[good[-1][0]:good[-1][1]]].max(), b1))
-        last = max(last, int(ctx.alloc[bwd[good[-1][1] - 1]]))
-        per_layer = int(np.median(per_run))
+        first, last, per_layer = _span(ctx, bwd, [a for a, _ in good], [b for _, b in good], b1)
         # An unpack hook is Python, so where the trace has stack frames offloading was ruled out above
         # (a compiled backward's recompute has none on its own allocations); without any, it cannot be.
         framed = ctx.memo("has_frames", lambda: bool((ctx.trace.stack >= 0).any()))
@@ -112,8 +107,11 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             count, per_layer = blocks
         own = blocks is None and framed and float(np.mean(
             ctx.memo("module_forwards", lambda: module_forwards(ctx.trace))[ctx.trace.stack[ctx.alloc[members]]])) >= OWN_FORWARD
+        runs = [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]
         if own:
-            out.append(_own_forward(ctx, step, first, last, per_layer, count, good, bwd, members))
+            out.append(_ripples(ctx, step, first, last, per_layer, _own_words(count, per_layer), members,
+                                {"count": count, "bytes_per_layer": per_layer, "framed": True, "checkpoint": False,
+                                 "run_events": runs}))
             continue
         what = ("Activation checkpointing at work: backward re-runs the forward of each checkpointed block "
                 "before differentiating it" if framed else
@@ -121,76 +119,75 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                 "block: activation checkpointing's recompute (or activations offloaded to the host and copied "
                 "back, e.g. save_on_cpu, or the program running forward again itself, as gradient caching does; "
                 "the trace has no stack frames to tell)")
-        out.append(Pattern(
-            kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
-            peak_event=ctx.peak_in(first, last), bytes=per_layer,
-            explanation=(
-                f"{what}, {count} times here, allocating about {format_bytes(per_layer)} "
-                f"per block and freeing it as backward moves on — the ripples. This trades compute for "
-                + ("memory; checkpoint fewer blocks if memory allows, to run faster." if framed else
-                   "memory; if it is checkpointing, checkpointing fewer blocks runs faster where memory allows.")
-            ),
-            details={"count": count, "bytes_per_layer": per_layer, "framed": framed,
-                     "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]},
-            members=tuple(members.tolist()),
-        ))
+        out.append(_ripples(
+            ctx, step, first, last, per_layer,
+            f"{what}, {count} times here, allocating about {format_bytes(per_layer)} "
+            f"per block and freeing it as backward moves on — the ripples. This trades compute for "
+            + ("memory; checkpoint fewer blocks if memory allows, to run faster." if framed else
+               "memory; if it is checkpointing, checkpointing fewer blocks runs faster where memory allows."),
+            members, {"count": count, "bytes_per_layer": per_layer, "framed": framed, "run_events": runs}))
     return out
 
 
-def _own_forward(ctx: Context, step: int, first: int, last: int, per_run: int, count: int, good, bwd,
-                 members: np.ndarray) -> Pattern:
-    """The ripples where the program calls the model's forward again itself (no checkpoint frames)."""
-    return Pattern(
-        kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
-        peak_event=ctx.peak_in(first, last), bytes=per_run,
-        explanation=(
-            f"Forward runs again in the backward phase, called by the program itself, not by torch.utils.checkpoint: "
-            f"{count} runs here, each allocating about {format_bytes(per_run)} and freeing it before the next — the ripples "
-            f"(gradient caching, which encodes chunk by chunk again with grad, works so; so does any loop that "
+def _span(ctx: Context, bwd: np.ndarray, starts, stops, b1: int) -> tuple[int, int, int]:
+    """(first event, last event, median bytes per run) of runs ``bwd[starts[i]:stops[i]]``: from the
+    first run's first allocation to the last run's last free inside the backward run (or its last
+    allocation, if later)."""
+    csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
+    per_run = int(np.median(csize[np.asarray(stops)] - csize[np.asarray(starts)]))
+    first = int(ctx.alloc[bwd[starts[0]]])
+    last = int(min(ctx.free[bwd[starts[-1]:stops[-1]]].max(), b1))
+    return first, max(last, int(ctx.alloc[bwd[stops[-1] - 1]])), per_run
+
+
+def _ripples(ctx: Context, step: int, first: int, last: int, per_block: int, explanation: str,
+             members: np.ndarray, details: dict) -> Pattern:
+    return Pattern(kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
+                   peak_event=ctx.peak_in(first, last), bytes=per_block, explanation=explanation,
+                   details=details, members=tuple(members.tolist()))
+
+
+def _own_words(count: int, per_run: int) -> str:
+    """The ripples' words where the program calls the model's forward again itself (no checkpoint frames)."""
+    return (f"Forward runs again in the backward phase, called by the program itself, not by torch.utils.checkpoint: "
+            f"{count} runs here, each allocating about {format_bytes(per_run)} and freeing it before the next — the "
+            f"ripples (gradient caching, which encodes chunk by chunk again with grad, works so; so does any loop that "
             f"re-runs a module before calling backward on its output). Memory stays at one run's activations; the "
-            f"price is the forward computed twice."
-        ),
-        details={"count": count, "bytes_per_layer": per_run, "framed": True, "checkpoint": False,
-                 "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]},
-        members=tuple(members.tolist()),
-    )
+            f"price is the forward computed twice.")
+
+
+def _checkpoint_runs(ctx: Context, bwd: np.ndarray):
+    """(allocations, starts, stops): the backward run's allocations less the math libraries' workspaces,
+    and the runs among them that checkpoint's recompute made (infer.frames.checkpoint_recomputes). The
+    autograd thread's cuBLAS workspace is made by the first matmul it runs, a recompute's if that comes
+    first, and kept for good (h15_chunked_ce): no activation, and no break between two blocks."""
+    bwd = bwd[~ctx.memo("workspace_stacks", lambda: workspace_stacks(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]]
+    ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]
+    starts, stops = _runs(ck, 0)
+    return bwd, starts, stops
 
 
 def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
-    """The ripples from checkpoint's frames alone (infer.frames.checkpoint_recomputes): at least
-    MIN_RUNS separate recomputes in one backward run (h15_selective_ac: 6 blocks under a selective
-    policy; h15_chunked_ce: 8 loss chunks), where the sizes never repeat K in a row."""
+    """The ripples from checkpoint's frames alone: at least MIN_RUNS separate recomputes in one
+    backward run (h15_selective_ac: 6 blocks under a selective policy; h15_chunked_ce: 8 loss chunks),
+    where the sizes never repeat K in a row."""
     if not len(bwd):
         return None
-    table = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))
-    # the autograd thread's cuBLAS workspace is made by the first matmul it runs, a recompute's if that
-    # comes first, and kept for good (h15_chunked_ce): no activation, and no break between two blocks
-    bwd = bwd[~ctx.memo("workspace_stacks", lambda: workspace_stacks(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]]
-    ck = table[ctx.trace.stack[ctx.alloc[bwd]]]
-    starts, stops = _runs(ck, 0)
+    bwd, starts, stops = _checkpoint_runs(ctx, bwd)
     if len(starts) < MIN_RUNS:
         return None
-    members = bwd[ck]
-    csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
-    per_block = int(np.median(csize[stops] - csize[starts]))
-    first = int(ctx.alloc[bwd[starts[0]]])
-    last = int(min(ctx.free[bwd[starts[-1]:stops[-1]]].max(), b1))
-    last = max(last, int(ctx.alloc[bwd[stops[-1] - 1]]))
+    first, last, per_block = _span(ctx, bwd, starts, stops, b1)
     count = len(starts)
-    return Pattern(
-        kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
-        peak_event=ctx.peak_in(first, last), bytes=per_block,
-        explanation=(
-            f"Activation checkpointing at work: backward re-runs the forward of each checkpointed block before "
-            f"differentiating it, {count} times here, allocating about {format_bytes(per_block)} per block and freeing "
-            f"it as backward moves on (the stack frames show torch.utils.checkpoint's recompute; what a block saved "
-            f"in forward, e.g. under a selective policy, is not made again). This trades compute for memory; "
-            f"checkpoint fewer blocks if memory allows, to run faster."
-        ),
-        details={"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True,
-                 "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in zip(starts, stops)]},
-        members=tuple(members.tolist()),
-    )
+    return _ripples(
+        ctx, step, first, last, per_block,
+        f"Activation checkpointing at work: backward re-runs the forward of each checkpointed block before "
+        f"differentiating it, {count} times here, allocating about {format_bytes(per_block)} per block and freeing "
+        f"it as backward moves on (the stack frames show torch.utils.checkpoint's recompute; what a block saved "
+        f"in forward, e.g. under a selective policy, is not made again). This trades compute for memory; "
+        f"checkpoint fewer blocks if memory allows, to run faster.",
+        np.concatenate([bwd[a:b] for a, b in zip(starts, stops)]),
+        {"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True,
+         "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in zip(starts, stops)]})
 
 
 def _recompute_calls(ctx: Context, bwd: np.ndarray):
@@ -200,11 +197,9 @@ def _recompute_calls(ctx: Context, bwd: np.ndarray):
     the engine's (infer.frames.checkpoint_recomputes). The matching runs of sizes split a block where
     its tensors' order differs (h10_hf_reentrant_ckpt: 17 runs for 4 layers); the frames count calls.
     None without such frames."""
-    table = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))
-    ck = table[ctx.trace.stack[ctx.alloc[bwd]]]
-    if not ck.any():
+    bwd, starts, stops = _checkpoint_runs(ctx, bwd)
+    if not len(starts):
         return None
-    starts, stops = _runs(ck, 0)
     csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
     return len(starts), int(np.median(csize[stops] - csize[starts]))
 
