@@ -39,6 +39,7 @@ MEANS = {
     ("optimizer_temporaries", "appeared"): "the optimizer step now makes temporaries (typically a foreach or for-loop optimizer)",
     ("checkpoint_recompute", "appeared"): "backward recomputes forward activations (activation checkpointing)",
     ("checkpoint_recompute", "disappeared"): "backward no longer recomputes activations (checkpointing off)",
+    ("forward_rerun", "appeared"): "the program now runs forward again in its backward phase (typically gradient caching)",
     ("gradient_accumulation", "appeared"): "gradients are accumulated over micro-batches",
 }
 

@@ -15,7 +15,7 @@ from .vocab import CATEGORIES, PHASES
 #: Which shape an allocation in several patterns counts for: the most specific first (the logits block
 #: is also among what the logits' release frees; gradients kept past a leak's step are gradients).
 SHAPE_PRIORITY = ("logits", "softmax_spike", "logits_release", "optimizer_temporaries", "optimizer_state_init",
-                  "checkpoint_recompute", "gradients", "gradient_accumulation", "workspace", "leak")
+                  "checkpoint_recompute", "forward_rerun", "gradients", "gradient_accumulation", "workspace", "leak")
 
 
 def shape_codes(an: Analysis, patterns: list[Pattern]) -> np.ndarray:

@@ -51,7 +51,7 @@ CATEGORY_NAMES = {"parameter": "parameters", "gradient": "gradients", "optimizer
                   "activation": "activations", "temporary": "temporaries", "input": "inputs", "other": "other"}
 
 #: The shape kinds the detectors name (patterns/), in the order a report lists those at one event.
-KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "gradients",
+KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "forward_rerun", "gradients",
          "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries", "amp_unscale", "grad_clip",
          "workspace", "leak")
 

@@ -347,6 +347,8 @@ def _layer_period(sizes: np.ndarray, seen: dict | None = None) -> int | None:
 def _activation_checkpointing(f: _Facts):
     if f.members("checkpoint_recompute").size:
         return "backward recomputes forward's tensors already (checkpoint_recompute)"
+    if f.members("forward_rerun").size:
+        return "the program runs forward again in its backward phase already (forward_rerun)"
     vocab = np.zeros(len(f.size), bool)
     vocab[_vocab(f)] = True
     saved = (f.phase_alloc == P["forward"]) & (f.phase_free == P["backward"]) & (f.cat == C["activation"]) & ~vocab

@@ -7,6 +7,9 @@ stretch of forward allocations that forward freed before backward began. Gradien
 elementwise chains can repeat forward sizes too, but they echo tensors that forward kept; on the
 real traces in fixtures/ the echoed forward tensors were 98–99 % discarded with checkpointing and
 at most 86 % without (HF Llama's RMSNorm), hence DISCARDED.
+
+The same ripples made by a forward the program calls again itself (gradient caching: no checkpoint
+frame, a module call from the loop) are ``forward_rerun``, not checkpointing.
 """
 from __future__ import annotations
 
@@ -110,8 +113,8 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         runs = [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]
         if own:
             out.append(_ripples(ctx, step, first, last, per_layer, _own_words(count, per_layer), members,
-                                {"count": count, "bytes_per_layer": per_layer, "framed": True, "checkpoint": False,
-                                 "run_events": runs}))
+                                {"count": count, "bytes_per_layer": per_layer, "framed": True, "run_events": runs},
+                                kind="forward_rerun"))
             continue
         what = ("Activation checkpointing at work: backward re-runs the forward of each checkpointed block "
                 "before differentiating it" if framed else
@@ -141,8 +144,8 @@ def _span(ctx: Context, bwd: np.ndarray, starts, stops, b1: int) -> tuple[int, i
 
 
 def _ripples(ctx: Context, step: int, first: int, last: int, per_block: int, explanation: str,
-             members: np.ndarray, details: dict) -> Pattern:
-    return Pattern(kind="checkpoint_recompute", step=step, phase="backward", start_event=first, end_event=last,
+             members: np.ndarray, details: dict, kind: str = "checkpoint_recompute") -> Pattern:
+    return Pattern(kind=kind, step=step, phase="backward", start_event=first, end_event=last,
                    peak_event=ctx.peak_in(first, last), bytes=per_block, explanation=explanation,
                    details=details, members=tuple(members.tolist()))
 

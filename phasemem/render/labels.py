@@ -26,6 +26,7 @@ PATTERN_MARKERS = {
     "softmax_spike": "^",
     "logits_release": "v",
     "checkpoint_recompute": "s",
+    "forward_rerun": "<",
     "gradients": "P",
     "gradient_accumulation": "X",
     "optimizer_state_init": "*",
