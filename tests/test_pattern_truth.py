@@ -170,18 +170,21 @@ def test_knocking_out_a_detector_is_caught(kind, monkeypatch):
 
 def test_every_detector_kind_is_knocked_out_somewhere():
     """The registry's kinds all have a knock-out: the truth's here, the leak's and the workspace's by
-    their own tests in test_patterns.py (run under the knock-out in test_knockout_leak_and_workspace)."""
-    covered = {k if not k.startswith("gradients") else "gradients" for k in KINDS} | {"workspace"}
+    their own tests in test_patterns.py, forward_rerun's (it needs the frames detected() strips) by
+    test_heldout15.py's (run under the knock-out in test_knockout_leak_and_workspace)."""
+    covered = {k if not k.startswith("gradients") else "gradients" for k in KINDS} | {"workspace", "forward_rerun"}
     assert set(DETECTOR_KINDS) <= covered
 
 
-@pytest.mark.parametrize("kind", ["leak", "workspace"])
+@pytest.mark.parametrize("kind", ["leak", "workspace", "forward_rerun"])
 def test_knockout_leak_and_workspace(kind, monkeypatch):
+    import test_heldout15
     import test_patterns
 
     monkeypatch.setattr(analyze_module, "detect_patterns", _knocked_out(kind))
     test = {"leak": test_patterns.test_leak_found_where_frees_were_removed_and_nowhere_else_shared,
-            "workspace": test_patterns.test_gradscaler_check_and_workspaces_named_where_frames_say_so}[kind]
+            "workspace": test_patterns.test_gradscaler_check_and_workspaces_named_where_frames_say_so,
+            "forward_rerun": test_heldout15.test_gradient_caching_is_not_called_activation_checkpointing}[kind]
     with pytest.raises(AssertionError):
         test()
 
