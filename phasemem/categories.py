@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .facts import Context, gradient_allocs
-from .infer.frames import copies, weight_moves, weight_sources, workspace_stacks
+from .infer.frames import copies, weight_moves, weight_sources
 from .vocab import CATEGORIES, C, P
 
 __all__ = ["CATEGORIES", "C", "CategoryCurves", "classify"]  # the vocabulary lives in vocab.py
@@ -75,7 +75,7 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     # forward (h13_layer_offload_infer, marked: the blocks' weights were forward's temporaries).
     cat[weight_moves(ctx.trace)[a]] = C["parameter"]
     # ... but never a math library's workspace, made by the first matmul wherever it runs
-    cat[(cat == C["parameter"]) & ctx.memo("workspace_stacks", lambda: workspace_stacks(ctx.trace))[ctx.trace.stack[a]]] = C["other"]
+    cat[(cat == C["parameter"]) & ctx.made_by_workspace_getter(a)] = C["other"]
     # Gradient-sized blocks from before recording are optimizer state only if the optimizer did not
     # make its state in the trace: where it did (at least STATE_MADE of the gradients' bytes), they
     # are a copy of the weights the optimizer does not own (h5_gpt_varlen_ema's EMA weights).

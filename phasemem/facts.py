@@ -85,6 +85,11 @@ class Context:
         # two scalar searches: a list argument costs an array per call, and detectors ask ~10 times a step
         return np.arange(self.alloc.searchsorted(first), self.alloc.searchsorted(last + 1))
 
+    def made_by_workspace_getter(self, events: np.ndarray) -> np.ndarray:
+        """Per event: does its stack name a math library's workspace getter (infer.frames.workspace_stacks)?
+        Such a block is no weight and no gradient, whatever its size."""
+        return self.memo("workspace_stacks", lambda: workspace_stacks(self.trace))[self.trace.stack[events]]
+
     def peak_in(self, first: int, last: int) -> int:
         return first + int(np.argmax(self.level[first:last + 1]))
 
@@ -121,7 +126,7 @@ def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
             idx = idx[~ctx.memo("loss_seeds", lambda: loss_seeds(ctx.trace))[ctx.alloc[idx]]]
             # The autograd thread's cuBLAS workspace, made in the first backward and kept, is no gradient
             # even where it has a weight's size (h15_gradcache_contrastive: 32 MiB, the embedding's).
-            idx = idx[~ctx.memo("workspace_stacks", lambda: workspace_stacks(ctx.trace))[ctx.trace.stack[ctx.alloc[idx]]]]
+            idx = idx[~ctx.made_by_workspace_getter(ctx.alloc[idx])]
         if len(ctx.param_sizes) and len(idx):
             sizes = ctx.memo("gradient_sizes", lambda: np.union1d(ctx.param_sizes, _released_sizes(ctx)))
             ok = in_sorted(ctx.size[idx], sizes)

@@ -29,6 +29,19 @@ def as_handed_over(snap: dict) -> dict:
     return s
 
 
+def bare(snap: dict) -> dict:
+    """As handed over, and then with every annotation and every stack frame removed (the segments'
+    blocks' too): what a recording without stacks holds, inferred from lifetimes alone."""
+    s = as_handed_over(snap)
+    s["external_annotations"] = []
+    for e in s["device_traces"][0]:
+        e["frames"] = []
+    for seg in s.get("segments") or []:
+        for b in seg.get("blocks") or []:
+            b["frames"] = []
+    return s
+
+
 def marked_and_plain(snap: dict) -> list:
     """[("marked", the report with the gt:: ranges as markers), ("plain", the report as handed over)]."""
     return [("marked", phasemem.analyze(copy.deepcopy(snap), marker_prefix="gt::")),

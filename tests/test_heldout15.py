@@ -9,22 +9,10 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from heldout_sets import as_handed_over, marked_and_plain, recording
+from heldout_sets import bare, marked_and_plain, recording
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT15 = ROOT / "fixtures" / "heldout15"
-
-
-def _no_frames(snap: dict) -> dict:
-    """As handed over, with every annotation and every stack frame removed (segments' too)."""
-    s = as_handed_over(snap)
-    s["external_annotations"] = []
-    for e in s["device_traces"][0]:
-        e["frames"] = []
-    for seg in s.get("segments") or []:
-        for b in seg.get("blocks") or []:
-            b["frames"] = []
-    return s
 
 
 def _frames_of(snap: dict, event: int) -> list[str]:
@@ -137,7 +125,7 @@ def test_the_embeddings_late_gradient_without_frames(name):
     snap = recording(HELDOUT15, name)
     meta = snap["phasemem"]["meta"]
     marked = phasemem.analyze(copy.deepcopy(snap), marker_prefix="gt::")
-    r = phasemem.analyze(_no_frames(snap))
+    r = phasemem.analyze(bare(snap))
     assert r.by_category["parameter"] == meta["param_bytes"]
     # the optimizer of the first step starts where the marks say
     opt = marked.steps[0].phases["optimizer"].start_event

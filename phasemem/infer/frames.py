@@ -240,7 +240,9 @@ def checkpoint_recomputes(trace: Trace) -> np.ndarray:
     return per_stack(trace, recompute)
 
 
-MODULE_CALLS = ("_call_impl", "_wrapped_call_impl")
+def _in_module(frames) -> bool:
+    """Does the stack run through an ``nn.Module`` call (torch/nn/modules/module.py)?"""
+    return any(fn.endswith("torch/nn/modules/module.py") for fn, _, _ in frames)
 
 
 def module_forwards(trace: Trace) -> np.ndarray:
@@ -249,19 +251,15 @@ def module_forwards(trace: Trace) -> np.ndarray:
     are such allocations, the program runs forward again on its own (gradient caching:
     h15_gradcache_contrastive encodes each chunk again with grad inside its backward phase), and that
     is no activation checkpointing."""
-    def own(fr):
-        called = any(fn.endswith("torch/nn/modules/module.py") and nm in MODULE_CALLS for fn, _, nm in fr)
-        return called and not any(fn.endswith("torch/utils/checkpoint.py") for fn, _, _ in fr)
-
-    return per_stack(trace, own)
+    return per_stack(trace, lambda fr: _in_module(fr) and not any(fn.endswith("torch/utils/checkpoint.py")
+                                                                   for fn, _, _ in fr))
 
 
 def outside_modules(trace: Trace) -> np.ndarray:
     """Per stack id (``per_stack``): do the stack's Python frames run through no ``nn.Module`` call?
     False where the event has no Python frames (nothing tells). A model's head makes its logits inside the model's
     forward; a contrastive loss computes its scores in the loop itself (h10_moco_queue)."""
-    return per_stack(trace, lambda fr: bool(py := _python(fr)) and not any(
-        fn.endswith("torch/nn/modules/module.py") for fn, _, _ in py))
+    return per_stack(trace, lambda fr: bool(py := _python(fr)) and not _in_module(py))
 
 
 #: Where weights are made: module construction and moves, and the loaders of model files. A block an

@@ -45,13 +45,16 @@ def parameter_sizes(tl: Timeline) -> np.ndarray:
 
 
 def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: int, end: int,
-                     labels: np.ndarray, free_of: np.ndarray | None = None, top: int | None = None) -> int:
+                     labels: np.ndarray, free_of: np.ndarray, top: int) -> int:
     """Where the optimizer begins after a backward that ended at ``b1``.
 
     An optimizer works on blocks the parameters' sizes (its temporaries, its state). Backward's
     last gradients are such blocks too, right after its last activation is freed; then, in many
     loops, user code that allocates only other sizes -- gradient clipping's norms, GradScaler's
-    unscale -- and only then the optimizer. Those last gradients are labelled backward here.
+    unscale -- and only then the optimizer. Those last gradients are labelled backward here, and so
+    is an embedding's backward that runs after the last activation's free (``_late_gradients``: its
+    gradient is freed with the others, ``free_of``; the pass's own gradients are those made after
+    ``top``).
     """
     ours = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, end, "right")]
     if len(params) < MIN_PARAM_SIZES or not len(ours):
@@ -89,15 +92,13 @@ def _first_sized(labels: np.ndarray, b1: int, ours: np.ndarray, sized: np.ndarra
 FREED_TOGETHER = 8
 
 
-def _late_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of, top, b1: int, end: int,
-                     ours: np.ndarray, sized: np.ndarray) -> int:
+def _late_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray, top: int, b1: int,
+                    end: int, ours: np.ndarray, sized: np.ndarray) -> int:
     """Position in ``ours`` of the last of the parameter-sized blocks made first after ``b1`` that are
     freed among the pass's gradients (within FREED_TOGETHER events of the run of their frees: zero_grad
     freeing them one after another), else -1. Such a block is a gradient, not the optimizer's: without
     frames, h15_shared_layers' and h15_selective_ac's embedding gradients (64 and 48 MiB, made after the
     last activation's free) began the optimizer and were taken for its state."""
-    if free_of is None or top is None:
-        return -1
     n = len(trace)
     made = allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]
     grads = made[np.isin(trace.size[made], params) & (free_of[made] > b1) & (free_of[made] < n)]

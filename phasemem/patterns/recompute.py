@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
-from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks, workspace_stacks
+from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks
 from ..model import Pattern
 from ..units import format_bytes
 
@@ -164,7 +164,7 @@ def _checkpoint_runs(ctx: Context, bwd: np.ndarray):
     and the runs among them that checkpoint's recompute made (infer.frames.checkpoint_recomputes). The
     autograd thread's cuBLAS workspace is made by the first matmul it runs, a recompute's if that comes
     first, and kept for good (h15_chunked_ce): no activation, and no break between two blocks."""
-    bwd = bwd[~ctx.memo("workspace_stacks", lambda: workspace_stacks(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]]
+    bwd = bwd[~ctx.made_by_workspace_getter(ctx.alloc[bwd])]
     ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]
     starts, stops = _runs(ck, 0)
     return bwd, starts, stops
