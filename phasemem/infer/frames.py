@@ -240,6 +240,20 @@ def checkpoint_recomputes(trace: Trace) -> np.ndarray:
     return per_stack(trace, recompute)
 
 
+def other_python(trace: Trace) -> np.ndarray:
+    """Per stack id (``per_stack``): was the event made by Python code that is not checkpoint's (no frame
+    in torch/utils/checkpoint.py) and not a compiled graph's (COMPILED_FILES: which op made a block is not
+    in those frames)? A custom autograd Function's backward that dequantises its int8 weight again makes
+    forward-sized blocks in backward under its own frames; checkpoint's recompute never does. False
+    where the stack has no Python frame (the autograd engine's own allocations: nothing tells)."""
+    def other(fr):
+        py = _python(fr)
+        return bool(py) and not any(fn.endswith("torch/utils/checkpoint.py") or
+                                    any(part in fn.replace("\\", "/") for part in COMPILED_FILES) for fn, _, _ in py)
+
+    return per_stack(trace, other)
+
+
 def _in_module(frames) -> bool:
     """Does the stack run through an ``nn.Module`` call (torch/nn/modules/module.py)?"""
     return any(fn.endswith("torch/nn/modules/module.py") for fn, _, _ in frames)

@@ -29,4 +29,4 @@ def _placed(ctx: Context, p: Pattern) -> Pattern:
     phase = p.phase if p.kind == "leak" else PHASES[int(ctx.seg.labels[p.start_event])]
     conf = (ctx.seg.confidence or {}).get(phase, 1.0) if phase != "other" else min(
         (ctx.seg.confidence or {}).values(), default=1.0)
-    return replace(p, phase=phase, confidence=float(conf))
+    return replace(p, phase=phase, confidence=min(float(conf), p.confidence))  # a detector may be less sure

@@ -8,6 +8,19 @@ elementwise chains can repeat forward sizes too, but they echo tensors that forw
 real traces in fixtures/ the echoed forward tensors were 98–99 % discarded with checkpointing and
 at most 86 % without (HF Llama's RMSNorm), hence DISCARDED.
 
+The evidence must lie inside backward: a repeat of forward's sizes elsewhere is no recompute. Each
+backward is compared with its own forward only (the forward runs since the step's previous backward):
+with accumulated micro-batches, micro-batch 2's backward echoed micro-batch 1's forward, whose tensors
+micro-batch 1's backward had freed, and that read as "discarded by forward" (h9_char_gpt_math_attention
+without frames, where inference split step 0 into two forward/backward pairs). And a recompute's
+tensors are freed within backward: gradients that echo forward's sizes and are kept (heldout3_clip_infonce
+without frames: 3 of its 4 runs, none freed in backward) are no recompute. A forward repeated in the
+forward phase (micro-batches, dequantised weights, ensembles, rollouts) never reaches this rule.
+
+Which evidence was used goes into ``details["evidence"]``: "frames" where torch.utils.checkpoint's own
+frames made the members, "sizes" where only sizes and lifetimes did; a claim from sizes alone is less
+sure (SIZES_CONFIDENCE).
+
 The same ripples made by a forward the program calls again itself (gradient caching: no checkpoint
 frame, a module call from the loop) are ``forward_rerun``, not checkpointing.
 """
@@ -16,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
-from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks
+from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks, other_python
 from ..model import Pattern
 from ..units import format_bytes
 
@@ -34,6 +47,21 @@ OFFLOADED = 0.25
 #: again on its own: h15_gradcache_contrastive's chunks, encoded again with grad in its backward phase
 #: (all of them), were "activation checkpointing at work".
 OWN_FORWARD = 0.5
+#: At least this share of a run's allocations are freed before its backward run ends: a recompute's
+#: tensors serve that block's gradients and go. On the checkpointed fixtures every run frees 78-100 %
+#: of its allocations inside backward (llama_hf_ckpt_bf16's shortest runs: 78 %); the runs of kept
+#: gradients that echoed forward's sizes in heldout3_clip_infonce (no checkpointing) freed 0 %.
+FREED_IN_BACKWARD = 0.5
+#: Where Python frames are recorded, members with Python frames of their own that are none of
+#: checkpoint's were made by other Python code (a custom Function's backward dequantising its weight
+#: again): at least this share of such members and the ripples are not checkpoint's. A compiled
+#: backward's recompute has no Python frames on its own allocations (heldout_gpt_compile_ckpt), so
+#: members without any stay possible.
+OTHER_PYTHON = 0.5
+#: Confidence of a claim from sizes and lifetimes alone (no checkpoint frame among the members). Before
+#: the own-forward and freed-in-backward rules, sizes alone were right on 9 of the 11 frameless fixtures
+#: where they claimed (h9_char_gpt_math_attention and heldout3_clip_infonce were wrong): 0.8.
+SIZES_CONFIDENCE = 0.8
 
 
 def _kgrams(sizes: np.ndarray, k: int) -> np.ndarray:
@@ -51,9 +79,10 @@ def _runs(mask: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
     return np.delete(starts, join + 1), np.delete(stops, join)
 
 
-def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int) -> list[tuple[int, int]]:
-    """The runs of backward allocations (positions in ``bwd``) whose sizes repeat, K at a time, forward
-    allocations that forward had mostly discarded (DISCARDED) before backward began."""
+def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int) -> list[tuple[int, int]]:
+    """The runs of backward allocations (positions in ``bwd``, made in the backward run b0..b1) whose
+    sizes repeat, K at a time, forward allocations that forward had mostly discarded (DISCARDED) before
+    backward began, and which backward mostly frees before b1 (FREED_IN_BACKWARD)."""
     if len(fwd) < K or len(bwd) < K:
         return []
     hf, hb = _kgrams(ctx.size[fwd], K), _kgrams(ctx.size[bwd], K)
@@ -78,17 +107,28 @@ def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int) -> list[
     count = hits[ends] - hits[starts]
     ok = (stops - starts >= MIN_RUN) & (count > 0)
     ok[ok] = (shares[ends[ok]] - shares[starts[ok]]) / count[ok] >= DISCARDED
+    # freed within backward (b1: the backward run's last event), as a recompute's tensors are
+    freed = np.concatenate([[0], np.cumsum(ctx.free[bwd] <= b1)])
+    ok &= (freed[stops] - freed[starts]) >= FREED_IN_BACKWARD * np.maximum(stops - starts, 1)
     return list(zip(starts[ok].tolist(), stops[ok].tolist()))
+
+
+def own_forward(fwd_runs, bwd_runs, b0: int) -> list[tuple[int, int]]:
+    """The forward runs that the backward run starting at ``b0`` differentiates: those after the step's
+    previous backward run and before ``b0``. With accumulated micro-batches each backward has its own."""
+    prev = max((b for _, b in bwd_runs if b < b0), default=-1)
+    return [(a, b) for a, b in fwd_runs if prev < a and b < b0]
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
     fwd_runs = ctx.runs_of(step, "forward")
-    for b0, b1 in ctx.runs_of(step, "backward"):
-        fwd = [ctx.allocs_between(a, b) for a, b in fwd_runs if b < b0]
+    bwd_runs = ctx.runs_of(step, "backward")
+    for b0, b1 in bwd_runs:
+        fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
         fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
         bwd = ctx.allocs_between(b0, b1)
-        good = _size_runs(ctx, fwd, bwd, b0)
+        good = _size_runs(ctx, fwd, bwd, b0, b1)
         if len(good) < MIN_RUNS:
             # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
             # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
@@ -110,6 +150,9 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             count, per_layer = blocks
         own = blocks is None and framed and float(np.mean(
             ctx.memo("module_forwards", lambda: module_forwards(ctx.trace))[ctx.trace.stack[ctx.alloc[members]]])) >= OWN_FORWARD
+        if blocks is None and framed and not own and float(np.mean(
+                ctx.memo("other_python", lambda: other_python(ctx.trace))[ctx.trace.stack[ctx.alloc[members]]])) >= OTHER_PYTHON:
+            continue  # Python code other than checkpoint's made them: the frames say who, and it is not checkpointing
         runs = [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]
         if own:
             out.append(_ripples(ctx, step, first, last, per_layer, _own_words(count, per_layer), members,
@@ -120,15 +163,17 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                 "before differentiating it" if framed else
                 "Backward makes forward's discarded tensors again, block by block, before differentiating each "
                 "block: activation checkpointing's recompute (or activations offloaded to the host and copied "
-                "back, e.g. save_on_cpu, or the program running forward again itself, as gradient caching does; "
-                "the trace has no stack frames to tell)")
+                "back, e.g. save_on_cpu, or the program running forward again itself, as gradient caching does, or a "
+                "custom backward that dequantises frozen weights again; the trace has no stack frames to tell)")
         out.append(_ripples(
             ctx, step, first, last, per_layer,
             f"{what}, {count} times here, allocating about {format_bytes(per_layer)} "
             f"per block and freeing it as backward moves on — the ripples. This trades compute for "
             + ("memory; checkpoint fewer blocks if memory allows, to run faster." if framed else
                "memory; if it is checkpointing, checkpointing fewer blocks runs faster where memory allows."),
-            members, {"count": count, "bytes_per_layer": per_layer, "framed": framed, "run_events": runs}))
+            members, {"count": count, "bytes_per_layer": per_layer, "framed": framed, "run_events": runs,
+                      "evidence": "sizes" if blocks is None else "frames"},
+            confidence=SIZES_CONFIDENCE if blocks is None else 1.0))
     return out
 
 
@@ -144,10 +189,11 @@ def _span(ctx: Context, bwd: np.ndarray, starts, stops, b1: int) -> tuple[int, i
 
 
 def _ripples(ctx: Context, step: int, first: int, last: int, per_block: int, explanation: str,
-             members: np.ndarray, details: dict, kind: str = "checkpoint_recompute") -> Pattern:
+             members: np.ndarray, details: dict, kind: str = "checkpoint_recompute",
+             confidence: float = 1.0) -> Pattern:
     return Pattern(kind=kind, step=step, phase="backward", start_event=first, end_event=last,
                    peak_event=ctx.peak_in(first, last), bytes=per_block, explanation=explanation,
-                   details=details, members=tuple(members.tolist()))
+                   details=details, confidence=confidence, members=tuple(members.tolist()))
 
 
 def _own_words(count: int, per_run: int) -> str:
@@ -189,7 +235,7 @@ def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern |
         f"in forward, e.g. under a selective policy, is not made again). This trades compute for memory; "
         f"checkpoint fewer blocks if memory allows, to run faster.",
         np.concatenate([bwd[a:b] for a, b in zip(starts, stops)]),
-        {"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True,
+        {"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True, "evidence": "frames",
          "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in zip(starts, stops)]})
 
 
