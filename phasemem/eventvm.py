@@ -17,6 +17,7 @@ import numpy as np
 from .eventmemo import ListRef, Memo
 from .opcodes import Unsupported
 from .trace import _CODES, A, _stack_table
+from .torch_labels import FIELD as LABEL_FIELD
 
 _INT_FIELDS = ("addr", "size", "stream", "time_us")
 _OOM = A["oom"]
@@ -64,6 +65,8 @@ class Columns:
         act = ev["action"]
         if type(act) is not str:
             raise Unsupported("an action that is not a string")
+        if act == "annotate" or LABEL_FIELD in ev:  # read by the ordinary reader (phasemem.torch_labels)
+            raise Unsupported("PyTorch's own labels of allocations")
         vals = [ev[k] for k in _INT_FIELDS]
         if not all(type(v) is int and -_I64 <= v < _I64 for v in vals):
             raise Unsupported("a field that is not an int64")

@@ -9,6 +9,7 @@ import numpy as np
 from .analysis import Analysis
 from .categories import CategoryCurves
 from .errors import RECORD_HINT
+from .label_agreement import LabelAgreement, agreement
 from .live import LiveMemory
 from .model import Allocation, DeviceSummary, OutOfMemory, Pattern, PeakBreakdown, Phase, Step, WhatIf
 from .output import atomic_write
@@ -89,6 +90,18 @@ class Report:
         """The phase name of every trace event, as a numpy array of str."""
         return np.array(PHASES, dtype=object)[self.label_codes]
 
+    @property
+    def torch_labels(self) -> LabelAgreement | None:
+        """Where the snapshot carries PyTorch's own labels of allocations (component tracking,
+        ``_annotate_memory``): how far they agree with phasemem's categories, and which is right where
+        not (phasemem.label_agreement). None otherwise.
+
+        Example:
+            >>> la = report.torch_labels
+            >>> la and [(d.torch, d.phasemem, d.right) for d in la.disagreements]
+        """
+        return agreement(self.analysis) if self.analysis is not None else None
+
     def label_runs(self) -> list[tuple[int, int, str, int]]:
         """``labels`` run-length encoded: (first event, last event, phase, step position or -1)."""
         first, last, code, step = phase_runs(self.label_codes, self.step_of)
@@ -115,6 +128,8 @@ class Report:
         out["labels"] = [list(r) for r in self.label_runs()]
         if self.analysis is not None:
             out["category_curve"] = self.category_curve()
+            if (torch_labels := self.torch_labels) is not None:  # only where the snapshot carries them
+                out["torch_labels"] = torch_labels.to_dict()
         return out
 
     def categories(self, event: int | None = None) -> dict[str, int]:

@@ -24,6 +24,7 @@ import io
 import os
 import pickle
 import pickletools
+from itertools import repeat
 from operator import itemgetter
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from .errors import PhasememError
 from .decode import decode_trace
 from .load import UNPICKLE_ERRORS, _SnapshotUnpickler, no_gc, open_snapshot, read_snapshot_file
+from .torch_labels import FIELD as LABEL_FIELD
 from .trace import A, Trace, _CODES, _frame_key, _stack_table, from_stand_in
 
 _SENTINEL = ("phasemem.stream", "_Events")
@@ -40,6 +42,7 @@ _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
 #: Opcodes walked before giving up on finding the trace (a few seconds of pickletools).
 MAX_WALK = 3_000_000
 _OOM = A["oom"]
+_UNKNOWN = A["unknown"]
 
 
 def read_trace(path: str | os.PathLike, device: int | None = None, *, trusted: bool = False) -> Trace:
@@ -90,6 +93,10 @@ class _Events:
         # Every conversion is the one Trace._columnarise makes; anything it would reject raises here
         # and sends the whole file to the ordinary reader.
         codes = list(map(_CODES.__getitem__, map(itemgetter("action"), batch)))
+        if (_UNKNOWN in codes and any(e["action"] == "annotate" for e in batch)) or any(
+                map(dict.__contains__, batch, repeat(LABEL_FIELD))):
+            # an "annotate" entry or a component stamp: the ordinary reader keeps them (phasemem.torch_labels)
+            raise ValueError("PyTorch's own labels of allocations")
         for key, col in self.cols.items():
             try:
                 col.extend(map(itemgetter(key), batch))

@@ -13,6 +13,8 @@ import numpy as np
 
 from .errors import RECORD_HINT, PhasememError
 from .load import no_gc
+from .torch_labels import TorchLabels
+from .torch_labels import read as read_torch_labels
 
 # Codes for the ``action`` column. ``free`` is what older snapshots wrote for a completed free.
 ACTIONS = (
@@ -89,6 +91,9 @@ class Trace:
     #: allocation stack (``segments`` keeps it from an earlier recording of the process) passes
     #: through a math library's workspace getter: no weight, whatever its size (``WORKSPACE_FRAME``).
     live_workspaces: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: PyTorch's own labels of allocations (component tracking, ``_annotate_memory``), where the
+    #: snapshot carries them and was read as a dict (``phasemem.torch_labels``); None otherwise.
+    torch_labels: TorchLabels | None = None
 
     def __len__(self) -> int:
         return len(self.action)
@@ -126,6 +131,7 @@ class Trace:
             size=_int_column(events, "size"), stream=_int_column(events, "stream"),
             time_us=_int_column(events, "time_us"), stack=stack, stacks=stacks, frames=frames,
             oom_device_free={i: int(events[i].get("device_free", 0) or 0) for i in ooms},
+            torch_labels=read_torch_labels(events),
         )
 
     @classmethod
