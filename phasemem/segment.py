@@ -268,8 +268,11 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
         if not bwd_runs:
             # No backward: inference, a forward-only benchmark, or a layer-by-layer calibration
             # (sqattn_cuda in ../shared/wild runs 28 layers twice each). Nothing tells which forward
-            # runs make up one call of the model, so the trace is one step, not one per forward.
-            cuts = []
+            # runs make up one call of the model, so the trace is one step, not one per forward --
+            # unless an optimizer runs between forwards: a step ends with each update whose backward
+            # the lifetimes did not see (heldout4_gpt_fsdp2_bf16 without frames: FSDP2's all-gathers
+            # hide the backward, not the optimizer's bursts).
+            cuts = _updates_between_forwards(code, last) if not inside else []
         starts = [0] + sorted(set(cuts))
     bounds = sorted(set(starts)) + [n]
     bounds = [b for b in bounds if 0 <= b <= n]
@@ -289,6 +292,12 @@ def _steps_from_labels(trace: Trace, labels: np.ndarray, starts: list[int] | Non
             steps = steps[:-1]  # an evaluation after the last step (see _keeps_nothing)
     ends = [int(trace.time_us[b - 1]) for _, b, _ in steps[:-1]] + [big]
     return steps, list(range(len(steps))), ends
+
+
+def _updates_between_forwards(code: np.ndarray, last: np.ndarray) -> list[int]:
+    """The event after each optimizer run that a forward run follows (the runs of ``phase_runs``)."""
+    opt = np.flatnonzero(code[:-1] == P["optimizer"])
+    return [int(last[k]) + 1 for k in opt.tolist() if code[k + 1] == P["forward"]]
 
 
 #: Forward passes after the last step are taken for an evaluation only when they allocate at least this
