@@ -113,7 +113,8 @@ def score(e: dict) -> dict:
     return {"accuracy": float(ok.mean()), "claimed": float(ok[named].mean()) if named.any() else 1.0,
             "steps": (len(seg.steps), expected), "seconds": time.perf_counter() - t0,
             "hits": {ph: (int((ok & (got == c)).sum()), int((got == c).sum())) for ph, c in P.items() if ph != "other"},
-            "confidence": {ph: c for ph, c in (seg.confidence or {}).items() if seg.sources.get(ph) == "inferred"}}
+            "confidence": {ph: c for ph, c in (seg.confidence or {}).items() if seg.sources.get(ph) == "inferred"},
+            "doubts": list(seg.doubts)}
 
 
 def main(words: list[str]) -> int:
@@ -132,7 +133,7 @@ def main(words: list[str]) -> int:
         low = min(r["confidence"].items(), key=lambda kv: kv[1]) if r["confidence"] else ("-", 1.0)
         mark = "" if r["steps"][0] == r["steps"][1] else " **"
         print(f"| {e['path'].split('/', 1)[1]} | {len(e['truth']):,} | {r['steps'][1]} | {r['steps'][0]}{mark} "
-              f"| {r['accuracy']:.3f} | {r['claimed']:.3f} | {low[0]} {low[1]:.2f} |")
+              f"| {r['accuracy']:.3f} | {r['claimed']:.3f} | {low[0]} {low[1]:.2f}{' (doubt)' if r['doubts'] else ''} |")
     if not rows:
         print("no marked trace matched")
         return 1
@@ -145,6 +146,15 @@ def main(words: list[str]) -> int:
           f"mean claimed {np.mean([r['claimed'] for _, r in rows]):.4f}")
     print("precision of each inferred phase, pooled: "
           + ", ".join(f"{ph} {h / t:.3f}" for ph, (h, t) in prec.items() if t))
+    for flagged in (False, True):
+        sub = [r for _, r in rows if bool(r["doubts"]) == flagged]
+        if not sub:
+            continue
+        h, t = sum(sum(v[0] for v in r["hits"].values()) for r in sub), sum(sum(v[1] for v in r["hits"].values()) for r in sub)
+        each = {ph: (sum(r["hits"][ph][0] for r in sub), sum(r["hits"][ph][1] for r in sub)) for ph in sub[0]["hits"]}
+        print(f"{'with' if flagged else 'without'} doubts: {len(sub)} traces, mean accuracy "
+              f"{np.mean([r['accuracy'] for r in sub]):.3f}, pooled precision of the phases named {h / max(t, 1):.3f} ("
+              + ", ".join(f"{ph} {a / b:.3f}" for ph, (a, b) in each.items() if b) + ")")
     print(f"inference time {sum(r['seconds'] for _, r in rows):.1f} s")
     return 0
 

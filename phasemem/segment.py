@@ -72,6 +72,8 @@ class Segmentation:
     inferred_by: str | None = None  # "frames" or "lifetimes" where phases were inferred, else None
     # positions in ``steps`` of whole steps that ran no update: a zero_grad discarded their gradients
     skipped: list[int] = field(default_factory=list)
+    # why the inferred phases are less sure than CONFIDENCE says (``_doubts``); each lowered to DOUBTFUL
+    doubts: list[str] = field(default_factory=list)
 
 
 def _pair(markers, wanted) -> list[tuple[str, int, int]]:
@@ -190,6 +192,9 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None, lifetimes_
         # only labels from markers or frames place a backward well enough to see an update inside it
         steps, numbers, ends = _steps(trace, intervals, labels, lifetimes, inside=marked or how == "frames")
     steps = _cut_by_oom(trace, labels, steps)
+    doubts = _doubts(trace, timeline, labels, steps) if how == "lifetimes" else []
+    for ph in [p for p, src in sources.items() if src == "inferred"] if doubts else []:
+        confidence[ph] = min(confidence[ph], DOUBTFUL.get(ph, 1.0))
     numbers = [window_first(trace.meta) + k for k in numbers]
     step_of = np.full(n, -1, dtype=np.int32)
     for k, (a, b, _) in enumerate(steps):
@@ -204,7 +209,39 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None, lifetimes_
         skipped = [k for k in np.flatnonzero(~ended).tolist() if steps[k][2]]
     return Segmentation(labels, step_of, steps, numbers, np.array(ends, dtype=np.int64), intervals, sources,
                         confidence, max(lost) if lost else int(np.iinfo(np.int64).min),
-                        how if how in ("frames", "lifetimes") else None, skipped)
+                        how if how in ("frames", "lifetimes") else None, skipped, doubts)
+
+
+#: An inferred phase's confidence where the lifetimes contradict themselves (``_doubts``): the pooled
+#: precision of each phase over the 16 of 146 marked traces so flagged (docs/eval_frameless.py,
+#: 2026-12-04: forward 0.39, loss 0.52, optimizer 0.28; their backward 0.99 and zero_grad 0.99 keep
+#: CONFIDENCE's; the 130 others: forward 0.93, loss 0.71, optimizer 0.86).
+DOUBTFUL = {"forward": 0.39, "loss": 0.52, "optimizer": 0.28}
+
+
+def _doubts(trace: Trace, timeline, labels: np.ndarray, steps: list) -> list[str]:
+    """Why phases read from lifetimes alone are less sure than usual, on evidence that contradicts them
+    (each lowers the inferred forward, loss and optimizer to DOUBTFUL; the labels stay):
+
+    - a trace read without a backward whose lifetimes show gradients kept past a pass or an
+      optimizer's bursts between passes (h10_shampoo_subclass, h7_capturable_adam, FSDP2): a training
+      loop whose passes were not found;
+    - whole steps that do not follow one order of phases (a GAN's turns, LBFGS's closure evaluated
+      again, an evaluation loop between steps): what a step is, is a guess.
+    """
+    out = []
+    if not (labels == P["backward"]).any() and timeline is not None and (
+            (labels == P["optimizer"]).any() or infer.lifetimes.gradients_unplaced(trace, timeline)):
+        out.append("the trace shows a training loop's gradients or updates, but no backward was placed")
+    whole = [(a, b) for a, b, complete in steps if complete]
+    orders = set()
+    for a, b in whole[1:-1] if len(whole) > 2 else whole:
+        _, _, code, _ = runs(labels[a:b], np.zeros(b - a, np.int32))
+        code = code[code != P["other"]]
+        orders.add(tuple(code[np.concatenate([[True], code[1:] != code[:-1]])].tolist()))
+    if len(orders) > 1:
+        out.append("the steps found do not follow one order of phases")
+    return out
 
 
 def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np.ndarray, str, list[int] | None]:

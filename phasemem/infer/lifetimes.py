@@ -130,6 +130,26 @@ class _Work:
         return self.allocs[np.searchsorted(self.allocs, after, "right"):np.searchsorted(self.allocs, before, "left")]
 
 
+def gradients_unplaced(trace: Trace, tl: Timeline) -> bool:
+    """Whether a trace read without any backward shows a training loop's evidence all the same: a
+    pass after whose top parameter-sized blocks are made and kept past it (gradients), or an
+    optimizer's bursts between two passes. The phases then are a guess (h10_shampoo_subclass: a tiny
+    MLP's forward saves too few activations to be a pass, and Shampoo's temporaries make the only
+    mountains; read as inference, 0.03 of its events right)."""
+    mts = mountains(trace, tl, None, fill=False)
+    if not mts:
+        return False
+    mts = passes(trace, tl, mts)
+    life = tl.lifetimes
+    la, lf = life.alloc_event[life.paired], life.free_event[life.paired]
+    w = _Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
+    if len(w.params) < MIN_PARAM_SIZES:
+        return False
+    nexts = [f0 for f0, _, _ in mts[1:]] + [len(trace)]
+    return any(keeps_gradients(trace, w.allocs, w.params, w.free_of, top, b1, nx)
+               or _updates_after(w, la, lf, f0, top, b1, nx) for (f0, top, b1), nx in zip(mts, nexts))
+
+
 def _has_saved_passes(trace: Trace, tl: Timeline) -> bool:
     """Whether some pass of the whole trace saves activations for a backward (``has_backward``)."""
     mts = mountains(trace, tl, None, fill=False)
