@@ -56,6 +56,10 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
     return labels, starts
 
 
+#: Activations a pass must save to be a training pass where another pass of the trace plainly is one
+#: (MIN_SAVED of them): a checkpointed model's second micro-batch saves 8 (heldout3_neox_hfckpt_accum2).
+MIN_SAVED_PEER = 4
+
 #: Passes closer together than this share of a step's period are micro-batches of one step
 #: (gradient accumulation): gpt_forloop_accum's and gpt_fp16_accum's passes are 0.25-0.5 of a period
 #: apart, separate steps of the fixtures at least 0.9.
@@ -93,6 +97,11 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         # The trace starts inside a step (the ring buffer wrapped): its optimizer ends that step.
         labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
         starts.append(first)
+    # Where some pass is plainly a training pass, a pass that saves fewer activations is one too if it
+    # makes gradients: the second micro-batch of a checkpointed model (heldout3_neox_hfckpt_accum2).
+    plain = trains and any(has_backward(la, lf, f0, top) and makes_gradients(trace, w.allocs, w.params, top, b1)
+                           for f0, top, b1 in mts)
+    min_saved = MIN_SAVED_PEER if plain else MIN_SAVED
     prev_end = -1
     for (f0, top, b1), nxt in zip(mts, nexts):
         # Passes closer together than a step are micro-batches of one step (accumulation), unless
@@ -101,7 +110,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
                               or w.burst[prev_end + 1:f0].sum() >= BURST):
             starts.append(f0)
         prev_end = b1
-        if not (trains and has_backward(la, lf, f0, top) and makes_gradients(trace, w.allocs, w.params, top, b1)):
+        if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
             _label_forward_only(labels, w, f0, b1, nxt)
             continue
         lengths.append(b1 - f0)

@@ -130,13 +130,13 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
     return sorted(out)
 
 
-def has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int) -> bool:
+def has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int, min_saved: int = MIN_SAVED) -> bool:
     """Backward frees the activations a forward saved, last made first freed: many alive at the top
     and freed in reverse order (rank correlation of alloc and free order < 0; -0.17 to -0.94 on the
     real training traces). Inference frees as it goes: a handful alive at its top (6 on a real GPT)."""
     lo, hi = np.searchsorted(a, f0, "left"), np.searchsorted(a, top, "right")  # a is in event order
     m = f[lo:hi] > top
-    if m.sum() < MIN_SAVED:
+    if m.sum() < min_saved:
         return False
     ra = np.argsort(np.argsort(a[lo:hi][m]))
     rf = np.argsort(np.argsort(f[lo:hi][m]))
