@@ -121,7 +121,24 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]
         _label_after_backward(labels, w, top, b1, nxt)
+    _label_before_first(labels, w, [f0 for f0, _, _ in mts])
     return labels, starts, lengths, [top for _, top, _ in mts]
+
+
+def _label_before_first(labels: np.ndarray, w: _Work, firsts: list[int]) -> None:
+    """The first step made like the others: where every later pass is preceded by forward work that
+    saves nothing for backward (``_label_after_backward``'s evaluation forward: a frozen teacher's
+    no-grad forward, heldout3_distill_kl), what allocates MIN_SAVED blocks or more before the first
+    pass, and frees most of them there, is that work too. Only then: a ``generate()`` before training
+    (h8_generate_then_train) or a rollout (h6_ppo) is no step's forward."""
+    f0 = firsts[0]
+    if len(firsts) < 2 or labels[f0] != P["forward"] or not all(labels[f - 1] == P["forward"] for f in firsts[1:]):
+        return
+    begun = np.flatnonzero(labels[:f0] != P["other"])
+    lo = int(begun[-1]) + 1 if len(begun) else 0
+    made = w.allocs_in(lo - 1, f0)
+    if len(made) >= MIN_SAVED and (w.free_of[made] < f0).mean() > 0.5:
+        labels[int(made[0]):f0] = P["forward"]
 
 
 @dataclass(frozen=True)
