@@ -13,6 +13,7 @@ import numpy as np
 from ..vocab import P
 from ..timeline import Timeline
 from ..trace import A, Trace
+from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
@@ -53,6 +54,11 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
             if lengths2 and np.median(lengths2) <= est:
                 period_events = est
     labels, starts = _label_passes(trace, tl, period_events)[:2]
+    if not (labels == P["backward"]).any():
+        # No pass reads as training: a tiny model's gradients may still anchor its backward runs.
+        anchored = anchored_passes(trace, tl)
+        if anchored is not None:
+            return anchored
     return labels, starts
 
 
