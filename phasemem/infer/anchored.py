@@ -20,9 +20,10 @@ from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, size
 MIN_GRADS = 4
 
 
-def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | None:
-    """Labels and step starts from the gradients' sets (see the module), or None where fewer than two
-    backward runs are anchored so: nothing then says the trace trains."""
+def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], np.ndarray] | None:
+    """Labels, step starts and the gradients' allocation events, from the gradients' sets (see the
+    module), or None where fewer than two backward runs are anchored so: nothing then says the trace
+    trains."""
     n = len(trace)
     params = parameter_sizes(tl)
     if len(params) < MIN_PARAM_SIZES:
@@ -44,7 +45,7 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] 
     # A set of gradients was made in one backward, before the update that reads them: made within a
     # stretch shorter than the distance to their frees, of the parameters' sizes, with parameter-sized
     # work (the optimizer) between the last of them and their frees.
-    bwd = []
+    bwd, grads = [], []
     for g in sets:
         # a block made long after the rest and freed with them (the next batch, h7_capturable_adam) is
         # no gradient of that backward
@@ -59,6 +60,7 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] 
         if not sized_like_an_optimizer(params, trace.size[g], trace.size[between]):
             continue
         bwd.append((g0, g1, z0))
+        grads.append(g)
     if not bwd:
         return None
     # The last backward's gradients are never freed: the same sizes made after the last set's frees.
@@ -66,6 +68,7 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] 
     kept = cand[(free_of[cand] >= n) & (cand > last_z)]
     if len(kept) >= MIN_GRADS and covers_parameters(params, trace.size[kept]):
         bwd.append((int(kept.min()), int(kept.max()), n))
+        grads.append(kept)
     bwd.sort()
     if len(bwd) < 2:
         return None
@@ -97,4 +100,4 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] 
             work = tail[np.isin(trace.size[tail], params)]
             fr = free_of[work][free_of[work] < nxt]
             labels[b1 + 1:max(int(work.max()), int(fr.max()) if len(fr) else 0) + 1] = P["optimizer"]
-    return labels, starts
+    return labels, starts, np.sort(np.concatenate(grads))

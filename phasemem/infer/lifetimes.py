@@ -55,10 +55,12 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
                 period_events = est
     labels, starts = _label_passes(trace, tl, period_events)[:2]
     if not (labels == P["backward"]).any():
-        # No pass reads as training: a tiny model's gradients may still anchor its backward runs.
+        # No pass reads as training: a tiny model's gradients may still anchor its backward runs
+        # (infer/anchored.py). Only then: where passes were read, the gradients' sets overrule them
+        # badly in MAML (its inner autograd.grad updates make sets of their own: 3 steps -> 120).
         anchored = anchored_passes(trace, tl)
         if anchored is not None:
-            return anchored
+            return anchored[:2]
     return labels, starts
 
 
