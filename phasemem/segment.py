@@ -242,7 +242,7 @@ def _doubts(trace: Trace, timeline, labels: np.ndarray, steps: list) -> list[str
     for a, b in whole[1:-1] if len(whole) > 2 else whole:
         _, _, code, _ = runs(labels[a:b], np.zeros(b - a, np.int32))
         code = code[code != P["other"]]
-        orders.add(tuple(code[np.concatenate([[True], code[1:] != code[:-1]])].tolist()))
+        orders.add(tuple(code[np.concatenate([[True], code[1:] != code[:-1]])].tolist()) if len(code) else ())
     if len(orders) > 1:
         out.append("the steps found do not follow one order of phases")
     return out
