@@ -68,6 +68,13 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
 #: (MIN_SAVED of them): a checkpointed model's second micro-batch saves 8 (heldout3_neox_hfckpt_accum2).
 MIN_SAVED_PEER = 4
 
+#: Parameter-sized blocks an optimizer read from lifetimes must allocate between its start and end: the
+#: regions so labelled with 0-3 were never the optimizer (fused AdamW after its first step in `fused`,
+#: `gpt_ckpt_fused`, `h14_pure_fp16_scaled`; HF's code between micro-batches in `hf_compile_accum`;
+#: clip_infonce, seq2seq_sgd_keep, truth_gpt_ckpt_dropout, h5_gpt_varlen_ema: 0.00 of their events
+#: right), the smallest real ones make 4 (h6_optim_in_backward, h9_scaler_skips_first).
+MIN_UPDATE_BLOCKS = 4
+
 #: Passes closer together than this share of a step's period are micro-batches of one step
 #: (gradient accumulation): gpt_forloop_accum's and gpt_fp16_accum's passes are 0.25-0.5 of a period
 #: apart, separate steps of the fixtures at least 0.9.
@@ -235,6 +242,10 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
         return
     bursts = np.flatnonzero(w.burst[b1 + 1:nxt])
     end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
-    labels[optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top):end + 1] = P["optimizer"]
+    start = optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
+    made = w.allocs_in(start - 1, end + 1)
+    if len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS:
+        return  # no update seen: a fused optimizer's later steps, or code between micro-batches
+    labels[start:end + 1] = P["optimizer"]
     if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
         labels[end + 1:nxt] = P["forward"]
