@@ -139,3 +139,14 @@ def test_a_tiny_models_backward_from_its_gradients():
     assert _share(truth, seg.labels, "optimizer") > 0.9
     assert _share(truth, seg.labels, "backward") > 0.3
     assert not seg.doubts
+
+
+def test_no_optimizer_claimed_where_no_update_allocates():
+    """Momentum SGD with zero_grad(set_to_none=False) updates in place: after its first step the update
+    allocates nothing. What the loop ran between backward and the next forward (353 events, the
+    next batch's preparation) was called optimizer, none of it right; an optimizer read from lifetimes
+    now needs MIN_UPDATE_BLOCKS parameter-sized blocks (lifetimes._label_after_backward)."""
+    truth, steps, _, seg = _read("heldout5/h5_seq2seq_sgd_keep")
+    assert len(seg.steps) == steps == 3
+    said = seg.labels == P["optimizer"]
+    assert not said.any() or np.mean(truth[said] == P["optimizer"]) > 0.9
