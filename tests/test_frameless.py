@@ -150,3 +150,24 @@ def test_no_optimizer_claimed_where_no_update_allocates():
     assert len(seg.steps) == steps == 3
     said = seg.labels == P["optimizer"]
     assert not said.any() or np.mean(truth[said] == P["optimizer"]) > 0.9
+
+
+def test_gradients_before_a_cuda_graph_reading():
+    """save_on_cpu moves every saved activation to the host: no pass shows on the device, and
+    cross-entropy's fingerprint before AdamW's bursts read as a CUDA-graphed model (1 step of 3, its
+    backward 'optimizer'). A graph keeps gradients in its pool without events; these are made, kept
+    through the update and freed together by zero_grad, so they anchor the backward runs instead
+    (lifetimes.labels_from_lifetimes, infer/anchored.py, LIVE_ACROSS)."""
+    truth, steps, _, seg = _read("heldout6/h6_save_on_cpu")
+    assert len(seg.steps) == steps == 3
+    assert _share(truth, seg.labels, "backward") > 0.7
+    assert not (seg.labels[truth == P["backward"]] == P["optimizer"]).mean() > 0.1
+
+
+def test_a_cuda_graphed_model_is_still_read_so():
+    """The rules above leave a real CUDA-graphed model's reading alone: its gradients live in the graph's
+    pool and make no events, its passes save nothing on the device."""
+    truth, steps, _, seg = _read("odd_cudagraph")
+    assert len(seg.steps) == steps == 3
+    assert _share(truth, seg.labels, "loss") == 1 and _share(truth, seg.labels, "backward") == 1
+    assert _share(truth, seg.labels, "optimizer") > 0.85

@@ -18,6 +18,10 @@ from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, size
 
 #: Gradients zero_grad must free together to anchor a backward (as ``infer.ZERO_GRAD_MIN``).
 MIN_GRADS = 4
+#: A set of gradients lives past its last allocation at least 1/LIVE_ACROSS as long as it took to make
+#: them (through the update): h6_save_on_cpu's backward makes them over 659 events, they live 632 more;
+#: an optimizer's temporaries freed together right after they are made (2-6 events) do not.
+LIVE_ACROSS = 2
 
 
 def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], np.ndarray] | None:
@@ -54,13 +58,18 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], 
         if len(gaps) and gaps.max() > g[int(gaps.argmax())] - g[0] and int(gaps.argmax()) + 1 >= MIN_GRADS:
             g = g[:int(gaps.argmax()) + 1]
         g0, g1, z0 = int(g.min()), int(g.max()), int(free_of[g].min())
-        if g1 - g0 >= z0 - g1 or not covers_parameters(params, trace.size[g]):
+        if LIVE_ACROSS * (z0 - g1) < g1 - g0 or not covers_parameters(params, trace.size[g]):
             continue
         between = allocs[np.searchsorted(allocs, g1, "right"):np.searchsorted(allocs, z0, "left")]
         if not sized_like_an_optimizer(params, trace.size[g], trace.size[between]):
             continue
         bwd.append((g0, g1, z0))
         grads.append(g)
+    # An optimizer's own temporaries, made and freed together inside the gradients' life, are no set
+    # of gradients (h10_moco_queue's foreach temporaries, inside the gradients' life)
+    inner = [any(o is not b and o[0] < b[0] and b[2] < o[2] for o in bwd) for b in bwd]
+    grads = [g for g, x in zip(grads, inner) if not x]
+    bwd = [b for b, x in zip(bwd, inner) if not x]
     if not bwd:
         return None
     # The last backward's gradients are never freed: the same sizes made after the last set's frees.

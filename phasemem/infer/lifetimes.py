@@ -41,6 +41,12 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
         # saved activations). A trace whose passes were all rejected (no gradient kept: DDP's bucket
         # views, an out-of-memory error) has such passes, and is not graphed.
         graphed = None if _has_saved_passes(trace, tl) else graphed_steps(trace, tl)
+        # ... nor where gradients are made, kept through an update and freed together: a graph keeps
+        # them in its pool, without events (h6_save_on_cpu: its forward saves to the host, so no pass
+        # shows, but each backward's gradients anchor it; infer/anchored.py)
+        anchored = anchored_passes(trace, tl) if graphed is not None else None
+        if anchored is not None:
+            return anchored[:2]
         if graphed is not None:
             return graphed
         period_events = tries[0]
