@@ -17,6 +17,7 @@ nothing tells which forward calls make one request).
 
     python3 docs/eval_frameless.py                 # every marked trace: the table, mean, min
     python3 docs/eval_frameless.py heldout3 lora    # only traces whose path contains one of these words
+    python3 docs/eval_frameless.py --frames         # the same traces with their stack frames kept
 
 The marked analysis and the stripped trace are cached under $PHASEMEM_EVAL_CACHE (default
 /tmp/phasemem-frameless-cache), keyed on the file's size and time, so a second run costs only the
@@ -42,7 +43,7 @@ from phasemem.segment import P, PHASES, segment  # noqa: E402
 from phasemem.timeline import Timeline  # noqa: E402
 from phasemem.trace import Trace  # noqa: E402
 
-CACHE = Path(os.environ.get("PHASEMEM_EVAL_CACHE", "/tmp/phasemem-frameless-cache"))
+CACHE = Path(os.environ.get("PHASEMEM_EVAL_CACHE", "/tmp/phasemem-frameless-cache-v2"))
 SHARED = ROOT.parent / "shared" / "gpu-snapshots"
 
 
@@ -58,6 +59,14 @@ def _load(path: Path) -> tuple[dict, str]:
     names = {str(a.get("name", "")) for a in obj.get("external_annotations") or []}
     prefix = meta.get("markers") or ("gt::" if any(n.startswith("gt::") for n in names) else "phasemem::")
     return obj, prefix
+
+
+def unannotated(snap: dict) -> dict:
+    """No annotations and no phasemem key; stack frames kept (``--frames``)."""
+    s = copy.deepcopy(snap)
+    s.pop("phasemem", None)
+    s["external_annotations"] = []
+    return s
 
 
 def bare(snap: dict) -> dict:
@@ -90,7 +99,8 @@ def _entry(path: Path) -> dict | None:
             out = {"name": path.name.split(".")[0], "path": str(path.relative_to(ROOT.parent)), "prefix": prefix,
                    "truth": seg.labels.copy(), "steps": len(seg.steps),
                    "trains": bool((seg.labels == P["backward"]).any()),
-                   "trace": Trace.from_snapshot(bare(snap), marked.device)}
+                   "trace": Trace.from_snapshot(bare(snap), marked.device),
+                   "framed": Trace.from_snapshot(unannotated(snap), marked.device)}
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(".tmp")
     tmp.write_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
@@ -98,9 +108,9 @@ def _entry(path: Path) -> dict | None:
     return out
 
 
-def score(e: dict) -> dict:
-    """The frameless labelling of one cached entry against its truth."""
-    trace = e["trace"]
+def score(e: dict, frames: bool = False) -> dict:
+    """The frameless labelling of one cached entry (with ``frames``: the frames-kept one) against its truth."""
+    trace = e["framed" if frames else "trace"]
     t0 = time.perf_counter()
     seg = segment(trace, "phasemem::", Timeline.from_trace(trace))
     got = seg.labels.copy()
@@ -118,6 +128,8 @@ def score(e: dict) -> dict:
 
 
 def main(words: list[str]) -> int:
+    frames = "--frames" in words
+    words = [w for w in words if w != "--frames"]
     rows = []
     for path in traces():
         rel = str(path.relative_to(ROOT.parent))
@@ -126,7 +138,7 @@ def main(words: list[str]) -> int:
         e = _entry(path)
         if e is None:
             continue
-        rows.append((e, score(e)))
+        rows.append((e, score(e, frames)))
     print("| trace | events | steps (truth) | steps | accuracy | claimed | lowest confidence |")
     print("|---|---|---|---|---|---|---|")
     for e, r in rows:
