@@ -20,7 +20,7 @@ nothing tells which forward calls make one request).
     python3 docs/eval_frameless.py --frames         # the same traces with their stack frames kept
 
 The marked analysis and the stripped trace are cached under $PHASEMEM_EVAL_CACHE (default
-/tmp/phasemem-frameless-cache), keyed on the file's size and time, so a second run costs only the
+/tmp/phasemem-frameless-cache-v2), keyed on the file's size and time, so a second run costs only the
 frameless inference.
 """
 from __future__ import annotations
