@@ -106,7 +106,9 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], 
         if len(tail) and sized_like_an_optimizer(params, np.zeros(0, np.int64), trace.size[tail]):
             # the optimizer: to the last parameter-sized block it makes there, or frees of those; what
             # follows before the next forward (a target network's no-grad pass, logging) is not known
+            # from its first parameter-sized block: what runs between backward and it allocating other
+            # sizes (clipping's norms, a loop's logging) is not known (h7_capturable_adam, h11_tbptt_lstm)
             work = tail[np.isin(trace.size[tail], params)]
             fr = free_of[work][free_of[work] < nxt]
-            labels[b1 + 1:max(int(work.max()), int(fr.max()) if len(fr) else 0) + 1] = P["optimizer"]
+            labels[int(work.min()):max(int(work.max()), int(fr.max()) if len(fr) else 0) + 1] = P["optimizer"]
     return labels, starts, np.sort(np.concatenate(grads))
