@@ -188,8 +188,8 @@ def test_an_optimizers_temporaries_are_no_set_of_gradients():
 
 
 def test_the_anchored_optimizer_starts_at_its_first_parameter_sized_block():
-    """Truncated BPTT: between each backward and the update the loop detaches its hidden state and
-    clips, allocating other sizes; read from the gradients, the optimizer began right after backward
+    """Truncated BPTT: between each backward and the update the loop runs code the marks leave `other`,
+    allocating other sizes; read from the gradients, the optimizer began right after backward
     and 0.39 of what it named was the optimizer. It starts at its first parameter-sized block now
     (infer/anchored.py), as optimizer_start does after a pass."""
     truth, steps, _, seg = _read("heldout11/h11_tbptt_lstm")
