@@ -118,16 +118,32 @@ def test_confidence_is_the_measured_precision(frames):
     every real trace, the held-out ones too; it must still be true of the inference as it is now."""
     how = "frames" if frames else "lifetimes"
     hits: dict = {}
+    doubted: dict = {}  # the same, over the traces whose reading contradicts itself (segment._doubts)
     for path in PATHS + HELDOUT + HELDOUT2 + HELDOUT3 + HELDOUT4:
         *_, truth, codes, got = _scored(path, frames)
+        doubts = got.analysis.segmentation.doubts
+        pool = doubted if doubts else hits
         for ph, code in P.items():
             m = codes == code
-            h, t = hits.get(ph, (0, 0))
-            hits[ph] = (h + int((truth[m] == code).sum()), t + int(m.sum()))
+            h, t = pool.get(ph, (0, 0))
+            pool[ph] = (h + int((truth[m] == code).sum()), t + int(m.sum()))
         assert all(0 < p.confidence < 1 for p in got.phases.values() if p.source == "inferred")
+        for name, p in got.phases.items():
+            if p.source == "inferred" and doubts:
+                assert p.confidence == min(segment.CONFIDENCE[how][name], segment.DOUBTFUL.get(name, 1.0))
     for ph, conf in segment.CONFIDENCE[how].items():
         h, t = hits[ph]
         assert t and conf - 0.05 <= h / t <= conf + 0.011, (ph, h / t, conf)
+    # Doubted readings are less sure (DOUBTFUL is fitted over all 146 marked traces, docs/eval_frameless.py;
+    # of these 55 only FSDP2 without frames is doubted): what they name is right less often than what
+    # the others name, and their forward, the phase a missed backward falls into, is right no more often
+    # than DOUBTFUL says, give or take the fit's spread.
+    if doubted:
+        named = [ph for ph in P if ph != "other"]
+        share = lambda pool: sum(pool.get(ph, (0, 0))[0] for ph in named) / max(sum(pool.get(ph, (0, 0))[1] for ph in named), 1)
+        assert share(doubted) < share(hits) - 0.1
+        h, t = doubted.get("forward", (0, 0))
+        assert not t or h / t <= segment.DOUBTFUL["forward"] + 0.15
 
 
 @pytest.mark.parametrize("frames", [True, False], ids=["frames", "no-frames"])
@@ -248,12 +264,12 @@ def test_fourth_heldout_set_wrappers_without_frames_as_measured():
     hide the passes; the plain DDP and Trainer traces are read well."""
     scores = {_name(p): _score(p, False) for p in HELDOUT4}
     assert len(scores) == 4
-    # Bucket views: no backward is found without frames, so the trace is one step (no training step
-    # is claimed); the others' steps are exact.
-    assert scores["heldout4_gpt_ddp_bucket_view"][1] == 1
-    assert all(s[1] == s[2] for k, s in scores.items() if k != "heldout4_gpt_ddp_bucket_view")
+    # Steps exact on all four: bucket views (1 step for 3 until 2026-12-04) train by AdamW's bursts between
+    # the passes, FSDP2's steps end at its updates (docs/accuracy.md, "Frameless, over every marked trace").
+    assert all(s[1] == s[2] for s in scores.values())
     assert scores["heldout4_gpt_ddp"][0] >= 0.95 and scores["heldout4_llama_hf_trainer"][0] >= 0.87
-    assert np.mean([s[0] for s in scores.values()]) >= 0.54  # 0.547 measured
+    assert scores["heldout4_gpt_ddp_bucket_view"][0] >= 0.95  # 0.220 before
+    assert np.mean([s[0] for s in scores.values()]) >= 0.8  # 0.547 measured first
 
 
 def test_fsdp2_backward_hooks_are_backward_by_frames():

