@@ -34,7 +34,7 @@ from .eventscan import PAD, Template, candidates, commit, scan, views
 from .eventmemo import Memo
 from .eventvm import VM, Columns, Unsupported
 from .load import _SnapshotUnpickler, no_gc, open_snapshot
-from .opcodes import Deframed, find_event_list
+from .opcodes import Deframed, Unprofitable, find_event_list
 from .trace import Trace, from_stand_in
 
 #: Bytes decoded at a time: the events' working arrays are ~40 bytes per byte of this.
@@ -42,16 +42,41 @@ CHUNK = 16 << 20
 #: Memo entries filled at a time for the unpickler that reads what follows the events.
 FILL_PIECE = 1 << 22
 #: Bytes read first to find the event list (doubled until found; only ``segments`` come before it).
-HEAD = 1 << 20
+#: A file that ends within them is read by the unpickler: below ~10 MB the decoder's fixed costs
+#: (the head walked opcode by opcode, each new traceback parsed in Python) lose to pickle.load and
+#: the columnar pass: 143 of the 159 fixtures and wild snapshots (all under 4 MB) read 3.4 times
+#: slower decoded (12.6 s in all, against 3.7 s); from 15 MB in torch's form it wins (1.75 times
+#: faster at 100,000 events, benchmarks/bench_forms.py).
+HEAD = 8 << 20
 #: Events scanned at once: the first window after an event read one opcode at a time, and the
 #: largest (a window doubles while every event in it is ordinary).
 WINDOW = (64, 1 << 14)
 PAD_BYTES = bytes(PAD)
+#: Give up (the file is read the ordinary way) where a chunk creates more new dicts besides its
+#: events than this many per event, and more than ``NEW_DICTS_MIN`` of them: each is a frame dict
+#: seen for the first time, and an event holding one is parsed one opcode at a time (~0.1 ms
+#: an event), 50 times the C unpickler's cost. Torch shares frame dicts, so its files create few:
+#: 465 for the 1,398 events of fixtures/plain_gpt_torch_defaults, none in a later step; a snapshot
+#: whose every event has its own frame dicts (rebuilt by another tool) creates 31 an event with C++
+#: frames, 4 with Python frames only, and took 62 s (100,000 events) where pickle.load and the
+#: columnar pass take 2.3 s (benchmarks/bench_forms.py).
+NEW_DICTS_PER_EVENT = 0.5
+NEW_DICTS_MIN = 5_000
+#: Give up where the VM has read more than this many events and this share of all: the files
+#: torch writes have at most 284 such events (h12_hf_static_generate, of 11,914); the integrations'
+#: lightning fixtures, re-pickled by their recorder with every frame dict its own, have 98% (3,385 of
+#: 3,447: 1.1 s, against 6 ms for pickle.load and the columnar pass).
+VM_EVENTS_MIN = 500
+VM_EVENTS_SHARE = 0.05
+_DICT = int.from_bytes(b"}\x94(", "little")  # EMPTY_DICT MEMOIZE MARK: a dict with items begins
 
 
-def decode_trace(path: str | os.PathLike, device: int | None = None, *, trusted: bool = False) -> Trace | None:
+def decode_trace(path: str | os.PathLike, device: int | None = None, *, trusted: bool = False,
+                 always: bool = False) -> Trace | None:
     """The Trace of a snapshot file, decoded without unpickling its events; None where this reader
-    does not apply (the caller reads the file another way).
+    does not apply (the caller reads the file another way). Raises ``Unprofitable`` where it would
+    apply but be slower than unpickling (the caller reads the file with ``pickle.load`` then);
+    ``always``: decode whatever it costs (the tests check the decoder on small files).
 
     Example:
         >>> trace = decode_trace("snapshot.pickle") or read_trace("snapshot.pickle")
@@ -59,15 +84,19 @@ def decode_trace(path: str | os.PathLike, device: int | None = None, *, trusted:
     where = os.fspath(path)
     with open_snapshot(where) as f, no_gc():
         try:
-            return _decode(f, where, device, trusted)
+            return _decode(f, where, device, trusted, always)
+        except Unprofitable:
+            raise
         except (Unsupported, IndexError, KeyError, TypeError, ValueError, OverflowError, pickle.UnpicklingError,
                 EOFError, AttributeError, UnicodeDecodeError):
             return None
 
 
-def _decode(f, where: str, device: int | None, trusted: bool) -> Trace | None:
+def _decode(f, where: str, device: int | None, trusted: bool, always: bool) -> Trace | None:
     df = Deframed(f)
     buf = df.read(HEAD)
+    if df.eof and not always:
+        raise Unprofitable(f"{len(buf):,} bytes")
     while (found := find_event_list(buf)) is None:
         if df.eof:
             raise Unsupported("no event list")
@@ -77,7 +106,7 @@ def _decode(f, where: str, device: int | None, trusted: bool) -> Trace | None:
     memo = Memo(_head_memo(head, where, trusted))
     if memo.m != m_head:
         raise Unsupported("the head's memo is not what its MEMOIZEs say")
-    region = Region(memo)
+    region = Region(memo, always)
     rest = region.decode(buf[at:], df.read)
     del buf
     tail = rest + b"".join(iter(lambda: df.read(CHUNK), b""))
@@ -188,8 +217,8 @@ def _persistent(pid: int) -> bytes:
 class Region:
     """The device's event list: from its EMPTY_LIST to what follows it."""
 
-    def __init__(self, memo: Memo):
-        self.memo, self.stand_in = memo, Columns(memo)
+    def __init__(self, memo: Memo, always: bool = False):
+        self.memo, self.stand_in, self.always = memo, Columns(memo), always
         self.vm, self.template, self.lists = VM(memo, self.stand_in), None, {}
         self.vm.on_first = self._first
         self.vm.stop = True
@@ -231,6 +260,9 @@ class Region:
                 window = WINDOW[0]
             had = self.template
             pos, ci, why = self.vm.run(data, pos, limit, starts, ci)
+            vm, n = self.stand_in.read_one, len(self.stand_in) + len(self.stand_in.one[0])
+            if vm > max(VM_EVENTS_MIN, VM_EVENTS_SHARE * n) and not self.always:
+                raise Unprofitable(f"{vm:,} of {n:,} events read one opcode at a time")
             if why == "end":
                 return data[pos:limit]
             if why == "short":
@@ -244,4 +276,9 @@ class Region:
     def _candidates(self, b: np.ndarray, w: np.ndarray, limit: int) -> np.ndarray:
         if self.template is None:
             return np.zeros(0, np.int64)
-        return candidates(b, w, limit, self.template.prefix).astype(np.int64)
+        c = candidates(b, w, limit, self.template.prefix).astype(np.int64)
+        at = np.flatnonzero(b[:limit] == 0x7D)
+        new_dicts = int(np.count_nonzero((w[at] & np.uint64(0xFFFFFF)) == np.uint64(_DICT))) - len(c)
+        if new_dicts > max(NEW_DICTS_MIN, NEW_DICTS_PER_EVENT * len(c)) and not self.always:
+            raise Unprofitable(f"{new_dicts:,} new dicts for {len(c):,} events")
+        return c

@@ -33,6 +33,7 @@ class Columns:
         self.order: list[int] = []  # content ids in stack-id order
         self.oom_device_free: dict[int, int] = {}
         self.one = [array.array("b"), *(array.array("q") for _ in _INT_FIELDS), []]  # events the VM read
+        self.read_one = 0  # events the VM has read in all
 
     def __len__(self) -> int:
         return self.n
@@ -86,6 +87,7 @@ class Columns:
                 raise Unsupported("device_free")
             self.oom_device_free[self.n + len(self.one[0])] = free
         self.one[0].append(code)
+        self.read_one += 1
         for col, v in zip(self.one[1:5], vals):
             col.append(v)
         self.one[5].append(cid)

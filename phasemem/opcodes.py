@@ -27,6 +27,11 @@ class Unsupported(Exception):
     """The bytes are not in the form the fast decoder reads."""
 
 
+class Unprofitable(Unsupported):
+    """The fast decoder would be slower here than ``pickle.load`` and the columnar pass: the file
+    is small, or its events are not in torch's shared form (``phasemem.decode`` says when)."""
+
+
 class Deframed:
     """The opcodes of a protocol-4/5 pickle read from ``f``, FRAME headers removed.
 

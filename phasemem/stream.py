@@ -30,6 +30,7 @@ import numpy as np
 
 from .errors import PhasememError
 from .decode import decode_trace
+from .opcodes import Unprofitable
 from .load import UNPICKLE_ERRORS, _SnapshotUnpickler, no_gc, open_snapshot, read_snapshot_file
 from .trace import A, Trace, _CODES, _frame_key, _stack_table, from_stand_in
 
@@ -51,8 +52,12 @@ def read_trace(path: str | os.PathLike, device: int | None = None, *, trusted: b
     """
     where = os.fspath(path)
     try:
-        # decoded from the bytes where the file has the usual form, else unpickled a batch at a time
+        # decoded from the bytes where the file has the usual form and size, else unpickled a batch
+        # at a time (what it saves is the events' dicts), or whole where every event brings frame
+        # dicts of its own (the unpickler's memo keeps those anyway, and batches cost 1.4 times more)
         trace = decode_trace(where, device, trusted=trusted) or _stream(where, device, trusted)
+    except Unprofitable:
+        trace = None
     except PhasememError:
         raise
     except Exception:  # noqa: BLE001 - the ordinary reader below says what is wrong, or reads it
