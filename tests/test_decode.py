@@ -1,4 +1,4 @@
-"""The fast decoder (phasemem.decode) gives the ordinary reader's Trace, reads most events with
+"""The fast decoder (phasemem.read.decoder) gives the ordinary reader's Trace, reads most events with
 numpy, and gives up (the slower readers then apply) on whatever it does not know."""
 import copy
 import gc
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from phasemem import PhasememError
-from phasemem.decode import decode_trace
-from phasemem.eventvm import Columns
-from phasemem.load import read_snapshot_file
-from phasemem.stream import read_trace
+from phasemem.read import trace as read_trace
+from phasemem.read.decoder import decode_trace
+from phasemem.read.decoder.machine import Columns
+from phasemem.read.snapshot import read_snapshot_file
 from phasemem.trace import Trace
 
 from conftest import fixture_paths, load_snapshot, shared_paths
@@ -86,8 +86,8 @@ def test_every_event_with_frame_dicts_of_its_own_reads_as_pickle_load_does(tmp_p
     events. The decoder would parse every event one opcode at a time (48 s for 100,000 events):
     it gives way to the unpickler, and the Trace and the report are those of pickle.load."""
     import phasemem
-    from phasemem import decode
-    from phasemem.opcodes import Unprofitable
+    from phasemem.read import decoder as decode
+    from phasemem.read.decoder.layout import Unprofitable
 
     snap = unshare(load_snapshot(TORCH_DEFAULTS))
     events = snap["device_traces"][0]
@@ -106,8 +106,8 @@ def test_every_event_with_frame_dicts_of_its_own_reads_as_pickle_load_does(tmp_p
 
 
 def test_the_decoder_gives_way_where_most_events_are_read_one_by_one(tmp_path, monkeypatch, one_by_one):
-    from phasemem import decode
-    from phasemem.opcodes import Unprofitable
+    from phasemem.read import decoder as decode
+    from phasemem.read.decoder.layout import Unprofitable
 
     snap = unshare(load_snapshot(TORCH_DEFAULTS))
     p = write(tmp_path, snap)

@@ -18,10 +18,10 @@ import zipfile
 
 import numpy as np
 
-from .errors import PhasememError
-from .output import atomic_write
-from .slicing import StepIndex, slice_trace
-from .trace import Markers, Trace
+from ..errors import PhasememError
+from ..output import atomic_write
+from .steps import StepIndex, slice_trace
+from ..trace import Markers, Trace
 
 FORMAT = "phasemem-trace/1"
 _ARRAYS = ("action", "addr", "size", "stream", "time_us", "stack", "live_blocks")

@@ -14,9 +14,9 @@ import struct
 
 import numpy as np
 
-from .eventmemo import ListRef, Memo
-from .opcodes import Unsupported
-from .trace import _CODES, A, _stack_table
+from .memo import ListRef, Memo
+from .layout import Unsupported
+from ...trace import _CODES, A, _stack_table
 
 _INT_FIELDS = ("addr", "size", "stream", "time_us")
 _OOM = A["oom"]

@@ -30,12 +30,12 @@ import sys
 
 import numpy as np
 
-from .eventscan import PAD, Template, candidates, commit, scan, views
-from .eventmemo import Memo
-from .eventvm import VM, Columns, Unsupported
-from .load import _SnapshotUnpickler, no_gc, open_snapshot
-from .opcodes import Deframed, Unprofitable, find_event_list
-from .trace import Trace, from_stand_in
+from .scan import PAD, Template, candidates, commit, scan, views
+from .memo import Memo
+from .machine import VM, Columns, Unsupported
+from ..snapshot import _SnapshotUnpickler, open_snapshot
+from .layout import Deframed, Unprofitable, find_event_list
+from ...trace import Trace, from_stand_in, no_gc
 
 #: Bytes decoded at a time: the events' working arrays are ~40 bytes per byte of this.
 CHUNK = 16 << 20
