@@ -14,10 +14,10 @@ from .patterns import detect as detect_patterns
 from .peak import breakdown
 from .report import Report
 from .read import Reading, read
-from .read.steps import StepIndex, slice_in_memory
+from .read.steps import StepIndex
 from .segment import Segmentation
 from .spans import backward_resumed
-from .step_index import build_index, can_slice
+from .step_index import cut
 from .trace import A, Trace, no_gc
 from .whatif import oom_fits, replays, upcast_source, what_if
 from .units import format_bytes
@@ -69,30 +69,18 @@ def _live_report(snap: dict, device: int | None) -> Report:
 
 
 def _report(got: Reading) -> Report:
-    """The report of what was read: of the steps read alone where the check holds, else of the whole."""
+    """The report of what was read: of the steps asked for alone where they can be cut from the
+    trace (and the result checks), else of the whole trace."""
+    got = cut(got)
     if got.window is not None:
         report = _sliced(got.trace, *got.window, got.prefix)
         return report if report is not None else analyze_trace(got.whole(), marker_prefix=got.prefix)
-    return _analyze_steps(got.trace, got.prefix, got.steps)
-
-
-def _analyze_steps(trace: Trace, prefix: str, steps) -> Report:
-    """The whole analysis, or with ``steps`` that of those steps' slice where it is exact."""
-    if steps is None:
-        return analyze_trace(trace, marker_prefix=prefix)
-    if not can_slice(trace, prefix):
-        report = analyze_trace(trace, marker_prefix=prefix)
-        return replace(report, notes=report.notes + [
-            f"steps {steps}: this trace's steps are not marked, so the report covers the whole "
-            f"trace (its steps are found from all of it); only the picture shows those steps"])
-    index = build_index(trace, prefix)
-    k0, k1 = index.positions(steps)
-    a, b = index.bounds(k0, k1)
-    if index.exact and b > a:
-        report = _sliced(slice_in_memory(trace, index, k0, k1), index, k0, k1, prefix)
-        if report is not None:
-            return report
-    return analyze_trace(trace, marker_prefix=prefix)
+    report = analyze_trace(got.trace, marker_prefix=got.prefix)
+    if got.steps is None:
+        return report
+    return replace(report, notes=report.notes + [
+        f"steps {got.steps}: this trace's steps are not marked, so the report covers the whole "
+        f"trace (its steps are found from all of it); only the picture shows those steps"])
 
 
 def _sliced(part: Trace, index: StepIndex, k0: int, k1: int, prefix: str) -> Report | None:

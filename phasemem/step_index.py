@@ -7,12 +7,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from .read.steps import StepIndex
+from .read.steps import Reading, StepIndex, slice_in_memory
 from .segment import segment
 from .timeline import Timeline, lifetimes_of, reserved_curve
 from .trace import A, Trace
 
 _INFERRED = "phases are inferred from the whole trace (no forward/backward markers)"
+
+
+def cut(got: Reading) -> Reading:
+    """``got`` with the steps it asks for (``got.steps``) cut from its whole trace where a step index
+    of it is exact; with ``steps`` left set where its steps are not marked (the caller says so).
+
+    Example:
+        >>> cut(read("snapshot.pickle", steps="2-3")).window[1:]
+    """
+    trace, prefix, steps = got.trace, got.prefix, got.steps
+    if steps is None or not can_slice(trace, prefix):
+        return got
+    index = build_index(trace, prefix)
+    k0, k1 = index.positions(steps)
+    a, b = index.bounds(k0, k1)
+    if not (index.exact and b > a):
+        return Reading(trace, prefix)
+    return Reading(slice_in_memory(trace, index, k0, k1), prefix, window=(index, k0, k1), whole=lambda: trace)
 
 
 def can_slice(trace: Trace, prefix: str) -> bool:

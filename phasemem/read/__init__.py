@@ -15,8 +15,7 @@ differs (docs/performance.md, benchmarks/bench_forms.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,27 +27,11 @@ from .batched import read_batched
 from .decoder import decode_trace
 from .decoder.layout import Unprofitable
 from .snapshot import load_snapshot, read_snapshot_file
-from .steps import StepIndex
+from .steps import Reading
 
 #: A trace with fewer memory events than this is a legacy recording's single entry (an action
 #: ``snapshot``, or one ``free_completed``: all seven such files in ../shared/wild), not a history.
 MIN_HISTORY = 2
-
-
-@dataclass
-class Reading:
-    """What a source holds. ``trace``: its events (None without allocation history: then
-    ``snapshot`` holds the segments, what was alive when it was taken). ``prefix``: the marker
-    prefix its phases are read with. ``window``: (step index, first, last position) where only
-    those steps were read (``whole`` reads the rest); ``steps``: the steps still to cut from a
-    trace read whole."""
-
-    trace: Trace | None
-    prefix: str = MARKER_PREFIX
-    snapshot: dict | None = None
-    window: tuple[StepIndex, int, int] | None = None
-    whole: Callable[[], Trace] | None = None
-    steps: str | int | None = None
 
 
 def read(source: Any, device: int | None = None, *, trusted: bool = False, steps: str | int | None = None,
@@ -61,7 +44,7 @@ def read(source: Any, device: int | None = None, *, trusted: bool = False, steps
         >>> got.trace.size[:3], got.prefix
     """
     if isinstance(source, (str, os.PathLike)) and columnar.is_columnar(source):
-        got = _read_columnar(os.fspath(source), device, marker_prefix, steps)
+        got = columnar.reading(os.fspath(source), device, marker_prefix, steps)
     else:
         try:
             t = trace(source, device, trusted=trusted)
@@ -86,7 +69,7 @@ def trace(source: Any, device: int | None = None, *, trusted: bool = False) -> T
         with no_gc():
             return Trace.from_snapshot(load_snapshot(source, trusted=trusted), device)
     if columnar.is_columnar(source):
-        return _read_columnar(os.fspath(source), device, None, None).trace
+        return columnar.reading(os.fspath(source), device, None, None).trace
     return _read_pickle(os.fspath(source), device, trusted)
 
 
@@ -109,29 +92,6 @@ def _read_pickle(where: str, device: int | None, trusted: bool) -> Trace:
             t = Trace.from_snapshot(snap, device)
             del snap  # freed while the collector is paused: freeing millions of dicts triggers it
     return t
-
-
-def _read_columnar(path: str, device: int | None, marker_prefix: str | None, steps) -> Reading:
-    doc = columnar.read_doc(path)  # phasemem convert's output: no unpickling
-    if device is not None and device != int(doc["device"]):
-        raise PhasememError(f"{path} holds device {doc['device']} only; convert the snapshot "
-                            f"again with --device {device}")
-    index_prefix = (doc.get("steps") or {}).get("prefix")
-    # the prefix the file was converted with is the one its step index knows
-    prefix = marker_prefix or index_prefix or str((doc.get("meta") or {}).get("markers") or MARKER_PREFIX)
-    whole = lambda: columnar.load_trace(path)  # noqa: E731
-    if steps is not None and index_prefix == prefix and doc["steps"]["exact"]:
-        index = columnar.read_index(path)
-        k0, k1 = index.positions(steps)
-        a, b = index.bounds(k0, k1)
-        if b > a:
-            with no_gc():
-                part = columnar.load_steps(path, index, k0, k1)
-            return Reading(part, prefix, window=(index, k0, k1), whole=whole)
-    with no_gc():
-        t = whole()
-    # the file's index says these steps cannot be sliced: no use building it again
-    return Reading(t, prefix, steps=None if index_prefix == prefix else steps)
 
 
 def has_history(t: Trace) -> bool:

@@ -19,11 +19,13 @@ seen without its alloc would count a different size than the full trace does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ..steps import StepsError, parse_steps
 from ..trace import Markers, Trace
+from ..vocab import MARKER_PREFIX
 
 
 @dataclass
@@ -102,3 +104,19 @@ def slice_in_memory(trace: Trace, index: StepIndex, k0: int, k1: int) -> Trace:
     a, b = index.bounds(k0, k1)
     cols = {name: getattr(trace, name)[a:b] for name in ("action", "addr", "size", "stream", "time_us", "stack")}
     return slice_trace(trace, index, k0, k1, cols)
+
+
+@dataclass
+class Reading:
+    """What a source holds. ``trace``: its events (None without allocation history: then
+    ``snapshot`` holds the segments, what was alive when it was taken). ``prefix``: the marker
+    prefix its phases are read with. ``window``: (step index, first, last position) where only
+    those steps were read (``whole`` reads the rest); ``steps``: the steps still to cut from a
+    trace read whole."""
+
+    trace: Trace | None
+    prefix: str = MARKER_PREFIX
+    snapshot: dict | None = None
+    window: tuple[StepIndex, int, int] | None = None
+    whole: Callable[[], Trace] | None = None
+    steps: str | int | None = None
