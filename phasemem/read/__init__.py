@@ -24,6 +24,7 @@ from ..trace import A, Trace, no_gc
 from ..vocab import MARKER_PREFIX
 from . import columnar
 from .batched import read_batched
+from . import decoder
 from .decoder import decode_trace
 from .decoder.layout import Unprofitable
 from .snapshot import load_snapshot, read_snapshot_file
@@ -74,6 +75,28 @@ def trace(source: Any, device: int | None = None, *, trusted: bool = False) -> T
 
 
 def _read_pickle(where: str, device: int | None, trusted: bool) -> Trace:
+    t = None
+    if not _small(where):
+        t = _read_pickle_fast(where, device, trusted)
+    if t is None:
+        with no_gc():
+            snap = read_snapshot_file(where, trusted=trusted)
+            t = Trace.from_snapshot(snap, device)
+            del snap  # freed while the collector is paused: freeing millions of dicts triggers it
+    return t
+
+
+def _small(where: str) -> bool:
+    """An uncompressed pickle smaller than the decoder's first read: it would give way (and the
+    batched reader saves nothing there), so the file is read once, by pickle.load."""
+    try:
+        with open(where, "rb") as f:
+            return f.read(1) == b"\x80" and os.fstat(f.fileno()).st_size < decoder.HEAD
+    except OSError:
+        return False  # the readers below say what is wrong
+
+
+def _read_pickle_fast(where: str, device: int | None, trusted: bool) -> Trace | None:
     try:
         # decoded from the bytes where the file has torch's form and is large enough to pay, else
         # unpickled a batch at a time (what that saves is the events' dicts), or whole where every
@@ -84,13 +107,8 @@ def _read_pickle(where: str, device: int | None, trusted: bool) -> Trace:
         t = None
     except PhasememError:
         raise
-    except Exception:  # noqa: BLE001 - the ordinary reader below says what is wrong, or reads it
+    except Exception:  # noqa: BLE001 - the ordinary reader says what is wrong, or reads it
         t = None
-    if t is None:
-        with no_gc():
-            snap = read_snapshot_file(where, trusted=trusted)
-            t = Trace.from_snapshot(snap, device)
-            del snap  # freed while the collector is paused: freeing millions of dicts triggers it
     return t
 
 
