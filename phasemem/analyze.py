@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 
 from .analysis import Analysis
-from .live import live_memory
 from .measure import aggregate, measure
 from .model import DeviceSummary, OutOfMemory, Step
 from .patterns import detect as detect_patterns
@@ -48,23 +47,19 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
     with no_gc():  # the analysis builds many small objects too; freed while the collector is paused
         got = read(snapshot, device, trusted=trusted, steps=steps, marker_prefix=marker_prefix)
         if got.trace is None:  # no allocation history: what was alive when it was taken
-            return _live_report(got.snapshot, device)
+            return _live_report(got)
         report = _report(got)
         # An out-of-memory on another device is the first thing to say, with its step and phase there.
-        theirs = [o for other in report.other_devices if other.ooms
-                  for o in _report(read(snapshot, other.index, trusted=trusted, marker_prefix=marker_prefix,
-                                        live=False)).ooms]
+        theirs = [o for other in report.other_devices if other.ooms for o in _report(got.device(other.index)).ooms]
     return replace(report, ooms=report.ooms + theirs) if theirs else report
 
 
-def _live_report(snap: dict, device: int | None) -> Report:
-    """The report of a snapshot without history: what was alive when it was taken (phasemem.live)."""
-    live = live_memory(snap, device)
-    traces = snap.get("device_traces") or []
-    n = len(traces[live.device]) if live.device < len(traces) and isinstance(traces[live.device], list) else 0
-    return Report(device=f"cuda:{live.device}", n_events=n, peak_bytes=live.allocated_bytes, peak_event=-1,
-                  preexisting_bytes=live.allocated_bytes, reserved_peak_bytes=live.reserved_bytes, steps=[],
-                  phases={}, sources={}, notes=["no allocation history: live memory only"],
+def _live_report(got: Reading) -> Report:
+    """The report of a snapshot without history: what was alive when it was taken."""
+    live = got.live
+    return Report(device=f"cuda:{live.device}", n_events=got.live_events, peak_bytes=live.allocated_bytes,
+                  peak_event=-1, preexisting_bytes=live.allocated_bytes, reserved_peak_bytes=live.reserved_bytes,
+                  steps=[], phases={}, sources={}, notes=["no allocation history: live memory only"],
                   by_category=dict(live.by_category), live=live)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NoHistory, PhasememError
+from ..live import live_memory
 from ..trace import A, Trace, no_gc
 from ..vocab import MARKER_PREFIX
 from . import columnar
@@ -55,9 +56,19 @@ def read(source: Any, device: int | None = None, *, trusted: bool = False, steps
             t = None
         prefix = marker_prefix or (str(t.meta.get("markers") or MARKER_PREFIX) if t is not None else MARKER_PREFIX)
         got = Reading(t, prefix, steps=steps)
+    got.device = lambda d: read(source, d, trusted=trusted, marker_prefix=marker_prefix, live=False)
     if live and (got.trace is None or not has_history(got.trace)):
-        return Reading(None, got.prefix, snapshot=load_snapshot(source, trusted=trusted, history=False))
+        snap = load_snapshot(source, trusted=trusted, history=False)
+        return _live(snap, device, got.prefix)
     return got
+
+
+def _live(snap: dict, device: int | None, prefix: str) -> Reading:
+    """A snapshot without allocation history: what was alive when it was taken (phasemem.live)."""
+    live = live_memory(snap, device)
+    traces = snap.get("device_traces") or []
+    mine = traces[live.device] if live.device < len(traces) else None
+    return Reading(None, prefix, live=live, live_events=len(mine) if isinstance(mine, list) else 0)
 
 
 def trace(source: Any, device: int | None = None, *, trusted: bool = False) -> Trace:

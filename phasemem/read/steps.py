@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..live import LiveMemory
 from ..steps import StepsError, parse_steps
 from ..trace import Markers, Trace
 from ..vocab import MARKER_PREFIX
@@ -108,15 +109,17 @@ def slice_in_memory(trace: Trace, index: StepIndex, k0: int, k1: int) -> Trace:
 
 @dataclass
 class Reading:
-    """What a source holds. ``trace``: its events (None without allocation history: then
-    ``snapshot`` holds the segments, what was alive when it was taken). ``prefix``: the marker
-    prefix its phases are read with. ``window``: (step index, first, last position) where only
-    those steps were read (``whole`` reads the rest); ``steps``: the steps still to cut from a
-    trace read whole."""
+    """What a source holds. ``trace``: its events (None without allocation history: then ``live``
+    is what was alive when it was taken, and ``live_events`` the entries of its device). ``prefix``:
+    the marker prefix its phases are read with. ``window``: (step index, first, last position)
+    where only those steps were read (``whole`` reads the rest); ``steps``: the steps still to cut
+    from a trace read whole. ``device(d)``: another device of the same source, read the same way."""
 
     trace: Trace | None
     prefix: str = MARKER_PREFIX
-    snapshot: dict | None = None
+    live: LiveMemory | None = None
+    live_events: int = 0
     window: tuple[StepIndex, int, int] | None = None
     whole: Callable[[], Trace] | None = None
     steps: str | int | None = None
+    device: Callable[[int], "Reading"] | None = None
