@@ -5,7 +5,7 @@ the same trace is ~40 bytes an event and loads in a second. ``phasemem convert``
 ``phasemem.analyze`` reads it like a snapshot. It holds only numbers and one JSON document, and is
 read with ``allow_pickle=False``: loading it runs no code.
 
-It also holds a step index (``phasemem.slicing``) for the marker prefix it was converted with, so
+It also holds a step index (``phasemem.read.steps``) for the marker prefix it was converted with, so
 ``analyze --steps`` reads only those steps' events. The members are stored uncompressed, so a
 range of one column is read straight from its offset in the file.
 """

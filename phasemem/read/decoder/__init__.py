@@ -12,13 +12,15 @@ bytes name its frames exactly, so identical bytes are one stack (a dict lookup p
 
 Whatever does not fit that form — the first events (which spell out the keys and frames), an
 out-of-memory event with its extra key, a frame seen for the first time — is parsed one opcode at a
-time (``phasemem.eventvm``), and the vectorised path takes over again at the next event. Before the
+time (``machine.py``), and the vectorised path takes over again at the next event. Before the
 events, and after them, the C unpickler reads the file as usual (``_finish``).
 
 Every object an event creates is counted, because MEMOIZE numbers objects by count and later
 references use those numbers; a field, reference or layout this reader does not know makes it
-give up (``Unsupported``), and ``phasemem.stream`` reads the file the slower way, which either
+give up (``Unsupported``), and ``phasemem.read`` reads the file the slower way, which either
 succeeds or says what is wrong: the Trace is the same either way (tests/test_scale.py, test_decode.py).
+Where it would apply but lose to ``pickle.load`` and the columnar pass (a small file; events that
+bring frame dicts of their own) it says so first (``Unprofitable``, the constants below).
 """
 from __future__ import annotations
 
@@ -141,7 +143,7 @@ def _finish(head: bytes, region: Region, tail: bytes, where: str, trusted: bool,
     The head is unpickled again, then the memo is given what the events put in it, in their order
     (MEMOIZE numbers by count, so the tail's references stay right): the list itself, the frame
     dicts and strings the events created (a later part of the file may refer to them: the empty
-    string is one object in CPython, and annotations use it), the strings read by eventscan (one
+    string is one object in CPython, and annotations use it), the strings read by scan.py (one
     per event, compile_context's) only with ``strings``, and for every other object one filler.
     Then the tail, as it is. If the tail refers to a filler (an event dict, a traceback list), the
     filler ends up inside the snapshot, which its reference count shows: then None."""

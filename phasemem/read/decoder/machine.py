@@ -1,4 +1,4 @@
-"""The events the fast decoder (``phasemem.decode``) has read, and those it parses one opcode at a time.
+"""The events the fast decoder (``phasemem.read.decoder``) has read, and those it parses one opcode at a time.
 
 - ``Columns``: the events so far as columns, their stacks numbered in the order the events first
   use them, as ``Trace._columnarise`` numbers them; it stands in for the device's list in the
@@ -61,7 +61,7 @@ class Columns:
         self.n += len(action)
 
     def add_one(self, ev: dict) -> None:
-        """One event the VM read, checked and converted as ``phasemem.stream._Events`` converts it."""
+        """One event the VM read, checked and converted as ``phasemem.read.batched._Events`` converts it."""
         act = ev["action"]
         if type(act) is not str:
             raise Unsupported("an action that is not a string")

@@ -1,5 +1,5 @@
 """What each memo index of a snapshot pickle holds, as far as its events need to know, for the
-fast decoder (``phasemem.decode``).
+fast decoder (``phasemem.read.decoder``).
 
 MEMOIZE numbers objects by count, and a later memo reference names the number: an event's action is
 a reference to a string, its frames a reference to a list of frame dicts or a new list of
@@ -15,7 +15,7 @@ import numpy as np
 from .layout import Unsupported
 from ...trace import _CODES, _frame_key
 
-OTHER, STR, FRAME, LIST, OBJ, VSTR = range(6)  # memo kinds; VSTR: a string read by eventscan
+OTHER, STR, FRAME, LIST, OBJ, VSTR = range(6)  # memo kinds; VSTR: a string read by scan.py
 
 
 class ListRef:
@@ -114,7 +114,7 @@ class Memo:
     @staticmethod
     def kept_mask(kind: np.ndarray, strings: bool) -> np.ndarray:
         """Which entries' objects go to the unpickler that reads the rest: strings and frame dicts
-        the VM made, and with ``strings`` the (many) strings eventscan read too."""
+        the VM made, and with ``strings`` the (many) strings scan.py read too."""
         keep = (kind == STR) | (kind == FRAME)
         return keep | (kind == VSTR) if strings else keep
 

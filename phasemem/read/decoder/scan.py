@@ -1,4 +1,4 @@
-"""Events read from a pickle's bytes with numpy, many at a time (``phasemem.decode`` says how).
+"""Events read from a pickle's bytes with numpy, many at a time (``phasemem.read.decoder`` says how).
 
 ``Template``: the byte form every ordinary event has in this file — its keys, in order, as memo
 references (2 or 5 bytes each), known from the first event. ``candidates``: where events may
