@@ -39,7 +39,8 @@ MIN_HISTORY = 2
 def read(source: Any, device: int | None = None, *, trusted: bool = False, steps: str | int | None = None,
          marker_prefix: str | None = None, live: bool = True) -> Reading:
     """Read a snapshot path (pickle, .gz, .xz, .bz2, or the .npz ``phasemem convert`` writes) or
-    dict. ``live``: where the source has no allocation history, return its snapshot (else raise).
+    dict. ``live``: where the source has no allocation history, return what was alive when it was
+    taken (``Reading.live``; else raise ``NoHistory``).
 
     Example:
         >>> got = read("snapshot.pickle")
