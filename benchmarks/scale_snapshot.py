@@ -25,7 +25,7 @@ allocs and frees pair up as in a real run. The first and last copies keep the se
 Run (from the repository root), then analyse the output like any snapshot:
 
     python3 benchmarks/scale_snapshot.py fixtures/plain_gpt_torch_defaults.pkl.xz /tmp/big.pickle \
-        --events 1000000 [--share torch|lists] [--first 1 --last 2] [--marker gt::optimizer]
+        --events 1000000 [--share torch|lists|none] [--python-frames] [--first 1 --last 2] [--marker gt::optimizer]
 """
 from __future__ import annotations
 
