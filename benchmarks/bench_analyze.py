@@ -150,11 +150,12 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     import phasemem
     from phasemem.analyze import analyze_trace
-    from phasemem.load import load_snapshot, no_gc
+    from phasemem.read.snapshot import load_snapshot
+    from phasemem.trace import no_gc
     from phasemem.measure import measure
     from phasemem.render import save
     from phasemem.segment import segment
-    from phasemem.stream import read_trace
+    from phasemem.read import trace as read_trace
     from phasemem.timeline import Timeline
     from phasemem.trace import Trace
 

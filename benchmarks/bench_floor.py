@@ -7,7 +7,7 @@ and, for comparison, with the seed's lists reused (``--share lists``). Each file
 plain pickle, then, best of N, in this order, in this process:
 
 - ``pickle.load`` with the collector on (as a user calls it) and off (the floor);
-- ``phasemem.stream.read_trace`` (what ``analyze`` reads a pickle with);
+- ``phasemem.read.trace`` (what ``analyze`` reads a pickle with);
 - ``phasemem.analyze(path)`` + ``report.save_png`` end to end, and its parts: ``analyze_trace`` of
   the trace already read, ``save_png`` of the report.
 
@@ -62,7 +62,7 @@ def make(seed: Path, events: int, share: str, path: Path) -> int:
 def measure(path: Path, repeat: int, png: str) -> dict:
     import phasemem
     from phasemem.analyze import analyze_trace
-    from phasemem.stream import read_trace
+    from phasemem.read import trace as read_trace
 
     def plain_load():
         with open(path, "rb") as f:

@@ -88,12 +88,12 @@ def cases(pkl: Path, npz: Path, gz: Path, png: Path, step: int, markers: str) ->
         ("pickle.load (gc off)", ["-c", f"import gc, pickle; gc.disable(); pickle.load(open({p!r}, 'rb'))"]),
         ("pickle.load (gc on)", ["-c", f"import pickle; pickle.load(open({p!r}, 'rb'))"]),
         ("ordinary reader (load + Trace.from_snapshot)",
-         ["-c", "from phasemem.load import read_snapshot_file, no_gc; from phasemem.trace import Trace\n"
+         ["-c", "from phasemem.read.snapshot import read_snapshot_file; from phasemem.trace import no_gc; from phasemem.trace import Trace\n"
                 f"with no_gc(): t = Trace.from_snapshot(read_snapshot_file({p!r}))"]),
         ("batch-streaming reader (stream._stream)",
-         ["-c", f"from phasemem.stream import _stream; assert _stream({p!r}, None, False) is not None"]),
+         ["-c", f"from phasemem.read.batched import read_batched; assert read_batched({p!r}, None, False) is not None"]),
         ("stream.read_trace (events decoded from the bytes)",
-         ["-c", f"from phasemem.decode import decode_trace; assert decode_trace({p!r}) is not None"]),
+         ["-c", f"from phasemem.read.decoder import decode_trace; assert decode_trace({p!r}, always=True) is not None"]),
         ("phasemem convert (with step index)", ["-m", "phasemem", "convert", p, "-o", n, "--markers", markers]),
         ("phasemem.analyze(pickle), whole trace",
          ["-c", f"import phasemem; phasemem.analyze({p!r}, marker_prefix={markers!r})"]),

@@ -28,11 +28,10 @@ def main(argv=None) -> int:
     ap.add_argument("--png", default="/tmp/phasemem-profile.png")
     args = ap.parse_args(argv)
     from phasemem.analyze import analyze_trace
-    from phasemem.columnar import is_columnar, load_trace
-    from phasemem.load import no_gc
-    from phasemem.stream import read_trace
+    from phasemem.read import trace as read_trace
+    from phasemem.trace import no_gc
 
-    trace = load_trace(args.trace) if is_columnar(args.trace) else read_trace(args.trace)
+    trace = read_trace(args.trace)  # any form: pickle, .npz
     prefix = args.markers or str(trace.meta.get("markers") or "phasemem::")
     analysis, picture = cProfile.Profile(), cProfile.Profile()
     with no_gc():  # as phasemem.analyze runs it

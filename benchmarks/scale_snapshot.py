@@ -25,7 +25,7 @@ allocs and frees pair up as in a real run. The first and last copies keep the se
 Run (from the repository root), then analyse the output like any snapshot:
 
     python3 benchmarks/scale_snapshot.py fixtures/plain_gpt_torch_defaults.pkl.xz /tmp/big.pickle \
-        --events 1000000 [--share torch|lists] [--first 1 --last 2] [--marker gt::optimizer]
+        --events 1000000 [--share torch|lists|none] [--python-frames] [--first 1 --last 2] [--marker gt::optimizer]
 """
 from __future__ import annotations
 
@@ -155,6 +155,32 @@ def replicate(snap: dict, copies: int, *, first: int = 1, last: int = 2, marker:
     return {**snap, "device_traces": traces, "external_annotations": out_anns}
 
 
+def unshare(snap: dict) -> dict:
+    """Every event with a frames list of its own, holding frame dicts of its own (copies): the form
+    of a snapshot that went through JSON, or was built entry by entry by another tool. Pickle's memo
+    then shares nothing between events: each one spells out its whole traceback."""
+    traces = [[{**e, "frames": [dict(f) for f in e["frames"]]} if isinstance(e.get("frames"), list) else e
+               for e in t] for t in snap["device_traces"]]
+    return {**snap, "device_traces": traces}
+
+
+def python_frames(snap: dict) -> dict:
+    """The snapshot as ``stacks="python"`` records it: only the Python frames (``*.py``), the
+    sharing of lists and frame dicts kept (one new list per list object)."""
+    lists: dict[int, list] = {}
+
+    def keep(fr):
+        if not isinstance(fr, list):
+            return fr
+        new = lists.get(id(fr))
+        if new is None:
+            new = lists[id(fr)] = [f for f in fr if str(f.get("filename", "")).endswith(".py")]
+        return new
+
+    traces = [[{**e, "frames": keep(e.get("frames"))} for e in t] for t in snap["device_traces"]]
+    return {**snap, "device_traces": traces}
+
+
 def copies_for(snap: dict, events: int, **kw) -> int:
     """How many copies give about ``events`` events."""
     n0 = len(snap["device_traces"][busiest(snap)])
@@ -171,17 +197,24 @@ def main(argv=None) -> int:
     ap.add_argument("--first", type=int, default=1, help="first step repeated (default 1)")
     ap.add_argument("--last", type=int, default=2, help="last step repeated (default 2)")
     ap.add_argument("--marker", help="annotation whose END closes a step (default: the optimizer's)")
-    ap.add_argument("--share", choices=("torch", "lists"), default="torch",
-                    help="torch: new lists per step, shared frame dicts (default); lists: the seed's lists reused")
+    ap.add_argument("--share", choices=("torch", "lists", "none"), default="torch",
+                    help="torch: new lists per step, shared frame dicts (default); lists: the seed's lists reused; "
+                         "none: every event its own list of its own frame dicts (a snapshot rebuilt by other tools)")
+    ap.add_argument("--python-frames", action="store_true", help="keep only Python frames (stacks='python')")
     args = ap.parse_args(argv)
     snap = read_seed(args.seed)
-    kw = dict(first=args.first, last=args.last, marker=args.marker, share=args.share)
+    if args.python_frames:
+        snap = python_frames(snap)
+    kw = dict(first=args.first, last=args.last, marker=args.marker,
+              share="lists" if args.share == "none" else args.share)
     events = args.events
     if args.bytes:  # bytes per event measured on a small stretch, then scaled
         probe = replicate(snap, 20, **kw)
         events = int(args.bytes / (len(pickle.dumps(probe)) / len(probe["device_traces"][busiest(snap)])))
     copies = copies_for(snap, events, **kw)
     big = replicate(snap, copies, **kw)
+    if args.share == "none":
+        big = unshare(big)
     with open(args.out + ".tmp", "wb") as f:
         pickle.dump(big, f)  # as torch.cuda.memory._dump_snapshot: the default protocol
     os.replace(args.out + ".tmp", args.out)

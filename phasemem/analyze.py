@@ -1,27 +1,23 @@
 """The pipeline: snapshot → trace → timeline → segmentation → report."""
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from .columnar import is_columnar, load_steps, load_trace, read_doc, read_index
-from .errors import NoHistory, PhasememError
-from .live import live_memory
-from .load import load_snapshot, no_gc
 from .analysis import Analysis
 from .measure import aggregate, measure
 from .model import DeviceSummary, OutOfMemory, Step
 from .patterns import detect as detect_patterns
 from .peak import breakdown
 from .report import Report
+from .read import Reading, read
+from .read.steps import StepIndex
 from .segment import Segmentation
-from .slicing import StepIndex, build_index, can_slice, slice_in_memory
 from .spans import backward_resumed
-from .stream import read_trace
-from .trace import A, Trace
+from .step_index import cut
+from .trace import A, Trace, no_gc
 from .whatif import oom_fits, replays, upcast_source, what_if
 from .units import format_bytes
 from .vocab import CATEGORIES, MARKER_PREFIX, C, P, PHASES
@@ -48,93 +44,38 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
         >>> phasemem.analyze("big.npz", steps="100-102").steps[0].number
         100
     """
-    try:
-        report = _analyze_one(snapshot, device, trusted, marker_prefix, steps)
-    except NoHistory:
-        return _live_report(snapshot, device, trusted)
-    if report.analysis is not None and not _has_history(report.analysis.trace):
-        return _live_report(snapshot, device, trusted)
-    # An out-of-memory on another device is the first thing to say, with its step and phase there.
-    theirs = [o for other in report.other_devices if other.ooms
-              for o in _analyze_one(snapshot, other.index, trusted, marker_prefix, None).ooms]
+    with no_gc():  # the analysis builds many small objects too; freed while the collector is paused
+        got = read(snapshot, device, trusted=trusted, steps=steps, marker_prefix=marker_prefix)
+        if got.trace is None:  # no allocation history: what was alive when it was taken
+            return _live_report(got)
+        report = _report(got)
+        # An out-of-memory on another device is the first thing to say, with its step and phase there.
+        theirs = [o for other in report.other_devices if other.ooms for o in _report(got.device(other.index)).ooms]
     return replace(report, ooms=report.ooms + theirs) if theirs else report
 
 
-#: A trace with fewer memory events than this is a legacy recording's single entry (an action
-#: ``snapshot``, or one ``free_completed``: all seven such files in ../shared/wild), not a history.
-MIN_HISTORY = 2
-
-
-def _has_history(trace: Trace) -> bool:
-    memory = np.isin(trace.action, [A["alloc"], A["free_requested"], A["free_completed"], A["free"]])
-    return int(memory.sum()) >= MIN_HISTORY
-
-
-def _live_report(snapshot, device, trusted) -> Report:
-    """The report of a snapshot without history: what was alive when it was taken (phasemem.live)."""
-    snap = load_snapshot(snapshot, trusted=trusted, history=False)
-    live = live_memory(snap, device)
-    traces = snap.get("device_traces") or []
-    n = len(traces[live.device]) if live.device < len(traces) and isinstance(traces[live.device], list) else 0
-    return Report(device=f"cuda:{live.device}", n_events=n, peak_bytes=live.allocated_bytes, peak_event=-1,
-                  preexisting_bytes=live.allocated_bytes, reserved_peak_bytes=live.reserved_bytes, steps=[],
-                  phases={}, sources={}, notes=["no allocation history: live memory only"],
+def _live_report(got: Reading) -> Report:
+    """The report of a snapshot without history: what was alive when it was taken."""
+    live = got.live
+    return Report(device=f"cuda:{live.device}", n_events=got.live_events, peak_bytes=live.allocated_bytes,
+                  peak_event=-1, preexisting_bytes=live.allocated_bytes, reserved_peak_bytes=live.reserved_bytes,
+                  steps=[], phases={}, sources={}, notes=["no allocation history: live memory only"],
                   by_category=dict(live.by_category), live=live)
 
 
-def _analyze_one(snapshot, device, trusted, marker_prefix, steps) -> Report:
-    if isinstance(snapshot, (str, os.PathLike)) and is_columnar(snapshot):
-        return _analyze_columnar(os.fspath(snapshot), device, marker_prefix, steps)
-    with no_gc():
-        if isinstance(snapshot, (str, os.PathLike)):
-            # Streamed: the events become columns as they are unpickled (phasemem/stream.py).
-            trace = read_trace(snapshot, device, trusted=trusted)
-        else:
-            trace = Trace.from_snapshot(load_snapshot(snapshot, trusted=trusted), device)
-        if marker_prefix is None:
-            marker_prefix = str(trace.meta.get("markers") or MARKER_PREFIX)
-        return _analyze_steps(trace, marker_prefix, steps)
-
-
-def _analyze_columnar(path: str, device: int | None, marker_prefix: str | None, steps) -> Report:
-    doc = read_doc(path)  # phasemem convert's output: no unpickling
-    if device is not None and device != int(doc["device"]):
-        raise PhasememError(f"{path} holds device {doc['device']} only; convert the snapshot "
-                            f"again with --device {device}")
-    index_prefix = (doc.get("steps") or {}).get("prefix")
-    # the prefix the file was converted with is the one its step index knows
-    prefix = marker_prefix or index_prefix or str((doc.get("meta") or {}).get("markers") or MARKER_PREFIX)
-    with no_gc():
-        if steps is not None and index_prefix == prefix and doc["steps"]["exact"]:
-            index = read_index(path)
-            k0, k1 = index.positions(steps)
-            a, b = index.bounds(k0, k1)
-            if b > a:
-                report = _sliced(load_steps(path, index, k0, k1), index, k0, k1, prefix)
-                if report is not None:
-                    return report
-        if index_prefix == prefix:  # the index says these steps cannot be sliced: no use building it again
-            return analyze_trace(load_trace(path), marker_prefix=prefix)
-        return _analyze_steps(load_trace(path), prefix, steps)
-
-
-def _analyze_steps(trace: Trace, prefix: str, steps) -> Report:
-    """The whole analysis, or with ``steps`` that of those steps' slice where it is exact."""
-    if steps is None:
-        return analyze_trace(trace, marker_prefix=prefix)
-    if not can_slice(trace, prefix):
-        report = analyze_trace(trace, marker_prefix=prefix)
-        return replace(report, notes=report.notes + [
-            f"steps {steps}: this trace's steps are not marked, so the report covers the whole "
-            f"trace (its steps are found from all of it); only the picture shows those steps"])
-    index = build_index(trace, prefix)
-    k0, k1 = index.positions(steps)
-    a, b = index.bounds(k0, k1)
-    if index.exact and b > a:
-        report = _sliced(slice_in_memory(trace, index, k0, k1), index, k0, k1, prefix)
-        if report is not None:
-            return report
-    return analyze_trace(trace, marker_prefix=prefix)
+def _report(got: Reading) -> Report:
+    """The report of what was read: of the steps asked for alone where they can be cut from the
+    trace (and the result checks), else of the whole trace."""
+    got = cut(got)
+    if got.window is not None:
+        report = _sliced(got.trace, *got.window, got.prefix)
+        return report if report is not None else analyze_trace(got.whole(), marker_prefix=got.prefix)
+    report = analyze_trace(got.trace, marker_prefix=got.prefix)
+    if got.steps is None:
+        return report
+    return replace(report, notes=report.notes + [
+        f"steps {got.steps}: this trace's steps are not marked, so the report covers the whole "
+        f"trace (its steps are found from all of it); only the picture shows those steps"])
 
 
 def _sliced(part: Trace, index: StepIndex, k0: int, k1: int, prefix: str) -> Report | None:

@@ -16,7 +16,7 @@ snapshot back as it was (re-pickled, byte for byte). The pickle is protocol 4 ho
 MemoryViz's own unpickler can read.
 
 Example:
-    >>> snap = phasemem.load.load_snapshot("snapshot.pickle")
+    >>> snap = phasemem.read.snapshot.load_snapshot("snapshot.pickle")
     >>> labels = annotate(snap, [phasemem.analyze(snap)])
     >>> open("labelled.pickle", "wb").write(memoryviz_pickle(labels.snapshot))
 """

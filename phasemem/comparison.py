@@ -7,12 +7,11 @@ Example:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .model import PeakBreakdown
-from .output import atomic_write
+from .output import Written
 from .units import format_bytes, pct, signed  # noqa: F401  (pct, signed: public here too)
 from .vocab import CATEGORY_NAMES
 
@@ -124,7 +123,7 @@ class Slot:
 
 
 @dataclass
-class Comparison:
+class Comparison(Written):
     """What changed from run A to run B (``delta`` = b − a throughout). ``attribution`` plus
     ``unexplained_bytes`` is exactly ``delta``.
 
@@ -206,30 +205,11 @@ class Comparison:
             "notes": list(self.notes),
         }
 
-    def json_writer(self, extra: dict | None = None):
-        """A function writing ``to_dict()`` (and ``extra`` keys) as JSON to the path it is given (for
-        ``output.write_all``)."""
-        text = json.dumps(self.to_dict() | (extra or {}), indent=1)
-
-        def write(tmp):
-            with open(tmp, "w") as f:
-                f.write(text)
-
-        return write
-
-    def to_json(self, path) -> None:
-        """Write ``to_dict()`` as JSON, atomically."""
-        atomic_write(path, self.json_writer())
-
     def picture_writer(self, path, **options):
         """The diff picture drawn now, and a function that writes it (``render.compare``: size, dpi)."""
         from .render.compare import picture_writer  # matplotlib only when a picture is asked for
 
         return picture_writer(self, path, **options)
-
-    def save_png(self, path, **options) -> None:
-        """Draw the diff picture to ``path`` (.png, .svg or .pdf), atomically."""
-        atomic_write(path, self.picture_writer(path, **options))
 
     def headline(self) -> str:
         """One line: the peak on both sides, its change, where it is."""

@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -24,7 +23,7 @@ import numpy as np
 from .analyze import analyze
 from .breakdown import peak_breakdown, shape_at
 from .errors import PhasememError
-from .output import atomic_write
+from .output import Written
 from .parallel import DDP_ROLES, FSDP2_ROLES, ROLE_NAMES, backward_ends, role_bytes, roles
 from .report import Report
 from .units import format_bytes
@@ -169,7 +168,7 @@ class RunPeak:
 
 
 @dataclass
-class RunReport:
+class RunReport(Written):
     """Every rank of one run, aligned by step number. ``ranks`` in rank order; ``rows`` the common
     steps' (step, phase) peaks; ``phases`` the peaks over all steps; ``peak`` the highest rank.
 
@@ -217,29 +216,11 @@ class RunReport:
                 "phases": [row(r) for r in self.phases], "peak": asdict(self.peak), "spread": self.spread,
                 "notes": self.notes}
 
-    def json_writer(self):
-        """A function writing ``to_dict()`` as JSON to the path it is given (``output.write_all``)."""
-        text = json.dumps(self.to_dict(), indent=1)
-
-        def write(tmp):
-            with open(tmp, "w") as f:
-                f.write(text)
-
-        return write
-
-    def to_json(self, path) -> None:
-        """Write ``to_dict()`` as JSON, atomically: ``run.to_json("ranks.json")``."""
-        atomic_write(path, self.json_writer())
-
     def picture_writer(self, path, **options):
         """The lanes (or heat strip) picture drawn now, and a function writing it (``output.write_all``)."""
         from .render.ranks import picture_writer  # matplotlib only when a picture is asked for
 
         return picture_writer(self, path, **options)
-
-    def save_png(self, path, **options) -> None:
-        """Draw the picture to ``path`` (.png, .svg, .pdf): a lane per rank, or a heat strip for many."""
-        atomic_write(path, self.picture_writer(path, **options))
 
     def __str__(self) -> str:
         return format_run(self)

@@ -1,7 +1,6 @@
 """What phasemem found, as plain dataclasses: steps, phases, their numbers, and JSON/text forms."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -12,7 +11,7 @@ from .errors import RECORD_HINT
 from .label_agreement import LabelAgreement, agreement
 from .live import LiveMemory
 from .model import Allocation, DeviceSummary, OutOfMemory, Pattern, PeakBreakdown, Phase, Step, WhatIf
-from .output import atomic_write
+from .output import Written
 from .segment import Segmentation
 from .spans import phase_runs
 from .timeline import Timeline
@@ -24,7 +23,7 @@ __all__ = ["Report", "Allocation", "DeviceSummary", "OutOfMemory", "Pattern", "P
 
 
 @dataclass
-class Report:
+class Report(Written):
     """The analysis of one device's trace.
 
     Example:
@@ -156,31 +155,11 @@ class Report:
         """The patterns of one kind, in trace order."""
         return [p for p in self.patterns if p.kind == kind]
 
-    def to_json(self, path) -> None:
-        """Write ``to_dict()`` as JSON, atomically."""
-        atomic_write(path, self.json_writer())
-
-    def json_writer(self):
-        """A function that writes ``to_dict()`` as JSON to the path it is given (for ``output.write_all``)."""
-        text = json.dumps(self.to_dict(), indent=1)
-
-        def write(tmp):
-            with open(tmp, "w") as f:
-                f.write(text)
-
-        return write
-
     def plot(self, **options):
         """The labeled picture as a matplotlib Figure (for notebooks)."""
         from .render import plot
 
         return plot(self, **options)
-
-    def save_png(self, path, **options) -> None:
-        """Draw the labeled picture to ``path`` (format from the extension: .png, .svg, .pdf)."""
-        from .render import save
-
-        save(self, path, **options)
 
     def picture_writer(self, path, **options):
         """The picture drawn now, and a function that writes it to the path it is given (format from

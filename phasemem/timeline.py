@@ -120,7 +120,7 @@ class Timeline:
 
 def lifetimes_of(trace: Trace) -> Lifetimes:
     """The Lifetimes ``Timeline.from_trace(trace)`` holds, without the per-event curves (what a
-    step index needs: ``phasemem.slicing``; three int64 columns fewer at the peak).
+    step index needs: ``phasemem.step_index``; three int64 columns fewer at the peak).
 
     Example:
         >>> lifetimes_of(trace).free_of(alloc_events)

@@ -6,13 +6,14 @@ number phasemem reports is the one memory_viz shows.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass, field
 from operator import itemgetter
 
 import numpy as np
 
 from .errors import RECORD_HINT, PhasememError
-from .load import no_gc
 from .torch_labels import TorchLabels
 from .torch_labels import read as read_torch_labels
 
@@ -31,6 +32,19 @@ ACTIONS = (
     "unknown",
 )
 A = {name: code for code, name in enumerate(ACTIONS)}
+
+
+@contextlib.contextmanager
+def no_gc():
+    """Pause the cyclic collector: building millions of acyclic objects otherwise triggers it
+    over and over (it more than doubles the time to unpickle or columnarise a large trace)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class _Codes(dict):
@@ -85,7 +99,7 @@ class Trace:
     #: so that work or an out-of-memory on another GPU is never silently left out.
     other_devices: list = field(default_factory=list)
     # Event 0 here is this event of the recorded trace: nonzero when only some steps were loaded
-    # (``phasemem.slicing``); every index elsewhere in the Trace counts from here.
+    # (``phasemem.read.steps``); every index elsewhere in the Trace counts from here.
     first_event: int = 0
     #: Addresses of the blocks alive when the snapshot was taken, made before the trace, whose
     #: allocation stack (``segments`` keeps it from an earlier recording of the process) passes
@@ -138,7 +152,7 @@ class Trace:
     def from_columns(cls, snapshot: dict, device: int, n_devices: int, **columns) -> "Trace":
         """A Trace from one device's event columns (``action`` … ``oom_device_free``, as the fields
         are named) and what the rest of the snapshot says: live blocks, reserved bytes, markers.
-        The streaming reader (``phasemem.stream``) builds the columns without a list of events."""
+        The streaming reader (``phasemem.read.batched``, ``phasemem.read.decoder``) builds the columns without a list of events."""
         blocks = [
             b for seg in snapshot.get("segments") or []
             if seg.get("device", device) in (device, -1)

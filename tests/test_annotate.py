@@ -189,7 +189,7 @@ def test_torch_memory_viz_tooling_opens_it(labelled, tmp_path):
 
 def test_input_dict_is_not_changed():
     from phasemem.annotate import annotate
-    from phasemem.load import load_snapshot
+    from phasemem.read.snapshot import load_snapshot
 
     snap = load_snapshot(str(FIXTURE))
     before = pickle.dumps(snap, protocol=4)
@@ -215,7 +215,7 @@ def test_types_memoryviz_cannot_read_are_written_as_plain_values():
     from collections import OrderedDict
 
     from phasemem.annotate import annotate, memoryviz_pickle
-    from phasemem.load import load_snapshot
+    from phasemem.read.snapshot import load_snapshot
 
     class Version(str):  # what a TorchVersion is: a str subclass, pickled as a GLOBAL
         pass

@@ -1,4 +1,4 @@
-"""The fast decoder (phasemem.decode) gives the ordinary reader's Trace, reads most events with
+"""The fast decoder (phasemem.read.decoder) gives the ordinary reader's Trace, reads most events with
 numpy, and gives up (the slower readers then apply) on whatever it does not know."""
 import copy
 import gc
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from phasemem import PhasememError
-from phasemem.decode import decode_trace
-from phasemem.eventvm import Columns
-from phasemem.load import read_snapshot_file
-from phasemem.stream import read_trace
+from phasemem.read import trace as read_trace
+from phasemem.read.decoder import decode_trace
+from phasemem.read.decoder.machine import Columns
+from phasemem.read.snapshot import read_snapshot_file
 from phasemem.trace import Trace
 
 from conftest import fixture_paths, load_snapshot, shared_paths
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WILD = ROOT.parent / "shared" / "wild"
 TORCH_DEFAULTS = ROOT / "fixtures" / "plain_gpt_torch_defaults.pkl.xz"  # stacks="all", C++ frames
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from scale_snapshot import replicate  # noqa: E402
+from scale_snapshot import replicate, unshare  # noqa: E402
 
 
 def plain(path, device=None) -> Trace:
@@ -56,7 +56,7 @@ def one_by_one(monkeypatch):
 
 @pytest.mark.parametrize("path", fixture_paths(), ids=lambda p: p.name.split(".")[0])
 def test_every_fixture_decodes_to_the_ordinary_trace(path):
-    trace = decode_trace(path)
+    trace = decode_trace(path, always=True)
     assert trace is not None  # all recorded by torch 2.11: the form the decoder reads
     assert_same_trace(trace, plain(path))
 
@@ -69,7 +69,7 @@ def _shared():
 def test_shared_and_wild_snapshots_decode_or_give_way_shared(path):
     if path is None:
         pytest.skip("no ../shared snapshots")
-    trace = decode_trace(path)
+    trace = decode_trace(path, always=True)
     try:
         want = plain(path)
     except PhasememError as e:  # no history: said the same way
@@ -81,12 +81,49 @@ def test_shared_and_wild_snapshots_decode_or_give_way_shared(path):
     assert_same_trace(trace or read_trace(path), want)
 
 
+def test_every_event_with_frame_dicts_of_its_own_reads_as_pickle_load_does(tmp_path, monkeypatch):
+    """The form a snapshot has after other tools rebuilt it: no traceback or frame shared by two
+    events. The decoder would parse every event one opcode at a time (48 s for 100,000 events):
+    it gives way to the unpickler, and the Trace and the report are those of pickle.load."""
+    import phasemem
+    from phasemem.read import decoder as decode
+    from phasemem.read.decoder.layout import Unprofitable
+
+    snap = unshare(load_snapshot(TORCH_DEFAULTS))
+    events = snap["device_traces"][0]
+    assert len({id(e["frames"]) for e in events if e["frames"]}) == sum(1 for e in events if e["frames"])
+    p = write(tmp_path, snap)
+    want = plain(p)
+    assert_same_trace(read_trace(p), want)
+    assert_same_trace(decode_trace(p, always=True), want)  # right, only slow
+    monkeypatch.setattr(decode, "HEAD", 1 << 16)  # as if the file were large: the form decides
+    with pytest.raises(Unprofitable, match="new dicts"):
+        decode_trace(p)
+    assert_same_trace(read_trace(p), want)
+    with open(p, "rb") as f:
+        by_pickle = phasemem.analyze(pickle.load(f))
+    assert phasemem.analyze(p).to_dict() == by_pickle.to_dict()
+
+
+def test_the_decoder_gives_way_where_most_events_are_read_one_by_one(tmp_path, monkeypatch, one_by_one):
+    from phasemem.read import decoder as decode
+    from phasemem.read.decoder.layout import Unprofitable
+
+    snap = unshare(load_snapshot(TORCH_DEFAULTS))
+    p = write(tmp_path, snap)
+    monkeypatch.setattr(decode, "HEAD", 1 << 16)
+    monkeypatch.setattr(decode, "NEW_DICTS_MIN", 1 << 40)  # only the count of events read one by one
+    with pytest.raises(Unprofitable, match="one opcode at a time"):
+        decode_trace(p)
+    assert decode.VM_EVENTS_MIN < len(one_by_one) < 2 * decode.VM_EVENTS_MIN
+
+
 @pytest.mark.parametrize("share", ["torch", "lists"])
 def test_a_stretched_torch_defaults_trace_is_read_with_numpy(tmp_path, share, one_by_one):
     seed = load_snapshot(TORCH_DEFAULTS)
     big = replicate(seed, 30, share=share)  # ~28k events, steps 1-2 repeated
     p = write(tmp_path, big)
-    trace = decode_trace(p)
+    trace = decode_trace(p, always=True)
     assert trace is not None
     assert_same_trace(trace, plain(p))
     n = len(big["device_traces"][0])
@@ -146,7 +183,7 @@ def test_odd_events_and_layouts(tmp_path, kind):
     snap = _tweak(load_snapshot(src), kind)
     p = write(tmp_path, snap)
     want = plain(p)
-    trace = decode_trace(p)
+    trace = decode_trace(p, always=True)
     if kind == "the tail refers to a traceback":  # the events' lists are not kept: the stream reader's job
         assert trace is None
         trace = read_trace(p)
@@ -164,7 +201,7 @@ def test_odd_events_and_layouts(tmp_path, kind):
 def test_protocols_and_compressions(tmp_path, protocol, compress, decoded):
     snap = load_snapshot(TORCH_DEFAULTS)
     p = write(tmp_path, snap, "s.pickle.x", protocol, compress)
-    trace = decode_trace(p)
+    trace = decode_trace(p, always=True)
     assert (trace is not None) == decoded  # protocols 2-3 number the memo explicitly: the stream reader's
     assert_same_trace(trace or read_trace(p), plain(p))
 
@@ -174,8 +211,8 @@ def test_a_second_device_busier_is_left_to_the_other_readers(tmp_path):
     ev = snap["device_traces"][0]
     snap["device_traces"] = [copy.deepcopy(ev[:50]), ev]  # another device's events share no object
     p = write(tmp_path, snap)
-    assert decode_trace(p) is None
-    assert_same_trace(decode_trace(p, device=0), plain(p, 0))
+    assert decode_trace(p, always=True) is None
+    assert_same_trace(decode_trace(p, device=0, always=True), plain(p, 0))
     assert_same_trace(read_trace(p), plain(p))
 
 
@@ -183,7 +220,7 @@ def test_truncated_or_hostile_files_are_refused_as_before(tmp_path):
     raw = pickle.dumps(load_snapshot(TORCH_DEFAULTS), protocol=4)
     cut = tmp_path / "cut.pickle"
     cut.write_bytes(raw[: len(raw) * 2 // 3])
-    assert decode_trace(cut) is None
+    assert decode_trace(cut, always=True) is None
     with pytest.raises(PhasememError, match="truncated or corrupt"):
         read_trace(cut)
     marker = Path("/tmp/phasemem-decode-pwned")
@@ -196,13 +233,13 @@ def test_truncated_or_hostile_files_are_refused_as_before(tmp_path):
     snap = load_snapshot(TORCH_DEFAULTS)
     snap["device_traces"][0][600]["frames"] = [Evil()]
     p = write(tmp_path, snap, "evil.pickle")
-    assert decode_trace(p) is None  # among the events: never unpickled by the decoder
+    assert decode_trace(p, always=True) is None  # among the events: never unpickled by the decoder
     with pytest.raises(PhasememError, match="names (posix|os).system"):
         read_trace(p)
     snap = load_snapshot(TORCH_DEFAULTS)
     snap["phasemem"] = {"x": Evil()}  # after the events: the restricted unpickler refuses it
     with pytest.raises(PhasememError, match="names (posix|os).system"):
-        decode_trace(write(tmp_path, snap, "evil2.pickle"))
+        decode_trace(write(tmp_path, snap, "evil2.pickle"), always=True)
     assert not marker.exists()
     # a persistent id of the file's own, after the events: refused as pickle.load refuses it
     data = pickle.dumps(load_snapshot(TORCH_DEFAULTS), protocol=4)
@@ -211,7 +248,7 @@ def test_truncated_or_hostile_files_are_refused_as_before(tmp_path):
     bad.write_bytes(data[:stop] + b"K\x07Q0" + data[stop:])
     with pytest.raises(pickle.UnpicklingError):
         pickle.loads(bad.read_bytes())
-    assert decode_trace(bad) is None
+    assert decode_trace(bad, always=True) is None
 
 
 def test_trusted_files_decode_with_any_global_after_the_events(tmp_path):
@@ -219,8 +256,8 @@ def test_trusted_files_decode_with_any_global_after_the_events(tmp_path):
     snap["phasemem"] = {**snap["phasemem"], "note": Path("x")}  # a global the restricted reader refuses
     p = write(tmp_path, snap)
     with pytest.raises(PhasememError, match="names pathlib"):
-        decode_trace(p)
-    trace = decode_trace(p, trusted=True)
+        decode_trace(p, always=True)
+    trace = decode_trace(p, trusted=True, always=True)
     assert trace is not None and trace.meta["note"] == Path("x")
     assert_same_trace(trace, plain(p))
 
@@ -246,7 +283,7 @@ def test_event_columns_are_the_raw_values(tmp_path):
     """Independently of any reader: every column against the snapshot's own dicts."""
     snap = load_snapshot(TORCH_DEFAULTS)
     ev = snap["device_traces"][0]
-    trace = decode_trace(write(tmp_path, snap))
+    trace = decode_trace(write(tmp_path, snap), always=True)
     for key in ("addr", "size", "stream", "time_us"):
         assert trace.__dict__[key].tolist() == [e[key] for e in ev], key
     names = [trace.frames[f] for f in trace.stacks[trace.stack[0]]]

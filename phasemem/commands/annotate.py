@@ -36,7 +36,7 @@ def run(args) -> int:
     from ..analyze import analyze
     from ..annotate import annotate, memoryviz_pickle, summary
     from ..errors import NoHistory
-    from ..load import read_snapshot_file
+    from ..read.snapshot import read_snapshot_file
 
     _check_paths(args.snapshot, args.output)
     try:

@@ -23,10 +23,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..columnar import save_trace
-    from ..load import no_gc
-    from ..slicing import build_index
-    from ..stream import read_trace
+    from ..read import trace as read_trace
+    from ..read.columnar import save_trace
+    from ..step_index import build_index
+    from ..trace import no_gc
 
     if not args.output.endswith(".npz"):
         raise PhasememError(f"{args.output}: name the columnar file .npz")

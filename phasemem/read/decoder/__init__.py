@@ -12,13 +12,15 @@ bytes name its frames exactly, so identical bytes are one stack (a dict lookup p
 
 Whatever does not fit that form — the first events (which spell out the keys and frames), an
 out-of-memory event with its extra key, a frame seen for the first time — is parsed one opcode at a
-time (``phasemem.eventvm``), and the vectorised path takes over again at the next event. Before the
+time (``machine.py``), and the vectorised path takes over again at the next event. Before the
 events, and after them, the C unpickler reads the file as usual (``_finish``).
 
 Every object an event creates is counted, because MEMOIZE numbers objects by count and later
 references use those numbers; a field, reference or layout this reader does not know makes it
-give up (``Unsupported``), and ``phasemem.stream`` reads the file the slower way, which either
+give up (``Unsupported``), and ``phasemem.read`` reads the file the slower way, which either
 succeeds or says what is wrong: the Trace is the same either way (tests/test_scale.py, test_decode.py).
+Where it would apply but lose to ``pickle.load`` and the columnar pass (a small file; events that
+bring frame dicts of their own) it says so first (``Unprofitable``, the constants below).
 """
 from __future__ import annotations
 
@@ -30,28 +32,53 @@ import sys
 
 import numpy as np
 
-from .eventscan import PAD, Template, candidates, commit, scan, views
-from .eventmemo import Memo
-from .eventvm import VM, Columns, Unsupported
-from .load import _SnapshotUnpickler, no_gc, open_snapshot
-from .opcodes import Deframed, find_event_list
-from .trace import Trace, from_stand_in
+from .scan import PAD, Template, candidates, commit, scan, views
+from .memo import Memo
+from .machine import VM, Columns, Unsupported
+from ..snapshot import _SnapshotUnpickler, open_snapshot
+from .layout import Deframed, Unprofitable, find_event_list
+from ...trace import Trace, from_stand_in, no_gc
 
 #: Bytes decoded at a time: the events' working arrays are ~40 bytes per byte of this.
 CHUNK = 16 << 20
 #: Memo entries filled at a time for the unpickler that reads what follows the events.
 FILL_PIECE = 1 << 22
 #: Bytes read first to find the event list (doubled until found; only ``segments`` come before it).
-HEAD = 1 << 20
+#: A file that ends within them is read by the unpickler: below ~10 MB the decoder's fixed costs
+#: (the head walked opcode by opcode, each new traceback parsed in Python) lose to pickle.load and
+#: the columnar pass: 143 of the 159 fixtures and wild snapshots (all under 4 MB) read 3.4 times
+#: slower decoded (12.6 s in all, against 3.7 s); from 15 MB in torch's form it wins (1.75 times
+#: faster at 100,000 events, benchmarks/bench_forms.py).
+HEAD = 8 << 20
 #: Events scanned at once: the first window after an event read one opcode at a time, and the
 #: largest (a window doubles while every event in it is ordinary).
 WINDOW = (64, 1 << 14)
 PAD_BYTES = bytes(PAD)
+#: Give up (the file is read the ordinary way) where a chunk creates more new dicts besides its
+#: events than this many per event, and more than ``NEW_DICTS_MIN`` of them: each is a frame dict
+#: seen for the first time, and an event holding one is parsed one opcode at a time (~0.1 ms
+#: an event), 50 times the C unpickler's cost. Torch shares frame dicts, so its files create few:
+#: 465 for the 1,398 events of fixtures/plain_gpt_torch_defaults, none in a later step; a snapshot
+#: whose every event has its own frame dicts (rebuilt by another tool) creates 31 an event with C++
+#: frames, 4 with Python frames only, and took 62 s (100,000 events) where pickle.load and the
+#: columnar pass take 2.3 s (benchmarks/bench_forms.py).
+NEW_DICTS_PER_EVENT = 0.5
+NEW_DICTS_MIN = 5_000
+#: Give up where the VM has read more than this many events and this share of all: the files
+#: torch writes have at most 284 such events (h12_hf_static_generate, of 11,914); the integrations'
+#: lightning fixtures, re-pickled by their recorder with every frame dict its own, have 98% (3,385 of
+#: 3,447: 1.1 s, against 6 ms for pickle.load and the columnar pass).
+VM_EVENTS_MIN = 500
+VM_EVENTS_SHARE = 0.05
+_DICT = int.from_bytes(b"}\x94(", "little")  # EMPTY_DICT MEMOIZE MARK: a dict with items begins
 
 
-def decode_trace(path: str | os.PathLike, device: int | None = None, *, trusted: bool = False) -> Trace | None:
+def decode_trace(path: str | os.PathLike, device: int | None = None, *, trusted: bool = False,
+                 always: bool = False) -> Trace | None:
     """The Trace of a snapshot file, decoded without unpickling its events; None where this reader
-    does not apply (the caller reads the file another way).
+    does not apply (the caller reads the file another way). Raises ``Unprofitable`` where it would
+    apply but be slower than unpickling (the caller reads the file with ``pickle.load`` then);
+    ``always``: decode whatever it costs (the tests check the decoder on small files).
 
     Example:
         >>> trace = decode_trace("snapshot.pickle") or read_trace("snapshot.pickle")
@@ -59,15 +86,19 @@ def decode_trace(path: str | os.PathLike, device: int | None = None, *, trusted:
     where = os.fspath(path)
     with open_snapshot(where) as f, no_gc():
         try:
-            return _decode(f, where, device, trusted)
+            return _decode(f, where, device, trusted, always)
+        except Unprofitable:
+            raise
         except (Unsupported, IndexError, KeyError, TypeError, ValueError, OverflowError, pickle.UnpicklingError,
                 EOFError, AttributeError, UnicodeDecodeError):
             return None
 
 
-def _decode(f, where: str, device: int | None, trusted: bool) -> Trace | None:
+def _decode(f, where: str, device: int | None, trusted: bool, always: bool) -> Trace | None:
     df = Deframed(f)
     buf = df.read(HEAD)
+    if df.eof and not always:
+        raise Unprofitable(f"{len(buf):,} bytes")
     while (found := find_event_list(buf)) is None:
         if df.eof:
             raise Unsupported("no event list")
@@ -77,7 +108,7 @@ def _decode(f, where: str, device: int | None, trusted: bool) -> Trace | None:
     memo = Memo(_head_memo(head, where, trusted))
     if memo.m != m_head:
         raise Unsupported("the head's memo is not what its MEMOIZEs say")
-    region = Region(memo)
+    region = Region(memo, always)
     rest = region.decode(buf[at:], df.read)
     del buf
     tail = rest + b"".join(iter(lambda: df.read(CHUNK), b""))
@@ -112,7 +143,7 @@ def _finish(head: bytes, region: Region, tail: bytes, where: str, trusted: bool,
     The head is unpickled again, then the memo is given what the events put in it, in their order
     (MEMOIZE numbers by count, so the tail's references stay right): the list itself, the frame
     dicts and strings the events created (a later part of the file may refer to them: the empty
-    string is one object in CPython, and annotations use it), the strings read by eventscan (one
+    string is one object in CPython, and annotations use it), the strings read by scan.py (one
     per event, compile_context's) only with ``strings``, and for every other object one filler.
     Then the tail, as it is. If the tail refers to a filler (an event dict, a traceback list), the
     filler ends up inside the snapshot, which its reference count shows: then None."""
@@ -188,8 +219,8 @@ def _persistent(pid: int) -> bytes:
 class Region:
     """The device's event list: from its EMPTY_LIST to what follows it."""
 
-    def __init__(self, memo: Memo):
-        self.memo, self.stand_in = memo, Columns(memo)
+    def __init__(self, memo: Memo, always: bool = False):
+        self.memo, self.stand_in, self.always = memo, Columns(memo), always
         self.vm, self.template, self.lists = VM(memo, self.stand_in), None, {}
         self.vm.on_first = self._first
         self.vm.stop = True
@@ -231,6 +262,9 @@ class Region:
                 window = WINDOW[0]
             had = self.template
             pos, ci, why = self.vm.run(data, pos, limit, starts, ci)
+            vm, n = self.stand_in.read_one, len(self.stand_in) + len(self.stand_in.one[0])
+            if vm > max(VM_EVENTS_MIN, VM_EVENTS_SHARE * n) and not self.always:
+                raise Unprofitable(f"{vm:,} of {n:,} events read one opcode at a time")
             if why == "end":
                 return data[pos:limit]
             if why == "short":
@@ -244,4 +278,9 @@ class Region:
     def _candidates(self, b: np.ndarray, w: np.ndarray, limit: int) -> np.ndarray:
         if self.template is None:
             return np.zeros(0, np.int64)
-        return candidates(b, w, limit, self.template.prefix).astype(np.int64)
+        c = candidates(b, w, limit, self.template.prefix).astype(np.int64)
+        at = np.flatnonzero(b[:limit] == 0x7D)
+        new_dicts = int(np.count_nonzero((w[at] & np.uint64(0xFFFFFF)) == np.uint64(_DICT))) - len(c)
+        if new_dicts > max(NEW_DICTS_MIN, NEW_DICTS_PER_EVENT * len(c)) and not self.always:
+            raise Unprofitable(f"{new_dicts:,} new dicts for {len(c):,} events")
+        return c

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import bz2
 import collections
-import contextlib
-import gc
 import gzip
 import io
 import lzma
@@ -18,20 +16,8 @@ import pickle
 import zlib
 from typing import Any
 
-from .errors import RECORD_HINT, NoHistory, PhasememError
-
-
-@contextlib.contextmanager
-def no_gc():
-    """Pause the cyclic collector: building millions of acyclic objects otherwise triggers it
-    over and over (it more than doubles the time to unpickle or columnarise a large trace)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+from ..errors import RECORD_HINT, NoHistory, PhasememError
+from ..trace import no_gc
 
 
 class _Version(str):

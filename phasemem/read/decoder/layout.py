@@ -1,4 +1,4 @@
-"""Pickle opcodes read by hand, for the fast snapshot decoder (``phasemem.decode``).
+"""Pickle opcodes read by hand, for the fast snapshot decoder (``phasemem.read.decoder``).
 
 Two jobs, none of which builds or runs anything from the file:
 
@@ -25,6 +25,11 @@ _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
 
 class Unsupported(Exception):
     """The bytes are not in the form the fast decoder reads."""
+
+
+class Unprofitable(Unsupported):
+    """The fast decoder would be slower here than ``pickle.load`` and the columnar pass: the file
+    is small, or its events are not in torch's shared form (``phasemem.read.decoder`` says when)."""
 
 
 class Deframed:

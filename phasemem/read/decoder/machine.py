@@ -1,4 +1,4 @@
-"""The events the fast decoder (``phasemem.decode``) has read, and those it parses one opcode at a time.
+"""The events the fast decoder (``phasemem.read.decoder``) has read, and those it parses one opcode at a time.
 
 - ``Columns``: the events so far as columns, their stacks numbered in the order the events first
   use them, as ``Trace._columnarise`` numbers them; it stands in for the device's list in the
@@ -14,10 +14,10 @@ import struct
 
 import numpy as np
 
-from .eventmemo import ListRef, Memo
-from .opcodes import Unsupported
-from .trace import _CODES, A, _stack_table
-from .torch_labels import FIELD as LABEL_FIELD
+from .memo import ListRef, Memo
+from .layout import Unsupported
+from ...trace import _CODES, A, _stack_table
+from ...torch_labels import FIELD as LABEL_FIELD
 
 _INT_FIELDS = ("addr", "size", "stream", "time_us")
 _OOM = A["oom"]
@@ -34,6 +34,7 @@ class Columns:
         self.order: list[int] = []  # content ids in stack-id order
         self.oom_device_free: dict[int, int] = {}
         self.one = [array.array("b"), *(array.array("q") for _ in _INT_FIELDS), []]  # events the VM read
+        self.read_one = 0  # events the VM has read in all
 
     def __len__(self) -> int:
         return self.n
@@ -61,7 +62,7 @@ class Columns:
         self.n += len(action)
 
     def add_one(self, ev: dict) -> None:
-        """One event the VM read, checked and converted as ``phasemem.stream._Events`` converts it."""
+        """One event the VM read, checked and converted as ``phasemem.read.batched._Events`` converts it."""
         act = ev["action"]
         if type(act) is not str:
             raise Unsupported("an action that is not a string")
@@ -89,6 +90,7 @@ class Columns:
                 raise Unsupported("device_free")
             self.oom_device_free[self.n + len(self.one[0])] = free
         self.one[0].append(code)
+        self.read_one += 1
         for col, v in zip(self.one[1:5], vals):
             col.append(v)
         self.one[5].append(cid)

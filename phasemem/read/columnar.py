@@ -5,7 +5,7 @@ the same trace is ~40 bytes an event and loads in a second. ``phasemem convert``
 ``phasemem.analyze`` reads it like a snapshot. It holds only numbers and one JSON document, and is
 read with ``allow_pickle=False``: loading it runs no code.
 
-It also holds a step index (``phasemem.slicing``) for the marker prefix it was converted with, so
+It also holds a step index (``phasemem.read.steps``) for the marker prefix it was converted with, so
 ``analyze --steps`` reads only those steps' events. The members are stored uncompressed, so a
 range of one column is read straight from its offset in the file.
 """
@@ -18,10 +18,11 @@ import zipfile
 
 import numpy as np
 
-from .errors import PhasememError
-from .output import atomic_write
-from .slicing import StepIndex, slice_trace
-from .trace import Markers, Trace
+from ..errors import PhasememError
+from ..output import atomic_write
+from ..trace import Markers, Trace, no_gc
+from ..vocab import MARKER_PREFIX
+from .steps import Reading, StepIndex, slice_trace
 
 FORMAT = "phasemem-trace/1"
 _ARRAYS = ("action", "addr", "size", "stream", "time_us", "stack", "live_blocks")
@@ -66,6 +67,30 @@ def save_trace(trace: Trace, path: str | os.PathLike, index: StepIndex | None = 
             np.savez(f, **arrays)
 
     atomic_write(path, write)
+
+
+def reading(path: str, device: int | None, marker_prefix: str | None, steps) -> Reading:
+    """What ``phasemem.read.read`` returns for an .npz: with ``steps``, only theirs where its index allows."""
+    doc = read_doc(path)  # phasemem convert's output: no unpickling
+    if device is not None and device != int(doc["device"]):
+        raise PhasememError(f"{path} holds device {doc['device']} only; convert the snapshot "
+                            f"again with --device {device}")
+    index_prefix = (doc.get("steps") or {}).get("prefix")
+    # the prefix the file was converted with is the one its step index knows
+    prefix = marker_prefix or index_prefix or str((doc.get("meta") or {}).get("markers") or MARKER_PREFIX)
+    whole = lambda: load_trace(path)  # noqa: E731
+    if steps is not None and index_prefix == prefix and doc["steps"]["exact"]:
+        index = read_index(path)
+        k0, k1 = index.positions(steps)
+        a, b = index.bounds(k0, k1)
+        if b > a:
+            with no_gc():
+                part = load_steps(path, index, k0, k1)
+            return Reading(part, prefix, window=(index, k0, k1), whole=whole)
+    with no_gc():
+        t = whole()
+    # the file's index says these steps cannot be sliced: no use building it again
+    return Reading(t, prefix, steps=None if index_prefix == prefix else steps)
 
 
 def load_trace(path: str | os.PathLike) -> Trace:

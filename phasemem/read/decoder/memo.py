@@ -1,5 +1,5 @@
 """What each memo index of a snapshot pickle holds, as far as its events need to know, for the
-fast decoder (``phasemem.decode``).
+fast decoder (``phasemem.read.decoder``).
 
 MEMOIZE numbers objects by count, and a later memo reference names the number: an event's action is
 a reference to a string, its frames a reference to a list of frame dicts or a new list of
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .opcodes import Unsupported
-from .trace import _CODES, _frame_key
+from .layout import Unsupported
+from ...trace import _CODES, _frame_key
 
-OTHER, STR, FRAME, LIST, OBJ, VSTR = range(6)  # memo kinds; VSTR: a string read by eventscan
+OTHER, STR, FRAME, LIST, OBJ, VSTR = range(6)  # memo kinds; VSTR: a string read by scan.py
 
 
 class ListRef:
@@ -38,8 +38,9 @@ class Memo:
         self.kind = np.zeros(max(1 << 16, 2 * len(head)), np.int8)
         self.pay = np.zeros(len(self.kind), np.int32)
         self.objs: list = []
-        self.codes: list[int] = []  # per object: its action code if a str, else -1
-        self._codes = None
+        # per object: its action code if a str, else -1; grown in place (rebuilding it whenever an
+        # object was added cost 28 s for 100,000 events that each bring their own frame dicts)
+        self._codes = np.zeros(1024, np.int16)
         self.contents: list[tuple] = []
         self._cid: dict[tuple, int] = {}
         self._short: dict[tuple, int] = {}  # short strings events create, by their bytes: one object each
@@ -72,14 +73,14 @@ class Memo:
         self.kind[idx], self.pay[idx] = kind, pay
 
     def _keep(self, obj, code: int) -> int:
+        k = len(self.objs)
         self.objs.append(obj)
-        self.codes.append(code)
-        self._codes = None
-        return len(self.objs) - 1
+        if k == len(self._codes):
+            self._codes = np.concatenate([self._codes, np.zeros(k, np.int16)])
+        self._codes[k] = code
+        return k
 
     def code_table(self) -> np.ndarray:
-        if self._codes is None:
-            self._codes = np.array(self.codes, dtype=np.int16)
         return self._codes
 
     def list_cid(self, frames) -> int:
@@ -113,7 +114,7 @@ class Memo:
     @staticmethod
     def kept_mask(kind: np.ndarray, strings: bool) -> np.ndarray:
         """Which entries' objects go to the unpickler that reads the rest: strings and frame dicts
-        the VM made, and with ``strings`` the (many) strings eventscan read too."""
+        the VM made, and with ``strings`` the (many) strings scan.py read too."""
         keep = (kind == STR) | (kind == FRAME)
         return keep | (kind == VSTR) if strings else keep
 

@@ -1,4 +1,4 @@
-"""Events read from a pickle's bytes with numpy, many at a time (``phasemem.decode`` says how).
+"""Events read from a pickle's bytes with numpy, many at a time (``phasemem.read.decoder`` says how).
 
 ``Template``: the byte form every ordinary event has in this file — its keys, in order, as memo
 references (2 or 5 bytes each), known from the first event. ``candidates``: where events may
@@ -13,8 +13,8 @@ import struct
 
 import numpy as np
 
-from .eventmemo import FRAME, LIST, STR, VSTR, Memo
-from .eventvm import Columns, Unsupported
+from .memo import FRAME, LIST, STR, VSTR, Memo
+from .machine import Columns, Unsupported
 
 _H, _J4, _K, _M, _J, _LONG1, _SBU = 0x68, 0x6A, 0x4B, 0x4D, 0x4A, 0x8A, 0x8C
 _SETITEMS, _APPENDS, _MARK, _APPEND, _EMPTY_LIST, _MEMOIZE = 0x75, 0x65, 0x28, 0x61, 0x5D, 0x94

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import array
 import io
-import os
 import pickle
 import pickletools
 from itertools import repeat
@@ -29,13 +28,12 @@ from operator import itemgetter
 
 import numpy as np
 
-from .errors import PhasememError
-from .decode import decode_trace
-from .load import UNPICKLE_ERRORS, _SnapshotUnpickler, no_gc, open_snapshot, read_snapshot_file
-from .torch_labels import FIELD as LABEL_FIELD
-from .trace import A, Trace, _CODES, _frame_key, _stack_table, from_stand_in
+from ..errors import PhasememError
+from .snapshot import UNPICKLE_ERRORS, _SnapshotUnpickler, open_snapshot
+from ..trace import A, Trace, _CODES, _frame_key, _stack_table, from_stand_in, no_gc
+from ..torch_labels import FIELD as LABEL_FIELD
 
-_SENTINEL = ("phasemem.stream", "_Events")
+_SENTINEL = ("phasemem.read.batched", "_Events")
 _SUBSTITUTE = b"c" + "\n".join(_SENTINEL).encode() + b"\n)R"  # GLOBAL module\nname\n, EMPTY_TUPLE, REDUCE
 _MEMO_OPS = {"MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT"}
 _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
@@ -43,30 +41,6 @@ _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
 MAX_WALK = 3_000_000
 _OOM = A["oom"]
 _UNKNOWN = A["unknown"]
-
-
-def read_trace(path: str | os.PathLike, device: int | None = None, *, trusted: bool = False) -> Trace:
-    """The Trace of a snapshot file, as ``Trace.from_snapshot(load_snapshot(path), device)`` gives it,
-    streamed where the file allows.
-
-    Example:
-        >>> trace = read_trace("snapshot.pickle")
-    """
-    where = os.fspath(path)
-    try:
-        # decoded from the bytes where the file has the usual form, else unpickled a batch at a time
-        trace = decode_trace(where, device, trusted=trusted) or _stream(where, device, trusted)
-    except PhasememError:
-        raise
-    except Exception:  # noqa: BLE001 - the ordinary reader below says what is wrong, or reads it
-        trace = None
-    if trace is None:
-        with no_gc():
-            snap = read_snapshot_file(where, trusted=trusted)
-            trace = Trace.from_snapshot(snap, device)
-            # freed while the collector is paused: see phasemem.analyze
-            del snap
-    return trace
 
 
 class _Mark(int):
@@ -237,7 +211,9 @@ def _find_events(f) -> tuple[bytearray, int, tuple[int, int] | None] | None:
     return None
 
 
-def _stream(where: str, device: int | None, trusted: bool) -> Trace | None:
+def read_batched(where: str, device: int | None, trusted: bool) -> Trace | None:
+    """The Trace of a pickle whose busiest device's events are columnarised a batch at a time as
+    they are unpickled; None where the layout is not the expected one (the caller reads it whole)."""
     with open_snapshot(where) as f:
         found = _find_events(f)
         if found is None:
