@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     from phasemem.load import load_snapshot, no_gc
     from phasemem.measure import measure
     from phasemem.render import save
-    from phasemem.segment import segment
+    from phasemem.segmentation import segment
     from phasemem.stream import read_trace
     from phasemem.timeline import Timeline
     from phasemem.trace import Trace

@@ -17,7 +17,7 @@ from .model import DeviceSummary, OutOfMemory, Step
 from .patterns import detect as detect_patterns
 from .peak import breakdown
 from .report import Report
-from .segment import Segmentation
+from .segmentation import Segmentation
 from .slicing import StepIndex, build_index, can_slice, slice_in_memory
 from .spans import backward_resumed
 from .stream import read_trace

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .segment import segment
+from .segmentation import segment
 from .steps import StepsError, parse_steps
 from .timeline import Timeline, lifetimes_of, reserved_curve
 from .trace import A, Markers, Trace

@@ -9,9 +9,10 @@ import pickle
 import numpy as np
 import pytest
 
-from phasemem.segment import P, segment
+from phasemem.segmentation import segment
 from phasemem.timeline import Timeline
 from phasemem.trace import Trace
+from phasemem.vocab import P
 
 from conftest import FIXTURES
 from heldout_sets import bare
@@ -86,7 +87,7 @@ def test_updates_between_forwards_end_steps():
 def test_doubts_lower_confidence_where_the_reading_contradicts_itself():
     """FSDP2 read with no backward but with an optimizer: the inferred forward and optimizer say so
     (segment._doubts, DOUBTFUL), while a plain loop keeps CONFIDENCE."""
-    from phasemem.segment import CONFIDENCE, DOUBTFUL
+    from phasemem.segmentation import CONFIDENCE, DOUBTFUL
     truth, _, _, seg = _read("heldout4/heldout4_gpt_fsdp2_bf16")
     assert seg.doubts
     assert seg.confidence["forward"] == DOUBTFUL["forward"] and seg.confidence["optimizer"] == DOUBTFUL["optimizer"]

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import infer
-from .spans import phase_runs
-from .timeline import Lifetimes, lifetimes_of
-from .trace import A, Trace
-from .vocab import MARKED, MARKER_PREFIX, P, PHASES
+from .. import infer
+from ..spans import phase_runs
+from ..timeline import Lifetimes, lifetimes_of
+from ..trace import A, Trace
+from ..vocab import MARKED, MARKER_PREFIX, P, PHASES
 
 # The vocabulary lives in vocab.py; these names stay importable from here.
 __all__ = ["PHASES", "P", "MARKED", "CONFIDENCE", "Interval", "Segmentation", "segment", "find_intervals", "runs",
