@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     from phasemem.trace import no_gc
     from phasemem.measure import measure
     from phasemem.render import save
-    from phasemem.segment import segment
+    from phasemem.segmentation import segment
     from phasemem.read import trace as read_trace
     from phasemem.timeline import Timeline
     from phasemem.trace import Trace

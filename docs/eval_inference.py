@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import phasemem
-from phasemem.segment import P
+from phasemem.vocab import P
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,9 +31,10 @@ MUTATIONS = {
                          "height = int(ctx.level[p] - ctx.timeline.active_after[end])", "height = int(ctx.level[p])"),
     "FSDP2 guard in categories off": ("phasemem/categories.py", "if int(gsizes[paired].sum()) < int(gsizes.sum()) // 2:",
                                       "if False:"),
-    "marker END boundary": ("phasemem/segment.py", 'iv.stop = int(np.searchsorted(t, iv.t1, "right"))',
+    "marker END boundary": ("phasemem/segmentation/markers.py", 'iv.stop = int(np.searchsorted(t, iv.t1, "right"))',
                             'iv.stop = int(np.searchsorted(t, iv.t1, "left"))'),
-    "one loss per forward rule": ("phasemem/segment.py", "if k >= 0 and fwd_ends[k] > prev_bwd_end:", "if k >= 0:"),
+    "one loss per forward rule": ("phasemem/segmentation/markers.py", "if k >= 0 and fwd_ends[k] > prev_bwd_end:",
+                                  "if k >= 0:"),
     "spike peak event": ("phasemem/patterns/logits.py",
                          'kind="softmax_spike", step=step, phase="forward", start_event=start, end_event=end, peak_event=p,',
                          'kind="softmax_spike", step=step, phase="forward", start_event=start, end_event=end, '

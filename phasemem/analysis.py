@@ -8,7 +8,7 @@ import numpy as np
 
 from .categories import CategoryCurves
 from .facts import Context
-from .segment import Segmentation, segment
+from .segmentation import Segmentation, segment
 from .timeline import Timeline
 from .trace import Trace
 from .vocab import MARKER_PREFIX

@@ -14,7 +14,7 @@ from .peak import breakdown
 from .report import Report
 from .read import Reading, read
 from .read.steps import StepIndex
-from .segment import Segmentation
+from .segmentation import Segmentation
 from .spans import backward_resumed
 from .step_index import cut
 from .trace import A, Trace, no_gc

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .infer.frames import loss_seeds, workspace_stacks
-from .segment import Segmentation
+from .segmentation import Segmentation
 from .sizes import in_sorted
 from .spans import backward_resumed, phase_runs
 from .timeline import Timeline

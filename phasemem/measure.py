@@ -5,7 +5,7 @@ import numpy as np
 
 from .analysis import Analysis
 from .model import Allocation, Phase, Step
-from .segment import Segmentation, step_at_time
+from .segmentation import Segmentation, step_at_time
 from .stacks import stack_summary
 from .vocab import CATEGORIES, PHASES
 from .timeline import Timeline

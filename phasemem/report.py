@@ -12,7 +12,7 @@ from .label_agreement import LabelAgreement, agreement
 from .live import LiveMemory
 from .model import Allocation, DeviceSummary, OutOfMemory, Pattern, PeakBreakdown, Phase, Step, WhatIf
 from .output import Written
-from .segment import Segmentation
+from .segmentation import Segmentation
 from .spans import phase_runs
 from .timeline import Timeline
 from .trace import Trace

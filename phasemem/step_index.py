@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .read.steps import Reading, StepIndex, slice_in_memory
-from .segment import segment
+from .segmentation import segment
 from .timeline import Timeline, lifetimes_of, reserved_curve
 from .trace import A, Trace
 

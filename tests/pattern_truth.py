@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import phasemem
-from phasemem.segment import P
+from phasemem.vocab import P
 
 KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "gradients",
          "gradients(release)", "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries",

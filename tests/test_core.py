@@ -1,8 +1,8 @@
 """The core numbers on real H200 traces, checked against a naive replay of the raw events."""
 import phasemem
-from phasemem.segment import PHASES
 from phasemem.timeline import Timeline
 from phasemem.trace import Trace
+from phasemem.vocab import PHASES
 
 from conftest import load_snapshot
 from reference import add_loss, intervals, label_events, replay, steps_from_optimizer

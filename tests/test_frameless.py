@@ -9,9 +9,10 @@ import pickle
 import numpy as np
 import pytest
 
-from phasemem.segment import P, segment
+from phasemem.segmentation import segment
 from phasemem.timeline import Timeline
 from phasemem.trace import Trace
+from phasemem.vocab import P
 
 from conftest import FIXTURES
 from heldout_sets import bare
@@ -75,7 +76,7 @@ def test_a_kept_loss_does_not_start_the_next_forward():
 
 def test_updates_between_forwards_end_steps():
     """FSDP2's all-gathers hide the backward from the lifetimes; AdamW's bursts between the forwards
-    still end each step (segment._updates_between_forwards): 3 steps, not 1."""
+    still end each step (segmentation.steps_from_labels._updates_between_forwards): 3 steps, not 1."""
     truth, steps, _, seg = _read("heldout4/heldout4_gpt_fsdp2_bf16")
     assert len(seg.steps) == steps == 3
     # each step ends where the marked one does, within its optimizer's last events
@@ -85,8 +86,8 @@ def test_updates_between_forwards_end_steps():
 
 def test_doubts_lower_confidence_where_the_reading_contradicts_itself():
     """FSDP2 read with no backward but with an optimizer: the inferred forward and optimizer say so
-    (segment._doubts, DOUBTFUL), while a plain loop keeps CONFIDENCE."""
-    from phasemem.segment import CONFIDENCE, DOUBTFUL
+    (segmentation.inferred.find_doubts, DOUBTFUL), while a plain loop keeps CONFIDENCE."""
+    from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
     truth, _, _, seg = _read("heldout4/heldout4_gpt_fsdp2_bf16")
     assert seg.doubts
     assert seg.confidence["forward"] == DOUBTFUL["forward"] and seg.confidence["optimizer"] == DOUBTFUL["optimizer"]
@@ -99,7 +100,8 @@ def test_doubts_lower_confidence_where_the_reading_contradicts_itself():
 def test_steps_in_different_orders_are_doubted():
     """WGAN-GP's critic and generator turns make steps of different orders of phases, and LBFGS's
     closure, evaluated again inside one step(), steps of 2, 4 and 3 backward runs (4 steps found for
-    3): guesses, said so (segment._doubts); a loop accumulating 4 micro-batches a step is not doubted."""
+    3): guesses, said so (segmentation.inferred.find_doubts); a loop accumulating 4 micro-batches a step
+    is not doubted."""
     for rel in ("heldout5/h5_wgan_gp", "truth/truth_lbfgs"):
         _, _, _, seg = _read(rel)
         assert any("order" in d for d in seg.doubts), rel

@@ -9,11 +9,11 @@ import pytest
 
 import phasemem
 from phasemem import infer
-from phasemem import segment
 from phasemem.infer import frames as frames_mod, passes as passes_mod
-from phasemem.segment import P
+from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
 from phasemem.timeline import Timeline
 from phasemem.trace import A, Trace
+from phasemem.vocab import P
 
 from conftest import FIXTURES, fixture_paths, load_snapshot, prefix_of, shared_paths
 
@@ -118,7 +118,8 @@ def test_confidence_is_the_measured_precision(frames):
     every real trace, the held-out ones too; it must still be true of the inference as it is now."""
     how = "frames" if frames else "lifetimes"
     hits: dict = {}
-    doubted: dict = {}  # the same, over the traces whose reading contradicts itself (segment._doubts)
+    # the same, over the traces whose reading contradicts itself (segmentation.inferred.find_doubts)
+    doubted: dict = {}
     for path in PATHS + HELDOUT + HELDOUT2 + HELDOUT3 + HELDOUT4:
         *_, truth, codes, got = _scored(path, frames)
         doubts = got.analysis.segmentation.doubts
@@ -130,8 +131,8 @@ def test_confidence_is_the_measured_precision(frames):
         assert all(0 < p.confidence < 1 for p in got.phases.values() if p.source == "inferred")
         for name, p in got.phases.items():
             if p.source == "inferred" and doubts:
-                assert p.confidence == min(segment.CONFIDENCE[how][name], segment.DOUBTFUL.get(name, 1.0))
-    for ph, conf in segment.CONFIDENCE[how].items():
+                assert p.confidence == min(CONFIDENCE[how][name], DOUBTFUL.get(name, 1.0))
+    for ph, conf in CONFIDENCE[how].items():
         h, t = hits[ph]
         assert t and conf - 0.05 <= h / t <= conf + 0.011, (ph, h / t, conf)
     # Doubted readings are less sure (DOUBTFUL is fitted over all 146 marked traces, docs/eval_frameless.py;
@@ -143,7 +144,7 @@ def test_confidence_is_the_measured_precision(frames):
         share = lambda pool: sum(pool.get(ph, (0, 0))[0] for ph in named) / max(sum(pool.get(ph, (0, 0))[1] for ph in named), 1)
         assert share(doubted) < share(hits) - 0.1
         h, t = doubted.get("forward", (0, 0))
-        assert not t or h / t <= segment.DOUBTFUL["forward"] + 0.15
+        assert not t or h / t <= DOUBTFUL["forward"] + 0.15
 
 
 @pytest.mark.parametrize("frames", [True, False], ids=["frames", "no-frames"])

@@ -12,9 +12,10 @@ import pytest
 
 import phasemem
 from phasemem.analyze import PARTIAL_NOTE
-from phasemem.segment import PHASES, segment
+from phasemem.segmentation import segment
 from phasemem.timeline import Timeline
 from phasemem.trace import Trace
+from phasemem.vocab import PHASES
 
 AL, FR = "alloc", "free_completed"
 SIZE = 4096

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.segment import PHASES
+from phasemem.vocab import PHASES
 
 WILD = Path(__file__).resolve().parents[2] / "shared" / "wild"
 LM_SHAPES = {"logits", "softmax_spike", "logits_release"}

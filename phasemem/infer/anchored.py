@@ -35,6 +35,31 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], 
     allocs = np.flatnonzero(trace.action == A["alloc"])
     free_of = tl.freed_at
     cand = allocs[np.isin(trace.size[allocs], params)]
+    found = _gradient_sets(trace, params, allocs, free_of, cand)
+    if found is None:
+        return None
+    bwd, grads = found
+    # The last backward's gradients are never freed: the same sizes made after the last set's frees.
+    last_z = max(z0 for _, _, z0 in bwd)
+    kept = cand[(free_of[cand] >= n) & (cand > last_z)]
+    if len(kept) >= MIN_GRADS and covers_parameters(params, trace.size[kept]):
+        bwd.append((int(kept.min()), int(kept.max()), n))
+        grads.append(kept)
+    bwd.sort()
+    if len(bwd) < 2:
+        return None
+    passes = _label_passes(trace, params, allocs, free_of, bwd)
+    if passes is None:
+        return None
+    labels, starts = passes
+    return labels, starts, np.sort(np.concatenate(grads))
+
+
+def _gradient_sets(trace: Trace, params: np.ndarray, allocs: np.ndarray, free_of: np.ndarray,
+                   cand: np.ndarray) -> tuple[list[tuple[int, int, int]], list[np.ndarray]] | None:
+    """(first made, last made, first freed) of each set of gradients freed together, and the sets'
+    allocation events; None where none is found."""
+    n = len(trace)
     freed = cand[free_of[cand] < n]
     order = np.argsort(free_of[freed], kind="stable")
     freed, fs = freed[order], free_of[freed][order]
@@ -72,15 +97,14 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], 
     bwd = [b for b, x in zip(bwd, inner) if not x]
     if not bwd:
         return None
-    # The last backward's gradients are never freed: the same sizes made after the last set's frees.
-    last_z = max(z0 for _, _, z0 in bwd)
-    kept = cand[(free_of[cand] >= n) & (cand > last_z)]
-    if len(kept) >= MIN_GRADS and covers_parameters(params, trace.size[kept]):
-        bwd.append((int(kept.min()), int(kept.max()), n))
-        grads.append(kept)
-    bwd.sort()
-    if len(bwd) < 2:
-        return None
+    return bwd, grads
+
+
+def _label_passes(trace: Trace, params: np.ndarray, allocs: np.ndarray, free_of: np.ndarray,
+                  bwd: list[tuple[int, int, int]]) -> tuple[np.ndarray, list[int]] | None:
+    """Labels and step starts of the passes the gradients' sets anchor (in order); None where a
+    backward frees nothing its forward saved."""
+    n = len(trace)
     labels = np.zeros(n, np.int8)
     starts = [0]
     prev_end = -1
@@ -111,4 +135,4 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], 
             work = tail[np.isin(trace.size[tail], params)]
             fr = free_of[work][free_of[work] < nxt]
             labels[int(work.min()):max(int(work.max()), int(fr.max()) if len(fr) else 0) + 1] = P["optimizer"]
-    return labels, starts, np.sort(np.concatenate(grads))
+    return labels, starts

@@ -134,7 +134,7 @@ def has_usable_frames(trace: Trace) -> bool:
 
 
 def labels_from_frames(trace: Trace, tl: Timeline | None = None) -> np.ndarray:
-    """Phase codes (segment.P order) per event from frames; ``tl``: the trace's timeline, if already made."""
+    """Phase codes (vocab.P order) per event from frames; ``tl``: the trace's timeline, if already made."""
     cls = frame_classes(trace)
     lut = np.array([P["backward"], P["forward"], P["optimizer"], P["zero_grad"], P["backward"], P["other"]], np.int8)
     labels = lut[cls]

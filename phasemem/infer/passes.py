@@ -75,17 +75,7 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
     fall through backward: one mountain per pass, its top where backward begins.
     """
     n = len(trace)
-    life = tl.lifetimes
-    born = life.paired
-    a, f, s = life.alloc_event[born], life.free_event[born], life.size[born]
-    # Anything alive for most of a step is not one pass's activation (logits the loop keeps until
-    # the next step, a batch prefetched a step ahead).
-    max_span = SPAN * period_events if period_events else n
-    act = (f - a >= MIN_LIFE) & (f - a < max_span) & ~burst_freed(trace)[f]
-    d = np.zeros(n + 1, np.int64)
-    np.add.at(d, a[act], s[act])
-    np.add.at(d, f[act], -s[act])
-    curve = np.cumsum(d)[:n]
+    a, f, act, curve, max_span = _activation_curve(trace, tl, period_events)
     if not len(curve) or curve.max() <= 0:
         return []
     out: list[tuple[int, int, int]] = []
@@ -128,6 +118,24 @@ def mountains(trace: Trace, tl: Timeline, period_events: float | None = None,
         if g1 - g0 - 1 >= long and curve[g0 + 1:g1].max(initial=0) >= 0.1 * curve.max():
             climb(g0 + 1, g1)
     return sorted(out)
+
+
+def _activation_curve(trace: Trace, tl: Timeline, period_events: float | None):
+    """The blocks' allocation and free events (event order), which of them are activations, the live
+    bytes of those at each event, and the longest an activation lives (events)."""
+    n = len(trace)
+    life = tl.lifetimes
+    born = life.paired
+    a, f, s = life.alloc_event[born], life.free_event[born], life.size[born]
+    # Anything alive for most of a step is not one pass's activation (logits the loop keeps until
+    # the next step, a batch prefetched a step ahead).
+    max_span = SPAN * period_events if period_events else n
+    act = (f - a >= MIN_LIFE) & (f - a < max_span) & ~burst_freed(trace)[f]
+    d = np.zeros(n + 1, np.int64)
+    np.add.at(d, a[act], s[act])
+    np.add.at(d, f[act], -s[act])
+    curve = np.cumsum(d)[:n]
+    return a, f, act, curve, max_span
 
 
 def has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int, min_saved: int = MIN_SAVED) -> bool:

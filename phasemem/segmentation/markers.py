@@ -1,0 +1,123 @@
+"""Phase intervals from ``record_function`` markers: phasemem's own and PyTorch's optimizer annotations.
+
+Markers become time intervals; an event at time t belongs to an interval [START, END] when
+START <= t <= END. Intervals are painted onto the events in start order, outer before inner, so
+nested phases resolve to the innermost (Lightning runs forward and backward inside
+``optimizer.step(closure)``; the optimizer's own work is what is left).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace import Trace
+from ..vocab import MARKED, MARKER_PREFIX, P
+
+_TORCH_ANNOTATIONS = {
+    "optimizer": re.compile(r"^Optimizer\.step#"),
+    "zero_grad": re.compile(r"^Optimizer\.zero_grad#"),
+}
+
+
+@dataclass
+class Interval:
+    phase: str
+    t0: int  # µs, START
+    t1: int  # µs, END
+    source: str  # "markers" or "annotations"
+    first: int = 0  # first event index inside (searchsorted)
+    stop: int = 0  # one past the last event index inside
+
+
+def _pair(markers, wanted) -> list[tuple[str, int, int]]:
+    """Match START/END per name with a stack; an unmatched START runs to the end of the trace."""
+    open_: dict[str, list[int]] = {}
+    out = []
+    for name, is_start, t in zip(markers.name, markers.start.tolist(), markers.time_us.tolist()):
+        phase = wanted(name)
+        if phase is None:
+            continue
+        if is_start:
+            open_.setdefault(name, []).append(t)
+        elif open_.get(name):
+            out.append((phase, open_[name].pop(), t))
+    big = np.iinfo(np.int64).max
+    out += [(wanted(name), t, big) for name, ts in open_.items() for t in ts]
+    return out
+
+
+def find_intervals(trace: Trace, prefix: str = MARKER_PREFIX) -> tuple[list[Interval], dict[str, str]]:
+    """Phase intervals from phasemem's markers, falling back to PyTorch's optimizer annotations.
+
+    Example:
+        >>> intervals, sources = find_intervals(trace)
+        >>> sources.get("optimizer")  # "markers", "annotations" or None
+    """
+    ours = set(MARKED)
+
+    def ours_of(name: str):
+        if name.startswith(prefix):
+            ph = name[len(prefix):]
+            return ph if ph in ours else None
+        return None
+
+    def torch_of(name: str):
+        for ph, pat in _TORCH_ANNOTATIONS.items():
+            if pat.match(name):
+                return ph
+        return None
+
+    found = [Interval(ph, t0, t1, "markers") for ph, t0, t1 in _pair(trace.markers, ours_of)]
+    have = {iv.phase for iv in found}
+    sources = {ph: "markers" for ph in have}
+    # PyTorch's own ranges count beside ours: instrument() leaves a torch.optim optimizer's step and
+    # zero_grad to them, while still marking model.zero_grad(); one nested in ours is the same call.
+    torch_ranges = [Interval(ph, t0, t1, "annotations") for ph, t0, t1 in _pair(trace.markers, torch_of)]
+    for iv in torch_ranges:
+        sources.setdefault(iv.phase, "annotations")
+    return found + torch_ranges, sources
+
+
+def locate(intervals: list[Interval], t: np.ndarray) -> None:
+    """Set each interval's first and stop event: the events at START <= time <= END."""
+    for iv in intervals:
+        iv.first = int(np.searchsorted(t, iv.t0, "left"))
+        iv.stop = int(np.searchsorted(t, iv.t1, "right"))
+
+
+def loss_intervals(intervals: list[Interval], source: str, t: np.ndarray) -> list[Interval]:
+    """The loss: events after the model's forward ends and before the next backward begins."""
+    fwd_ends = np.sort([iv.t1 for iv in intervals if iv.phase == "forward"])
+    bwd = sorted((iv for iv in intervals if iv.phase == "backward"), key=lambda i: i.t0)
+    prev_bwd_end = np.iinfo(np.int64).min
+    loss = []
+    for b in bwd:
+        k = np.searchsorted(fwd_ends, b.t0, "left") - 1
+        if k >= 0 and fwd_ends[k] > prev_bwd_end:
+            iv = Interval("loss", int(fwd_ends[k]), b.t0, source)
+            # open at both ends: the forward's last event and the backward's first are not the loss
+            iv.first = int(np.searchsorted(t, iv.t0, "right"))
+            iv.stop = int(np.searchsorted(t, iv.t1, "left"))
+            loss.append(iv)
+        prev_bwd_end = max(prev_bwd_end, b.t1)
+    return loss
+
+
+def paint(intervals: list[Interval], n: int) -> np.ndarray:
+    """Phase codes of n events from located intervals; nested ones win (painted after their outer)."""
+    labels = np.zeros(n, dtype=np.int8)
+    for iv in sorted(intervals, key=lambda i: (i.t0, -i.t1)):
+        labels[iv.first:iv.stop] = P[iv.phase]
+    return labels
+
+
+def outermost(ivs: list[Interval]) -> list[Interval]:
+    """Drop intervals nested in another of the same list (a wrapper optimizer calling an inner one)."""
+    out: list[Interval] = []
+    for iv in sorted(ivs, key=lambda i: (i.t0, -i.t1)):
+        if out and iv.t1 <= out[-1].t1:
+            continue
+        out.append(iv)
+    return out
