@@ -136,7 +136,9 @@ def strip_cells(fig: Figure) -> int:
     from matplotlib.collections import PolyCollection
 
     polys = [c for c in fig.axes[0].collections if isinstance(c, PolyCollection) and c.get_zorder() == 1]
-    return sum(len(c.get_paths()) for c in polys)
+    # a PNG's plain strip cells are one image (render/pixels.py), which says how many it painted
+    images = [im for im in fig.axes[0].images if im.get_gid() == "phase-strip"]
+    return sum(len(c.get_paths()) for c in polys) + sum(im.phasemem_cells for im in images)
 
 
 def by_gid(fig: Figure, gid: str) -> list:

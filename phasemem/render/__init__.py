@@ -25,7 +25,6 @@ from matplotlib import colors as mcolors
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
-from matplotlib.image import AxesImage
 
 from ..errors import PhasememError
 from ..output import atomic_write, check_picture_size
@@ -36,6 +35,7 @@ from ..vocab import CATEGORIES, PHASE_COLORS
 from . import bands as _bands
 from . import labels as _labels
 from . import peakbar as _peakbar
+from . import pixels as _pixels
 from .html import page_writer
 from .chrome import (_MIN_STEP_DOTS_PX, _axes_style, _legends, _mark_handles, _oom_marks, _phase_ticks,
                      _shade_phases, _step_marks, _step_px, _title)
@@ -46,9 +46,10 @@ from .live import plot_live
 
 _FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".html": "html"}
 
-#: An SVG or PDF draws the allocation bands as outlines up to this many vertices (``bands.vertex_count``;
-#: ~25 bytes each in an SVG, so ~5 MB), and as one image above it. The real H200 traces' full pictures
-#: weigh 9k-40k; a 1M-event trace's 2,000 bands 12k; thousands of short-lived bands over a long trace more.
+#: An SVG or PDF draws the allocation bands as outlines up to this many vertices (``bands.vertex_count``),
+#: as one image above it. An SVG spends ~25 bytes a vertex: gpt_adamw_foreach's full picture has
+#: 119,973 (3.2 MB of SVG; 0.23 MB with the image), the other real H200 traces 15k-45k, a 1M-event
+#: stretched trace 10k; so every real trace keeps its outlines and no SVG passes ~5 MB for its bands.
 VECTOR_BANDS_CAP = 200_000
 
 BAND_DRAWINGS = ("raster", "vector", "auto")
@@ -150,7 +151,7 @@ def _draw(ax, lay, report, sc: _Scene, ax_box, bands="raster") -> object:
     strip_frac = strip_px / ax_h_px
     view = _labels.View(ax_box, lay.width, lay.height, X[a], X[b], y_top)
     runs = _runs(report.label_codes, report.step_of, a, b)
-    _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, _unsure(report))
+    _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, _unsure(report), raster=bands == "raster")
     placed = _labels.Boxes()
     _draw_bands(ax, lay, view, placed, sc.st, sc.fills, unit_div, X[a], X[b], bands)
     step_px = _step_px(view, X, sc.shown, a, b)
@@ -347,43 +348,21 @@ def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1, drawing="ras
 
 def _band_image(ax, view, st, rgb, unit_div):
     """The drawn bands as one RGBA image over the whole pixels the axes touch, one image pixel per
-    figure pixel, so matplotlib copies it rather than resamples it; pixels whose centre lies outside
-    the columns are transparent (the polygons were clipped to the axes there)."""
+    canvas pixel; pixels whose centre lies outside the columns are transparent (the polygons were
+    clipped to the axes there)."""
     if not len(st.index):
         return
-    i0, i1 = int(np.floor(view.left_px)), int(np.ceil(view.right_px))
-    k0, k1 = int(np.floor(view.bottom_px)), int(np.ceil(view.top_px))
+    i0, i1, k0, k1 = _pixels.grid(view)
     xc = view.x_data(np.arange(i0, i1) + 0.5)
     edges = st.columns.edges
     column_of = np.searchsorted(edges, xc, "right") - 1
     column_of[(xc < edges[0]) | (xc >= edges[-1])] = -1
     row_bytes = view.y_data(np.arange(k0, k1) + 0.5) * unit_div
     labels = _bands.raster(st, column_of, row_bytes)
-    # Agg turns a colour channel c into floor(c * 255 + 0.5) (halves up, not to even as np.rint);
-    # the last entry (label -1) is transparent.
-    palette = np.zeros((len(st.index) + 1, 4), np.uint8)
-    palette[:-1, :3] = np.floor(np.asarray(rgb, dtype=np.float64).reshape(-1, 3) * 255 + 0.5)
+    palette = np.zeros((len(st.index) + 1, 4), np.uint8)  # the last entry (label -1) transparent
+    palette[:-1, :3] = _pixels.to_bytes(np.asarray(rgb, dtype=np.float64).reshape(-1, 3))
     palette[:-1, 3] = 255
-    im = _PixelImage(ax, interpolation="nearest", origin="lower", zorder=2.1, gid="band-raster")
-    im.set_data(palette[labels])
-    im.set_extent((float(view.x_data(i0)), float(view.x_data(i1)), float(view.y_data(k0)), float(view.y_data(k1))))
-    im.set_clip_on(False)  # whole pixels: clipping at the axes' fractional edge would shift the copy
-    im.pixels_at = (i0, k0, view.width, view.height)
-    ax.add_image(im)
-
-
-class _PixelImage(AxesImage):
-    """An image made pixel for pixel for the canvas it is drawn on: there it is copied as it is (the
-    resampling, which gives the same pixels, took ~50 ms of a 1600×900 picture); any other canvas
-    (another dpi, a vector format's own resolution) resamples it as any image."""
-
-    pixels_at = None  # (left, bottom, canvas width, canvas height) in pixels
-
-    def make_image(self, renderer, magnification=1.0, unsampled=False):
-        x, y, w, h = self.pixels_at
-        if not unsampled and magnification == 1.0 and renderer.get_canvas_width_height() == (w, h):
-            return np.ascontiguousarray(self.get_array()), x, y, None
-        return super().make_image(renderer, magnification, unsampled)
+    _pixels.add(ax, view, palette[labels], i0, k0, 2.1, "band-raster")
 
 
 def _base_label(ax, lay, view, placed, base, unit_div):
