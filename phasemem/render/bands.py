@@ -61,14 +61,12 @@ def columns(X, level, after, reserved, delta, a, b, ncols) -> Columns:
         first[0] = 0  # events tied at the very first x still belong to the first column
         seg = level[a:b]
         stop = np.append(first[1:], b - a)
-        nonempty = stop > first
-        # The non-empty groups tile [0, b - a): their argmax is a min over the indices hitting the max.
-        starts = first[nonempty]
-        gmax = np.maximum.reduceat(seg, starts)
-        gid = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, b - a)))
-        idx = np.where(seg == gmax[gid], np.arange(b - a), b - a)
         event = first.astype(np.int64)
-        event[nonempty] = np.minimum.reduceat(idx, starts)
+        # One argmax per column (the first event at the column's maximum): a loop over the ~1,500
+        # columns reads each event once, where a vectorised argmax per group made five passes over
+        # all of them (1 s of a 10M-event picture).
+        for c in np.flatnonzero(stop > first).tolist():
+            event[c] += int(seg[first[c]:stop[c]].argmax())
         event += a
         low = np.minimum.reduceat(after[a:b], first)
         res = np.maximum.reduceat(reserved[a:b], first)
@@ -179,11 +177,13 @@ def stack(life, cols: Columns, n: int, max_bands: int = 2000, base_key=None) -> 
     folded_keys = np.unique(keys[rest])
     # One difference array per key: row r gains a folded allocation's size from its first column to
     # its stop (the spare last column takes the stops at S).
-    d = np.zeros((len(folded_keys), S + 1), np.int64)
-    row = np.searchsorted(folded_keys, keys[rest])
-    np.add.at(d, (row, first[rest]), size[rest])
-    np.add.at(d, (row, stop[rest]), -size[rest])
-    folded_parts = np.cumsum(d, axis=1)[:, :S]
+    # (bincount, not np.add.at, which is several times slower; byte sums stay exact below 2**53.)
+    F = len(folded_keys)
+    row = np.searchsorted(folded_keys, keys[rest]) * (S + 1)
+    w = size[rest].astype(np.float64)
+    d = (np.bincount(row + first[rest], weights=w, minlength=F * (S + 1))
+         - np.bincount(row + stop[rest], weights=w, minlength=F * (S + 1)))
+    folded_parts = np.cumsum(np.rint(d).astype(np.int64).reshape(F, S + 1), axis=1)[:, :S]
     folded = folded_parts.sum(axis=0) if len(folded_keys) else np.zeros(S, np.int64)
 
     base_keys = np.unique(keys[constant])

@@ -115,7 +115,11 @@ def _step_marks(ax, lay, view, X, shown, a, b, step_px):
     if xs:
         ax.vlines(xs, 0, 1, transform=ax.get_xaxis_transform(), colors="#222222", lw=0.8, alpha=0.6, zorder=4)
     placed = _labels.Boxes()
-    for st in shown:
+    # Only steps wide enough for their shorter label's first bound in labels.Layout.fits are tried:
+    # 21,787 steps on 1,500 pixels were measured one by one.
+    chars = np.array([len(str(st.number)) + (not st.complete) for st in shown], dtype=np.float64)
+    wide = np.flatnonzero(step_px >= chars * lay.px(STEP_PT) * 0.3 + 4) if len(step_px) else []
+    for st in (shown[i] for i in wide):
         x0, x1 = X[max(st.start_event, a)], X[min(st.end_event + 1, b)]
         cx = float(view.x_px((x0 + x1) / 2))
         span = float(view.x_px(x1) - view.x_px(x0))
