@@ -34,7 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "fixtures" / "plain_gpt_torch_defaults.pkl.xz"
-sys.path.insert(0, str(ROOT))
+if "--child" not in sys.argv:  # a child imports the phasemem its PYTHONPATH names (--before: another checkout)
+    sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
@@ -69,9 +70,23 @@ def child_png(path: str, png: str) -> dict:
     return out
 
 
-def _child(*args) -> dict:
-    res = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+def child_png_before(path: str, png: str) -> dict:
+    """``save_png`` as another checkout of phasemem draws it (``--before``: no ``bands`` option there)."""
+    import phasemem
+
+    assert Path(phasemem.__file__).resolve().is_relative_to(Path.cwd().resolve()), phasemem.__file__
+    report = phasemem.analyze(path)
+    gc.collect()
+    report.save_png(png)
+    gc.collect()
+    t0 = time.perf_counter()
+    report.save_png(png)
+    return {"before": time.perf_counter() - t0}
+
+
+def _child(*args, src=ROOT) -> dict:
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *args], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(src)}, cwd=str(src))
     if res.returncode:
         raise SystemExit(f"child {args} failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -84,11 +99,13 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="median of N runs (default 3)")
     ap.add_argument("--seed", type=Path, default=SEED)
     ap.add_argument("--dir", type=Path, help="keep the snapshots here and reuse them")
+    ap.add_argument("--before", type=Path, help="also time save_png of the phasemem checkout at this path "
+                    "(e.g. `git worktree add /tmp/before COMMIT`)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kind, *rest = args.child
-        print(json.dumps(child_floor(*rest) if kind == "floor" else child_png(*rest)))
+        print(json.dumps({"floor": child_floor, "png": child_png, "before": child_png_before}[kind](*rest)))
         return 0
     from bench_floor import make
 
@@ -107,20 +124,26 @@ def main(argv=None) -> int:
                 for _ in range(args.runs):
                     r = _child("floor", str(path))
                     r.update(_child("png", str(path), str(folder / "memory.png")))
+                    if args.before:
+                        r.update(_child("before", str(path), str(folder / "before.png"), src=args.before))
                     runs.append(r)
                     print(f"  {n:,} {share}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()
-                                                          if k in ("floor", "raster", "vector")), file=sys.stderr)
-                med = {k: statistics.median(r[k] for r in runs) for k in ("floor", "raster", "vector")}
+                                                          if k in ("floor", "raster", "vector", "before")),
+                          file=sys.stderr)
+                med = {k: statistics.median(r[k] for r in runs) for k in ("floor", "raster", "vector", "before")
+                       if k in runs[0]}
                 rows.append((runs[0], share, path.stat().st_size / 2**20, med,
                              max(r["rss_analysis"] for r in runs), max(r["rss_png"] for r in runs)))
+    before = f" | PNG, {args.before} (s) | × floor" if args.before else ""
     print("| events | frames | pickle (MiB) | steps | patterns | bands | floor (s) | PNG, raster (s) | × floor "
-          "| PNG, polygons (s) | × floor | peak RSS after analysis / after PNGs (MiB) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"| PNG, polygons (s) | × floor{before} | peak RSS after analysis / after PNGs (MiB) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.before else "") + "---:|")
     for r, share, mib, med, rss_a, rss_p in rows:
         f = med["floor"]
+        old = f" | {med['before']:.3f} | {med['before'] / f:.2f}" if args.before else ""
         print(f"| {r['events']:,} | {share} | {mib:,.0f} | {r['steps']:,} | {r['patterns']:,} | {r['drawn']:,} "
-              f"| {f:.3f} | **{med['raster']:.3f}** | {med['raster'] / f:.2f} | {med['vector']:.3f} "
-              f"| {med['vector'] / f:.2f} | {rss_a:,.0f} / {rss_p:,.0f} |")
+              f"| {f:.3f} | **{med['raster']:.3f}** | **{med['raster'] / f:.2f}** | {med['vector']:.3f} "
+              f"| {med['vector'] / f:.2f}{old} | {rss_a:,.0f} / {rss_p:,.0f} |")
     return 0
 
 

@@ -10,9 +10,10 @@ each other.
 
 Nothing is drawn per event: each pixel column samples its highest event (``bands.columns``), and
 the allocation bands are stacked over those samples (``bands.stack``), so a million-event trace
-costs about what a thousand-event one does and no one-event spike is lost. The drawn bands are one
-image of the axes' pixels (``bands.raster``), not thousands of polygons for matplotlib to fill; an
-SVG or PDF keeps them as outlines while they weigh at most ``VECTOR_BANDS_CAP`` vertices.
+costs about what a thousand-event one does and no one-event spike is lost. The drawn bands and the
+phase shading are images of the axes' pixels (``bands.raster``, ``pixels.spans``), pixel for pixel
+what their polygons gave, not thousands of paths for matplotlib to fill; an SVG or PDF keeps them as
+outlines while the bands weigh at most ``VECTOR_BANDS_CAP`` vertices.
 """
 from __future__ import annotations
 
@@ -66,10 +67,10 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     allocations are drawn as bands of their own; the rest are summed into one band on top.
     ``color``: ``"category"`` (parameter, gradient, activation, ...), ``"stack"`` (call site:
     one colour per allocation site, the same every step) or ``"phase"`` (the phase that made it).
-    ``bands``: the drawn allocations as one image of the axes' pixels (``"raster"``, what a PNG
-    needs), as one outline each (``"vector"``), or outlines up to ``VECTOR_BANDS_CAP`` vertices and
-    the image above (``"auto"``, what ``save`` uses for SVG and PDF). The base and the summed band on
-    top are outlines (hatched) in every case.
+    ``bands``: the drawn allocations and the phase shading as images of the axes' pixels
+    (``"raster"``, what a PNG needs), as one outline each (``"vector"``), or outlines up to
+    ``VECTOR_BANDS_CAP`` vertices of bands and images above (``"auto"``, what ``save`` uses for SVG
+    and PDF). The base and the summed band on top are outlines (hatched) in every case.
 
     What was drawn is kept on the figure: ``fig.phasemem_stack`` (the ``bands.Stack``: which
     allocations got bands, their offsets per column, the summed rest) and ``fig.phasemem_callouts``
