@@ -356,8 +356,10 @@ def _band_image(ax, view, st, rgb, unit_div):
     i0, i1, k0, k1 = _pixels.grid(view)
     xc = view.x_data(np.arange(i0, i1) + 0.5)
     edges = st.columns.edges
-    column_of = np.searchsorted(edges, xc, "right") - 1
-    column_of[(xc < edges[0]) | (xc >= edges[-1])] = -1
+    # A snapped outline from x0 to x1 covers the pixels whose centre is in (x0, x1] (its edges round
+    # half up), so a centre on an edge belongs to the column left of it.
+    column_of = np.searchsorted(edges, xc, "left") - 1
+    column_of[(xc <= edges[0]) | (xc > edges[-1])] = -1
     row_bytes = view.y_data(np.arange(k0, k1) + 0.5) * unit_div
     labels = _bands.raster(st, column_of, row_bytes)
     palette = np.zeros((len(st.index) + 1, 4), np.uint8)  # the last entry (label -1) transparent
