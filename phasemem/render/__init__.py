@@ -9,8 +9,11 @@ their span, or would overlap a label already placed, are left out rather than dr
 each other.
 
 Nothing is drawn per event: each pixel column samples its highest event (``bands.columns``), and
-the allocation bands are polygons over those samples (``bands.stack``), so a million-event trace
-costs about what a thousand-event one does and no one-event spike is lost.
+the allocation bands are stacked over those samples (``bands.stack``), so a million-event trace
+costs about what a thousand-event one does and no one-event spike is lost. The drawn bands and the
+phase shading are images of the axes' pixels (``bands.raster``, ``pixels.spans``), pixel for pixel
+what their polygons gave, not thousands of paths for matplotlib to fill; an SVG or PDF keeps them as
+outlines while the bands weigh at most ``VECTOR_BANDS_CAP`` vertices.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from ..vocab import CATEGORIES, PHASE_COLORS
 from . import bands as _bands
 from . import labels as _labels
 from . import peakbar as _peakbar
+from . import pixels as _pixels
 from .html import page_writer
 from .chrome import (_MIN_STEP_DOTS_PX, _axes_style, _legends, _mark_handles, _oom_marks, _phase_ticks,
                      _shade_phases, _step_marks, _step_px, _title)
@@ -43,9 +47,17 @@ from .live import plot_live
 
 _FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".html": "html"}
 
+#: An SVG or PDF draws the allocation bands as outlines up to this many vertices (``bands.vertex_count``),
+#: as one image above it. An SVG spends ~25 bytes a vertex: gpt_adamw_foreach's full picture has
+#: 119,973 (3.2 MB of SVG; 0.23 MB with the image), the other real H200 traces 15k-45k, a 1M-event
+#: stretched trace 10k; so every real trace keeps its outlines and no SVG passes ~5 MB for its bands.
+VECTOR_BANDS_CAP = 200_000
+
+BAND_DRAWINGS = ("raster", "vector", "auto")
+
 
 def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=None, max_bands=2000,
-         color="category") -> Figure:
+         color="category", bands="raster") -> Figure:
     """The labeled memory picture of a report as a matplotlib Figure.
 
     ``size``: the output in pixels (width, height). ``by``: ``"event"`` (x = position in the
@@ -55,6 +67,10 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     allocations are drawn as bands of their own; the rest are summed into one band on top.
     ``color``: ``"category"`` (parameter, gradient, activation, ...), ``"stack"`` (call site:
     one colour per allocation site, the same every step) or ``"phase"`` (the phase that made it).
+    ``bands``: the drawn allocations and the phase shading as images of the axes' pixels
+    (``"raster"``, what a PNG needs), as one outline each (``"vector"``), or outlines up to
+    ``VECTOR_BANDS_CAP`` vertices of bands and images above (``"auto"``, what ``save`` uses for SVG
+    and PDF). The base and the summed band on top are outlines (hatched) in every case.
 
     What was drawn is kept on the figure: ``fig.phasemem_stack`` (the ``bands.Stack``: which
     allocations got bands, their offsets per column, the summed rest) and ``fig.phasemem_callouts``
@@ -65,6 +81,8 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
         >>> fig.savefig("memory.png")   # or report.save_png("memory.png", steps="1-2")
     """
     width, height = _check_options(report, size, dpi, by, color, max_bands)
+    if bands not in BAND_DRAWINGS:
+        raise ValueError(f"bands={bands!r}: use 'raster', 'vector' or 'auto'")
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, facecolor="white")
     lay = _labels.Layout(FigureCanvasAgg(fig), width, height, dpi)
     a, b, shown = visible_range(report, steps, events)
@@ -72,7 +90,9 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     bar_px = _peakbar.width_px(lay, report, a, b)
     ax_box, rows = lay.axes_box(sc.groups, bar_px)
     ax = fig.add_axes(ax_box)
-    fig.phasemem_callouts, y_top = _draw(ax, lay, report, sc, ax_box)
+    if bands == "auto":
+        bands = "vector" if _bands.vertex_count(sc.st) <= VECTOR_BANDS_CAP else "raster"
+    fig.phasemem_callouts, y_top = _draw(ax, lay, report, sc, ax_box, bands)
     if bar_px:
         _peakbar.draw(fig, lay, report, ax_box, y_top, sc.unit_div, bar_px)
     _axes_style(ax, by, sc.unit, sc.X[b] - sc.X[a], ax_box[2] * width, ax_box[3] * height)
@@ -119,7 +139,7 @@ def _scene(report, lay, X, a, b, shown, max_bands: int, color: str) -> _Scene:
     return _Scene(X, a, b, shown, cols, st, fills, groups, patterns, ticks, top, unit_div, unit, show_reserved)
 
 
-def _draw(ax, lay, report, sc: _Scene, ax_box) -> object:
+def _draw(ax, lay, report, sc: _Scene, ax_box, bands="raster") -> object:
     """Every layer, bottom to top: phase shading, bands, lines, marks, then the labels, which are
     placed only where they overlap nothing drawn before them. Returns what the callouts named, and
     the y axis' top (in axis units)."""
@@ -132,9 +152,9 @@ def _draw(ax, lay, report, sc: _Scene, ax_box) -> object:
     strip_frac = strip_px / ax_h_px
     view = _labels.View(ax_box, lay.width, lay.height, X[a], X[b], y_top)
     runs = _runs(report.label_codes, report.step_of, a, b)
-    _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, _unsure(report))
+    _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, _unsure(report), raster=bands == "raster")
     placed = _labels.Boxes()
-    _draw_bands(ax, lay, view, placed, sc.st, sc.fills, unit_div, X[a], X[b])
+    _draw_bands(ax, lay, view, placed, sc.st, sc.fills, unit_div, X[a], X[b], bands)
     step_px = _step_px(view, X, sc.shown, a, b)
     dense = len(step_px) > 0 and float(np.median(step_px)) < _MIN_STEP_DOTS_PX
     _draw_lines(ax, sc.cols, unit_div, sc.show_reserved, outline=not dense)
@@ -208,7 +228,9 @@ def picture_writer(report, path, **options):
 
         fig = plot_live(report.live, size=options.get("size", (1600, 900)), dpi=options.get("dpi", 100))
     else:
-        fig = plot(report, **options)
+        # The page draws its own band layers over the figure's emptied outlines (render/html.py).
+        drawing = {"png": "raster", "html": "vector"}.get(fmt, "auto")
+        fig = plot(report, **{"bands": drawing, **options})
     if fmt == "html":  # the interactive page (render/html.py): this figure as SVG, zoomable, with what each band is
         return page_writer(report, fig, **options)
 
@@ -284,8 +306,9 @@ def _silent_phases(report, shown, a, b) -> list[tuple[float, str]]:
     return out
 
 
-def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1):
-    """The base (hatched), one polygon per drawn allocation, and the folded rest on top."""
+def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1, drawing="raster"):
+    """The base (hatched), the drawn allocations (one image, or one polygon each), and the folded rest
+    on top (hatched where split by category)."""
     rgb, base_colors, (folded_colors, folded_hatch) = fills
     # Bands meet edge to edge: antialiasing would leave a light seam between every two of them.
     bottom = 0
@@ -301,10 +324,13 @@ def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1):
                                          hatchcolor="#ffffff", antialiaseds=False, zorder=2, gid="band-base"),
                           autolim=False)
         _base_label(ax, lay, view, placed, bottom, unit_div)
-    polys = _bands.polygons(st, unit_div)
-    if polys:
-        ax.add_collection(PolyCollection(polys, facecolors=rgb, edgecolors="none", linewidths=0,
-                                         antialiaseds=False, zorder=2.1, gid="band"), autolim=False)
+    if drawing == "raster":
+        _band_image(ax, view, st, rgb, unit_div)
+    else:
+        polys = _bands.polygons(st, unit_div)
+        if polys:
+            ax.add_collection(PolyCollection(polys, facecolors=rgb, edgecolors="none", linewidths=0,
+                                             antialiaseds=False, zorder=2.1, gid="band"), autolim=False)
     if st.folded.any():
         lo = st.drawn_top()
         parts, fcs = [], []
@@ -319,6 +345,27 @@ def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1):
         dotted = dict(hatch=folded_hatch, hatchcolor="#ffffff") if folded_hatch else {}
         ax.add_collection(PolyCollection(parts, facecolors=fcs, edgecolors="none", linewidths=0,
                                          antialiaseds=False, zorder=2.2, gid="band-folded", **dotted), autolim=False)
+
+
+def _band_image(ax, view, st, rgb, unit_div):
+    """The drawn bands as one RGBA image over the whole pixels the axes touch, one image pixel per
+    canvas pixel; pixels whose centre lies outside the columns are transparent (the polygons were
+    clipped to the axes there)."""
+    if not len(st.index):
+        return
+    i0, i1, k0, k1 = _pixels.grid(view)
+    xc = view.x_data(np.arange(i0, i1) + 0.5)
+    edges = st.columns.edges
+    # A snapped outline from x0 to x1 covers the pixels whose centre is in (x0, x1] (its edges round
+    # half up), so a centre on an edge belongs to the column left of it.
+    column_of = np.searchsorted(edges, xc, "left") - 1
+    column_of[(xc <= edges[0]) | (xc > edges[-1])] = -1
+    row_bytes = view.y_data(np.arange(k0, k1) + 0.5) * unit_div
+    labels = _bands.raster(st, column_of, row_bytes)
+    palette = np.zeros((len(st.index) + 1, 4), np.uint8)  # the last entry (label -1) transparent
+    palette[:-1, :3] = _pixels.to_bytes(np.asarray(rgb, dtype=np.float64).reshape(-1, 3))
+    palette[:-1, 3] = 255
+    _pixels.add(ax, view, palette[labels], i0, k0, 2.1, "band-raster")
 
 
 def _base_label(ax, lay, view, placed, base, unit_div):
