@@ -14,7 +14,7 @@ _SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bw
 
 _STRIP_OTHER = "#c8c8c8"  # the strip where no phase is known
 
-#: An inferred phase less sure than this (its measured precision, segment.CONFIDENCE) is drawn
+#: An inferred phase less sure than this (its measured precision, segmentation.inferred.CONFIDENCE) is drawn
 #: hatched and named with a '?': the frameless optimizer (0.66) and loss (0.69) are.
 UNSURE = 0.9
 
