@@ -157,6 +157,9 @@ def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
     elif not seg.intervals:
         notes.append("no phase markers or optimizer annotations in this trace: every phase was inferred "
                      "from the trace itself; record with phasemem.instrument() for exact phases")
+    if seg.doubts:  # said, not only scored: the confidence alone is easy to miss
+        notes.append("the inferred phases are uncertain: " + "; ".join(seg.doubts)
+                     + " (the inferred forward and optimizer confidence are lowered to what such readings measured)")
     if len(trace) and not trace.time_us.any():
         notes.append("the trace has no event times (an older PyTorch); markers cannot be placed, "
                      "so phases were inferred")

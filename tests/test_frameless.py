@@ -109,6 +109,20 @@ def test_steps_in_different_orders_are_doubted():
     assert not seg.doubts
 
 
+
+def test_the_report_says_its_doubts():
+    """The doubts are said in the report's notes, not only scored in confidence: the WGAN's turns
+    (doubted) and a plain accumulation loop (not)."""
+    import phasemem
+
+    for rel, doubted in (("heldout5/h5_wgan_gp", True), ("heldout2/heldout2_gpt_accum4_bf16_clip", False)):
+        snap = pickle.loads(lzma.decompress((FIXTURES / f"{rel}.pkl.xz").read_bytes()))
+        notes = phasemem.analyze(bare(snap.get("snapshot", snap))).notes
+        said = [n for n in notes if n.startswith("the inferred phases are uncertain")]
+        assert bool(said) == doubted, (rel, notes)
+        if doubted:
+            assert "order of phases" in said[0]
+
 def test_a_checkpointed_second_micro_batch_is_a_training_pass():
     """With HF checkpointing and two micro-batches, the second one's forward saves 8 activations, under
     MIN_SAVED; where the first is plainly a training pass, it is one too (lifetimes.MIN_SAVED_PEER):
