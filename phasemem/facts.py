@@ -159,9 +159,12 @@ def update_gradients(ctx: Context, step: int) -> np.ndarray:
         a, f = ctx.alloc[idx], ctx.free[idx]
         after = np.sort(later)
         k = np.searchsorted(after, a, "right")  # the first backward or update run begun after it was made
-        nxt = np.where(k < len(after), after[np.minimum(k, len(after) - 1)], ctx.n)
+        # with no backward or update after it in the step, nothing tells (the update may lie in a
+        # step the phases cut apart: heldout_bert_mlm without frames lost 30 MiB of its 43 that way)
+        has_next = k < len(after)
+        nxt = after[np.minimum(k, max(len(after) - 1, 0))] if len(after) else np.zeros(len(idx), np.int64)
         at_free = ctx.seg.labels[np.minimum(f, ctx.n - 1)]
-        passed = (f < nxt) & ~np.isin(at_free, [P["zero_grad"], P["optimizer"]])
+        passed = has_next & (f < nxt) & ~np.isin(at_free, [P["zero_grad"], P["optimizer"]])
         return idx[~passed]
 
     return ctx.memo(("update_gradients", step), compute)
