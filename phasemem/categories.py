@@ -121,6 +121,12 @@ def _batch(ctx: Context, other: np.ndarray, fwd_starts: np.ndarray) -> np.ndarra
     # only the batch the last step's forward reads may be held to the end
     last_step = has_next & (fwd_step[np.minimum(nxt, len(fwd_starts) - 1)] >= fwd_step.max())
     batch = other & used & new_pass & ((f < n) | last_step)
+    # A batch is replaced by a later step's: a block that the forwards of more than BATCH_STEPS steps
+    # read is no batch (a serving engine's KV block pool, made at start-up and read by every engine
+    # iteration, h16_serve_paged: 768 MiB of "inputs" over 137 marked steps).
+    firsts = fwd_starts[opens_step]
+    read_by = np.searchsorted(firsts, np.minimum(f, n), "left") - np.searchsorted(firsts, a, "left")
+    batch &= read_by <= BATCH_STEPS
     # Forward only (inference), many calls of the model make one step: what the loop builds before
     # calling it (a KV cache, h5_gpt_decode_kv) is not told from the batch by when it is made.
     # There the batch is what C++ frames show copied to the device before a call (h5_vit_infer_bf16's
@@ -133,6 +139,11 @@ def _batch(ctx: Context, other: np.ndarray, fwd_starts: np.ndarray) -> np.ndarra
         calls = np.searchsorted(fwd_starts, np.minimum(f, n), "left") - nxt  # forward starts it spans
         batch = other & used & (copied[a] if cpp else calls == 1)
     return batch
+
+
+#: The most steps whose forwards one batch may be read by: its own, and the next where a loader copies
+#: the next batch ahead (the one it replaces is freed after the copy).
+BATCH_STEPS = 2
 
 
 #: Share of the gradients' bytes that optimizer state made during the trace must reach for the

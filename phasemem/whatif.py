@@ -29,6 +29,8 @@ CE_CHUNKS = 4
 CHUNK_WORKING_SET = 2
 #: 8-bit optimizer state (bitsandbytes' AdamW8bit) keeps 1 byte per number where torch keeps 4.
 STATE_FACTOR = 0.25
+#: ... and does not apply where the state is already below its gradients (patterns.optimizer.SMALLER).
+SMALLER_STATE = 0.98
 #: Half the batch: what scales with the tokens halves.
 BATCH_FACTOR = 0.5
 #: A layer period must repeat this share of the saved activations' sizes (a transformer's blocks are
@@ -322,6 +324,13 @@ def _smaller_optimizer_state(f: _Facts):
     state = np.flatnonzero(f.cat == C["optimizer_state"])
     if not len(state):
         return "no optimizer state in this trace"
+    # State already below its gradients is kept in fewer bits or factored: a quarter of it is no 8-bit
+    # optimizer's (h16_adam8bit's blockwise 8-bit Adam, 0.50x its fp32 gradients, was "kept in a quarter").
+    small = [p.details["ratio_to_gradients"] for p in f.patterns if p.kind == "optimizer_state_init"
+             and p.details.get("ratio_to_gradients") is not None and p.details["ratio_to_gradients"] < SMALLER_STATE]
+    if small:
+        return (f"the optimizer's state is already smaller than its gradients ({min(small):.2f}×): kept in fewer bits "
+                f"or factored, it would not shrink to a quarter again")
     ch = f.change(f"8-bit optimizer state: {format_bytes(int(f.size[state].sum()))} of state kept in a quarter "
                   f"of the bytes.", f"{STATE_FACTOR:g}× the state's bytes (whatif.STATE_FACTOR)")
     ch.size[state] = (f.size[state] * STATE_FACTOR).astype(np.int64)

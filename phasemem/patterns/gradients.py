@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context, gradient_allocs
+from ..facts import Context, update_gradients
 from ..model import Pattern
 from ..units import format_bytes
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
-    grads = gradient_allocs(ctx, step)
+    grads = update_gradients(ctx, step)
     return _stripes(ctx, step, grads) + _releases(ctx, step) + _accumulation(ctx, step, grads)
 
 

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..facts import Context, gradient_allocs
+from ..facts import Context, gradient_allocs, update_gradients
+from ..infer.frames import inside_file
 from ..model import Pattern
 from ..vocab import P
 from ..units import format_bytes
@@ -150,9 +151,17 @@ _STATE_OF = {"Adam": (2, "exp_avg and exp_avg_sq: two numbers per parameter"),
 WHOLE_RATIO = 0.02
 
 
+#: State below this share of the gradients is less than one buffer of the gradients' size per
+#: parameter: kept in fewer bits or factored (h16_adam8bit: int8 and uint8 moments with an fp32 scale
+#: per 2,048 values, 0.50x its fp32 gradients, was "sized otherwise (preconditioners ...)" and told to
+#: use "an 8-bit or factored optimizer").
+SMALLER = 1 - WHOLE_RATIO
+
+
 def _state_words(cls, ratio) -> str:
     """What the state is, said only as far as its size shows it: a named optimizer's buffers where the
-    ratio to the gradients is theirs; a whole number of buffers; or state not sized per parameter
+    ratio to the gradients is theirs; a whole number of buffers; state smaller than the gradients;
+    SparseAdam's dense state beside sparse gradients; or state not sized per parameter
     (h10_shampoo_subclass: 4.36x, preconditioners sized by the weights' shapes, had "buffers per
     parameter (Adam keeps two, momentum SGD one)"; Adam(amsgrad=True) keeps three)."""
     if not ratio:
@@ -163,6 +172,15 @@ def _state_words(cls, ratio) -> str:
             return _STATE_OF[cls][1]
         return {1: "one buffer the size of each parameter", 2: "two buffers the size of each parameter"}.get(
             k, f"{k} buffers the size of each parameter")
+    if cls == "SparseAdam":
+        # h6_sparse_two_opt (27.2x), h16_graphsage_sampled (5.73x): the moments cover every row, the
+        # gradient only the rows the batch looked up
+        return ("SparseAdam keeps its two moments dense, for every row of the embedding, while a sparse gradient "
+                "holds only the rows the batch looked up: the state is no whole number of gradients")
+    if ratio < SMALLER:
+        return ("less than one buffer of the gradients' size per parameter: state kept in fewer bits (8-bit "
+                "moments with a scale per block, as 8-bit Adam keeps; 16-bit moments), factored moments "
+                "(Adafactor), a history that grows step by step (LBFGS), or state for some parameters only")
     return ("not a whole number of buffers per parameter: the state is sized otherwise (preconditioners and "
             "factored moments follow the weights' shapes, LBFGS keeps a history of updates, some optimizers keep "
             "state for some parameters only)")
@@ -183,7 +201,8 @@ def _state_pattern(ctx: Context, step: int, kept: np.ndarray, grad_bytes: int, c
         explanation=(
             f"{opening}{format_bytes(nbytes)}{times} — "
             f"{what}. It stays for the rest of training, raising every later step's floor. "
-            f"An 8-bit or factored optimizer, or sharding the state (FSDP/ZeRO), makes it smaller."
+            + ("Sharding the state (FSDP/ZeRO) makes it smaller still." if ratio and ratio < SMALLER else
+               "An 8-bit or factored optimizer, or sharding the state (FSDP/ZeRO), makes it smaller.")
         ),
         details={"count": int(len(kept)), "ratio_to_gradients": round(ratio, 4) if ratio else None,
                  "optimizer": cls},
@@ -191,10 +210,18 @@ def _state_pattern(ctx: Context, step: int, kept: np.ndarray, grad_bytes: int, c
     )
 
 
+#: Where the stack runs through these, torch.compile is compiling, not the update running: building the
+#: guards of a compiled ``opt.step`` prints every parameter (``Tensor.__repr__``), 16,655 blocks of at
+#: most 1 KiB inside the first optimizer range of h16_compiled_fused, which were "the update's
+#: temporaries ... a foreach update makes per-parameter intermediates".
+COMPILING_FILES = ("torch/_dynamo/convert_frame.py", "torch/_dynamo/guards.py", "torch/_inductor/compile_fx.py")
+
+
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
     cls = optimizer_class(ctx)
-    grads = gradient_allocs(ctx, step)
+    compiling = ctx.memo("compiling", lambda: inside_file(ctx.trace, COMPILING_FILES))
+    grads = update_gradients(ctx, step)
     grad_bytes = int(ctx.size[grads].sum()) if len(grads) else 0
     state = _created_state(ctx, step, grad_bytes)
     if len(state):
@@ -203,6 +230,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         idx = ctx.allocs_between(o0, o1)
         idx = idx[ctx.phase_at_alloc[idx] == P["optimizer"]]
         temp = idx[ctx.free[idx] <= o1]
+        temp = temp[~compiling[ctx.alloc[temp]]]
         if len(temp) >= 2:
             delta = np.zeros(o1 - o0 + 2, dtype=np.int64)
             np.add.at(delta, ctx.alloc[temp] - o0, ctx.size[temp])
