@@ -192,6 +192,10 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report
     )
 
 
+#: The first note of a report whose recording lost phases (instrument()'s ``lost_note``).
+INCOMPLETE_NOTE = "INCOMPLETE RECORDING: "
+
+
 #: An out-of-memory error is caught where at least this many allocations follow it in the trace
 #: (h13_oom_retry_halve: hundreds after each; a program that dies makes none, or a few as it unwinds).
 CAUGHT_ALLOCS = 16
@@ -209,7 +213,8 @@ def _caught_ooms(trace: Trace) -> list[int]:
 
 def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
     """What the reader must know to trust the report: where its phases came from, partial steps."""
-    notes = []
+    # instrument() saw phase calls that its recording does not hold (capture/lost.py): first, and loud.
+    notes = [INCOMPLETE_NOTE + str(trace.meta["lost_note"])] if trace.meta.get("lost_note") else []
     if not seg.intervals and "inferred" not in seg.sources.values():
         notes.append("no phase markers or optimizer annotations in this trace, and no phases could be "
                      "inferred: everything is 'other'; record with phasemem.instrument() to get phases")

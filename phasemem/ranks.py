@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .analyze import analyze
+from .analyze import INCOMPLETE_NOTE, analyze
 from .breakdown import peak_breakdown, shape_at
 from .errors import PhasememError
 from .output import atomic_write
@@ -198,6 +198,8 @@ class RunReport:
             >>> RunReport.of([summarize(r0), summarize(r1)]).peak.rank
         """
         ranks, notes = _number(summaries)
+        # A rank whose recording lost phases would read as a plausible, smaller rank: said first.
+        notes = [f"rank {s.rank}: {n}" for s in ranks for n in s.notes if n.startswith(INCOMPLETE_NOTE)] + notes
         steps, more = _common_steps(ranks)
         notes += more
         order = [p for p in PHASES if any(p in s.phases for s in ranks)]
@@ -311,7 +313,8 @@ def format_run(run: RunReport) -> str:
     kinds = sorted({s.device.split(":")[0] for s in ranks})
     lines = [f"phasemem run report — {len(ranks)} rank(s) ({', '.join(kinds)}), "
              + (f"step(s) {_list(run.steps)} on every rank" if run.steps else "no steps")]
-    lo = min(ranks, key=lambda s: s.peak_bytes)
+    # The lowest of the *other* ranks: with a tie, the peak's own rank is not also named the lowest.
+    lo = min((s for s in ranks if s.rank != p.rank), key=lambda s: s.peak_bytes, default=ranks[0])
     where = f"step {p.step}, {p.phase}" if p.step is not None else p.phase
     lines.append(f"run peak {format_bytes(p.bytes)} on rank {p.rank} ({where}" + (f", shape {p.shape}" if p.shape else "")
                  + ")" + (f"; lowest rank peak {format_bytes(lo.peak_bytes)} on rank {lo.rank}; spread "
