@@ -16,7 +16,7 @@ from .measure import aggregate, measure
 from .model import DeviceSummary, OutOfMemory, Step
 from .patterns import detect as detect_patterns
 from .peak import breakdown
-from .report import Report
+from .report import INCOMPLETE_NOTE, Report
 from .segment import Segmentation
 from .slicing import StepIndex, build_index, can_slice, slice_in_memory
 from .spans import backward_resumed
@@ -78,7 +78,8 @@ def _live_report(snapshot, device, trusted) -> Report:
     n = len(traces[live.device]) if live.device < len(traces) and isinstance(traces[live.device], list) else 0
     return Report(device=f"cuda:{live.device}", n_events=n, peak_bytes=live.allocated_bytes, peak_event=-1,
                   preexisting_bytes=live.allocated_bytes, reserved_peak_bytes=live.reserved_bytes, steps=[],
-                  phases={}, sources={}, notes=["no allocation history: live memory only"],
+                  phases={}, sources={}, notes=_lost_note(snap.get("phasemem") or {}) + [
+                      "no allocation history: live memory only"],
                   by_category=dict(live.by_category), live=live)
 
 
@@ -192,8 +193,8 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report
     )
 
 
-#: The first note of a report whose recording lost phases (instrument()'s ``lost_note``).
-INCOMPLETE_NOTE = "INCOMPLETE RECORDING: "
+def _lost_note(meta: dict) -> list[str]:
+    return [INCOMPLETE_NOTE + str(meta["lost_note"])] if isinstance(meta, dict) and meta.get("lost_note") else []
 
 
 #: An out-of-memory error is caught where at least this many allocations follow it in the trace
@@ -214,7 +215,7 @@ def _caught_ooms(trace: Trace) -> list[int]:
 def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
     """What the reader must know to trust the report: where its phases came from, partial steps."""
     # instrument() saw phase calls that its recording does not hold (capture/lost.py): first, and loud.
-    notes = [INCOMPLETE_NOTE + str(trace.meta["lost_note"])] if trace.meta.get("lost_note") else []
+    notes = _lost_note(trace.meta)
     if not seg.intervals and "inferred" not in seg.sources.values():
         notes.append("no phase markers or optimizer annotations in this trace, and no phases could be "
                      "inferred: everything is 'other'; record with phasemem.instrument() to get phases")
