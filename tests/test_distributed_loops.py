@@ -296,6 +296,10 @@ def test_lost_rules_on_built_snapshots():
     (e,) = lost(snap, {("phasemem::backward", 1): 3}, home=1, source="cuda")
     assert (e["cause"], e["calls"], e["recorded"]) == ("missing", 3, 2)
     assert lost(snap, {("phasemem::backward", 1): 3}, home=1, source="cuda", max_entries=len(events)) == []
+    # a CUDA recording that holds no range at all: no evidence either way, no claim
+    assert lost({**snap, "external_annotations": []}, calls, home=1, source="cuda") == []
+    (e,) = lost({**snap, "external_annotations": []}, calls, home=1, source="cpu-profiler")
+    assert (e["cause"], e["recorded"]) == ("missing", 0)
     # a thread other than the recording one: lost on the CPU profiler, not on CUDA (global annotations)
     assert lost(snap, {("phasemem::backward", 2): 2}, home=1, source="cuda") == []
     (e,) = lost(snap, {("phasemem::backward", 2): 2}, home=1, source="cpu-profiler")
