@@ -199,6 +199,10 @@ def test_folder_report_equals_naive_replay_of_each_rank(job, kind):
     assert run.spread == max(n["peak"] for n in naive) - min(n["peak"] for n in naive)
     top = max(range(WORLD), key=lambda r: (naive[r]["peak"], -r))
     assert (run.peak.rank, run.peak.bytes) == (top, naive[top]["peak"])
+    # the ranks peak within a few bytes of each other (both in the optimizer, where the batch is gone):
+    # no category is said to make the difference
+    if run.spread < 0.01 * run.peak.bytes:
+        assert run.peak.category is None and "more" not in str(run).splitlines()[2]
     checked = 0
     for row in run.rows:
         for r in range(WORLD):
