@@ -128,8 +128,27 @@ def parallel_parts(report: Report) -> tuple[str | None, str, dict, dict]:
     wanted, known = (FSDP2_ROLES if found.wrapper == "fsdp2" else DDP_ROLES), found.known()
     at, most = ({r: (d[r] if known else None) for r in wanted} for d in (at, most))
     if found.wrapper == "fsdp2":  # fully_shard made the shards before the block: the parameters' bytes
-        at["sharded_parameters"] = most["sharded_parameters"] = int(report.by_category.get("parameter", 0))
+        at["sharded_parameters"] = most["sharded_parameters"] = sharded_parameters(report)
     return found.wrapper, found.evidence, at, most
+
+
+def sharded_parameters(report: Report) -> int | None:
+    """FSDP2's sharded parameters, which live through the whole recording: what ``instrument()`` counted
+    of the program's own parameters (``tensor_bytes``), else the ``parameter`` category -- unless an
+    optimizer ran and no optimizer state was found: its state was then made before the recording and
+    is counted with the parameters (FSDP2 + fused AdamW on the H200: 1.65 GiB "parameters", 542 MiB of
+    them the shards), so None (unknown).
+
+    Example:
+        >>> sharded_parameters(phasemem.analyze("fixtures/fsdp2/fsdp2_instrument.pkl.xz"))
+        568655872
+    """
+    told = ((report.trace.meta if report.trace is not None else {}).get("tensor_bytes") or {}).get("parameters")
+    if told is not None:
+        return int(told)
+    if "optimizer" in report.phases and not report.by_category.get("optimizer_state"):
+        return None
+    return int(report.by_category.get("parameter", 0))
 
 
 # ---- the run ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from .hooks import PREFIX
+from .torch_side import plain_tensors
 
 # PyTorch's own optimizer ranges ("Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad"),
 # kept as the CUDA snapshot keeps them, so the annotation fallback sees the same names on CPU.
@@ -144,30 +145,12 @@ def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> 
     }
 
 
-def _plain_tensors(t: torch.Tensor, depth: int = 0) -> Iterable[torch.Tensor]:
-    """The tensors that own memory behind ``t``: ``t`` itself, or the inner tensors of a wrapper
-    subclass (FSDP2's ``DTensor`` parameters hold their shard in ``_local_tensor`` and have no storage
-    of their own)."""
-    flatten = getattr(t, "__tensor_flatten__", None)
-    if flatten is None or depth > 4:
-        yield t
-        return
-    try:
-        names, _ = flatten()
-    except Exception:  # noqa: BLE001 -- an odd subclass is skipped, never a failed recording
-        return
-    for name in names:
-        inner = getattr(t, name, None)
-        if isinstance(inner, torch.Tensor):
-            yield from _plain_tensors(inner, depth + 1)
-
-
 def _segments(live: Iterable[torch.Tensor]) -> list[dict]:
     seen: dict[int, int] = {}
     for outer in live:
         if outer is None:
             continue
-        for t in _plain_tensors(outer):
+        for t in plain_tensors(outer):
             if t.device.type != "cpu" or t.is_sparse:
                 continue
             try:
