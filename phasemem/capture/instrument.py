@@ -93,10 +93,12 @@ class Run:
     def _dump_oom(self) -> None:
         """Write the snapshot, its report (JSON) and picture beside ``oom_dump``; the OOM is re-raised
         by the caller whatever happens here, so a failure to dump is only a warning."""
-        stem = self.oom_dump[:-3] if self.oom_dump.endswith((".xz", ".gz")) else self.oom_dump
-        stem = os.path.splitext(stem)[0]
         try:
-            self.save(self.oom_dump)
+            # Beside the file save() wrote: on one rank of several that name carries the rank, so the
+            # ranks' reports and pictures do not overwrite each other either.
+            written = self.save(self.oom_dump)
+            stem = written[:-3] if written.endswith((".xz", ".gz")) else written
+            stem = os.path.splitext(stem)[0]
             report = self.report()
             report.to_json(stem + ".json")
             report.save_png(stem + ".png")
