@@ -254,6 +254,19 @@ def test_file_path_rank_rules(tmp_path):
     assert ranked_path("mem.pkl.xz", {}) == "mem.pkl.xz"  # no process group
 
 
+def test_save_names_the_rank_from_the_snapshot(tmp_path):
+    """The rank and world size the snapshot recorded decide, also after the process group is gone."""
+    from phasemem.capture.instrument import Run
+
+    run = Run(None)
+    run.snapshot = {"segments": [], "device_traces": [[]], "phasemem": {"rank": 3, "world_size": 4}}
+    assert run.save(tmp_path / "mem.pkl.xz") == str(tmp_path / "mem.rank3.pkl.xz")
+    assert _raw(tmp_path / "mem.rank3.pkl.xz")["phasemem"]["rank"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["mem.rank3.pkl.xz"]
+    run.snapshot["phasemem"] = {"rank": 0, "world_size": 1}
+    assert run.save(tmp_path / "one.pkl") == str(tmp_path / "one.pkl")
+
+
 # ---- the loops that do lose phases on CPU say so ---------------------------------------------------
 
 @pytest.mark.parametrize("kind", THREADED)
