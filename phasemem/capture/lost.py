@@ -56,10 +56,11 @@ def _device_trace(snapshot: dict) -> list:
 def lost(snapshot: dict, calls: dict[tuple[str, int], int], home: int, source: str,
          max_entries: int | None = None) -> list[dict]:
     """The phases this recording lost, as ``[{"range", "phase", "calls", "recorded", "off_thread",
-    "cause"}]`` ([] when it holds what the hooks saw); ``cause`` is one of ``CAUSES``. ``calls`` is ``{(range name, thread): n}`` opened
-    during the recording, ``home`` the thread that started it, ``source`` ``"cuda"`` or
-    ``"cpu-profiler"``; a CUDA trace that filled ``max_entries`` dropped its oldest events and ranges
-    by design, so only the thread rule and the empty-range rule apply to it."""
+    "cause"}]`` ([] when it holds what the hooks saw); ``cause`` is one of ``CAUSES``.
+
+    ``calls`` is ``{(range name, thread): n}`` opened during the recording, ``home`` the thread that
+    started it, ``source`` ``"cuda"`` or ``"cpu-profiler"``. A CUDA trace that filled ``max_entries``
+    dropped its oldest events and ranges by design: nothing is claimed from its counts or its ranges."""
     annotations = snapshot.get("external_annotations") or []
     starts = Counter(TORCH_STEP if a["name"].startswith(TORCH_STEP) else a["name"]
                      for a in annotations if a.get("stage") == "START")
@@ -82,7 +83,8 @@ def lost(snapshot: dict, calls: dict[tuple[str, int], int], home: int, source: s
             out.append({**entry, "cause": "thread"})
         elif recorded < n and not wrapped and counted:
             out.append({**entry, "cause": "missing"})
-        elif name in MUST_ALLOCATE and recorded and trace and not wrapped and not _events_inside(trace, annotations, name):
+        elif (name in MUST_ALLOCATE and recorded and trace and not wrapped
+              and not _events_inside(trace, annotations, name)):
             out.append({**entry, "cause": "empty"})
     return out
 
@@ -110,7 +112,7 @@ def sentence(entries: list[dict]) -> str:
 
     Example:
         >>> sentence([{"phase": "backward", "calls": 3, "recorded": 0, "off_thread": 3, "cause": "thread"}])
-        'this recording lost phases: backward (3 calls, 0 recorded) ran on another thread ...'
+        'this recording lost phases: backward (3 call(s), 0 recorded) ran on another thread ...'
     """
     def key(e: dict) -> tuple:
         return (_ORDER.index(e["phase"]) if e["phase"] in _ORDER else len(_ORDER), e["phase"])
