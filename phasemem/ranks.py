@@ -361,6 +361,11 @@ def format_run(run: RunReport) -> str:
     return "\n".join(lines)
 
 
+#: Why a role is unknown where only some are (``sharded_parameters`` says so itself).
+UNKNOWN_WHY = {"sharded_parameters": " (the trace cannot tell them from optimizer state made before it; "
+                                     "instrument() now records their bytes)"}
+
+
 def _parallel_line(s: RankSummary) -> str:
     head = f"  rank {s.rank} {s.device} peak {format_bytes(s.peak_bytes)}: "
     if s.wrapper is None:
@@ -369,7 +374,14 @@ def _parallel_line(s: RankSummary) -> str:
     if all(v is None for v in s.parallel.values()):
         why = "no stack frames" if s.evidence == "none" else "its buckets were made before the recording"
         return head + f"{told}; " + ", ".join(ROLE_NAMES[r] for r in s.parallel) + f" unknown ({why})"
-    parts = [f"{ROLE_NAMES[r]} {'unknown' if v is None else format_bytes(v)}" for r, v in s.parallel.items()]
+    parts = []
+    for r, v in s.parallel.items():
+        most = s.parallel_max.get(r)
+        # The peak is one moment: a role empty there (FSDP2's gradients before backward makes them)
+        # still says the most it held.
+        more = f" (at most {format_bytes(most)})" if v is not None and most is not None and most > v else ""
+        why = UNKNOWN_WHY.get(r, "") if v is None else ""
+        parts.append(f"{ROLE_NAMES[r]} {'unknown' if v is None else format_bytes(v)}{more}{why}")
     return head + f"{told} (by {s.evidence}): " + ", ".join(parts)
 
 

@@ -140,6 +140,18 @@ def rank(tmp_path_factory):
     return s
 
 
+def test_the_run_report_names_the_shards(tmp_path):
+    """The text: the gradients are 0 at the peak (zero_grad runs first) and says the most they held."""
+    import phasemem
+    from phasemem.units import format_bytes
+
+    shutil.copy(INSTRUMENT, tmp_path / "rank0.pickle.xz")
+    text = str(phasemem.analyze_ranks(tmp_path))
+    assert f"sharded gradients 0 B (at most {format_bytes(_meta()['param_bytes_fp32'])})" in text
+    m = _meta()
+    assert f"unsharded parameters {format_bytes(m['root_bytes_bf16'] + m['block_bytes_bf16'][-1])}," in text
+
+
 def test_sharded_gradients_are_the_fp32_model(rank):
     """One rank holds every shard; reduce_dtype=fp32 leaves fp32 gradients: the most alive at once is
     the whole model in fp32, and the raw trace's reduce outputs (FSDP2's ``allocate``) kept past each
