@@ -76,7 +76,9 @@ def _live_report(snapshot, device, trusted) -> Report:
     live = live_memory(snap, device)
     traces = snap.get("device_traces") or []
     n = len(traces[live.device]) if live.device < len(traces) and isinstance(traces[live.device], list) else 0
-    return Report(device=f"cuda:{live.device}", n_events=n, peak_bytes=live.allocated_bytes, peak_event=-1,
+    meta = snap.get("phasemem") if isinstance(snap.get("phasemem"), dict) else {}
+    name = str(meta.get("device") or "") if live.device < 0 else ""  # a CPU recording is not "cuda:-1"
+    return Report(device=name or f"cuda:{live.device}", n_events=n, peak_bytes=live.allocated_bytes, peak_event=-1,
                   preexisting_bytes=live.allocated_bytes, reserved_peak_bytes=live.reserved_bytes, steps=[],
                   phases={}, sources={}, notes=_lost_note(snap.get("phasemem") or {}) + [
                       "no allocation history: live memory only"],

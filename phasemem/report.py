@@ -197,11 +197,11 @@ def _live_dict(live) -> dict:
 def _format_live(r: Report) -> str:
     live = r.live
     lines = [f"phasemem report — {r.device}: this snapshot holds no allocation history"]
-    lines += [f"note: {n}" for n in r.notes if n.startswith(INCOMPLETE_NOTE)]  # why it holds none, when known
-    lines += ["  (recorded with _record_memory_history(enabled=\"state\"), or taken with torch.cuda.memory_snapshot() "
-              "while no history was recorded),",
-              "  so it has no steps, phases or shapes to read; to get them, " + RECORD_HINT,
-              f"live memory when it was taken: allocated {format_bytes(live.allocated_bytes)} in {live.n_blocks:,} "
+    lost = [f"note: {n}" for n in r.notes if n.startswith(INCOMPLETE_NOTE)]  # why it holds none, when known
+    lines += lost or ["  (recorded with _record_memory_history(enabled=\"state\"), or taken with "
+                      "torch.cuda.memory_snapshot() while no history was recorded),",
+                      "  so it has no steps, phases or shapes to read; to get them, " + RECORD_HINT]
+    lines += [f"live memory when it was taken: allocated {format_bytes(live.allocated_bytes)} in {live.n_blocks:,} "
               f"blocks; reserved {format_bytes(live.reserved_bytes)} (of it cached free "
               f"{format_bytes(live.cached_free_bytes)})"]
     known = {k: v for k, v in live.by_category.items() if k != "unknown"}

@@ -290,6 +290,7 @@ def test_lost_phases_are_loud(job, kind):
         assert report.notes[0].startswith("INCOMPLETE RECORDING: this recording lost phases: ")
         assert str(report).count("INCOMPLETE RECORDING") == 1
     run = phasemem.analyze_ranks(job / kind)
+    assert str(run).startswith(f"phasemem run report — {WORLD} rank(s) (cpu)")  # no events: still the CPU
     assert [n.split(":")[0] for n in run.notes[:WORLD]] == [f"rank {r}" for r in range(WORLD)]
     assert all("INCOMPLETE RECORDING" in n for n in run.notes[:WORLD])
     assert str(run).count("INCOMPLETE RECORDING") == WORLD
