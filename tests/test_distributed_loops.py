@@ -227,6 +227,7 @@ def test_uneven_batches_show_in_the_forward(job):
     for k in range(3):
         # rank 1's extra 64 rows: the first Linear's and the ReLU's outputs (1024 wide, fp32) at least
         assert uneven[1][k, "forward"] - uneven[0][k, "forward"] >= 2 * 64 * 1024 * 4
+    for k in (1, 2):  # step 0 may hold a one-time buffer on one rank (torch 2.11: 1 MiB on rank 0)
         assert abs(even[1][k, "forward"] - even[0][k, "forward"]) <= SCALAR_NOISE
 
 

@@ -181,20 +181,25 @@ def test_unsharded_parameters_are_the_root_and_the_last_block(rank):
     assert rank.parallel_max["unsharded_parameters"] == expected
 
 
-def test_sharded_parameters_not_claimed_from_the_trace_alone(rank):
-    """Fused AdamW's state was made in the warm-up step, before the recording, and it allocates nothing
-    after: the trace cannot tell the fp32 shards from the two moments, so the report says unknown
-    rather than the category's 3x. (With instrument()'s ``tensor_bytes``, it is the program's count.)"""
+def test_sharded_parameters_from_the_program_never_from_the_category(rank):
+    """instrument() counted the program's own parameters (``tensor_bytes``): the fp32 shards, the whole
+    model on one rank. Without that count (a plain recording, an older one) the trace cannot tell the
+    shards from fused AdamW's two moments, made in the warm-up step and never allocated again: the
+    category holds all three, so the report says unknown rather than 3x."""
     import phasemem
+    from phasemem.ranks import summarize
 
     m = _meta()
-    told = (_raw(INSTRUMENT)["phasemem"].get("tensor_bytes") or {}).get("parameters")
-    if told is None:
-        assert rank.parallel["sharded_parameters"] is None
-        report = phasemem.analyze(str(INSTRUMENT))
-        assert report.by_category["parameter"] >= 3 * m["param_bytes_fp32"]  # shards + exp_avg + exp_avg_sq
-    else:
-        assert rank.parallel["sharded_parameters"] == told == m["param_bytes_fp32"]
+    snap = _raw(INSTRUMENT)
+    assert snap["phasemem"]["tensor_bytes"] == {"parameters": m["param_bytes_fp32"], "gradients": m["param_bytes_fp32"],
+                                                "optimizer_state": snap["phasemem"]["tensor_bytes"]["optimizer_state"]}
+    assert rank.parallel["sharded_parameters"] == m["param_bytes_fp32"]
+    # two fp32 moments per parameter and a step scalar per parameter tensor
+    assert snap["phasemem"]["tensor_bytes"]["optimizer_state"] - 2 * m["param_bytes_fp32"] < 1024
+    del snap["phasemem"]["tensor_bytes"]
+    report = phasemem.analyze(snap)
+    assert summarize(report).parallel["sharded_parameters"] is None
+    assert report.by_category["parameter"] >= 3 * m["param_bytes_fp32"]  # shards + exp_avg + exp_avg_sq
 
 
 # ---- the recompute inside the compiled backward -----------------------------------------------------
