@@ -11,7 +11,7 @@ from .measure import aggregate, measure
 from .model import DeviceSummary, OutOfMemory, Step
 from .patterns import detect as detect_patterns
 from .peak import breakdown
-from .report import Report
+from .report import INCOMPLETE_NOTE, Report
 from .read import Reading, read
 from .read.steps import StepIndex
 from .segmentation import Segmentation
@@ -57,9 +57,11 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
 def _live_report(got: Reading) -> Report:
     """The report of a snapshot without history: what was alive when it was taken."""
     live = got.live
-    return Report(device=f"cuda:{live.device}", n_events=got.live_events, peak_bytes=live.allocated_bytes,
+    meta = got.meta or {}
+    name = str(meta.get("device") or "") if live.device < 0 else ""  # a CPU recording is not "cuda:-1"
+    return Report(device=name or f"cuda:{live.device}", n_events=got.live_events, peak_bytes=live.allocated_bytes,
                   peak_event=-1, preexisting_bytes=live.allocated_bytes, reserved_peak_bytes=live.reserved_bytes,
-                  steps=[], phases={}, sources={}, notes=["no allocation history: live memory only"],
+                  steps=[], phases={}, sources={}, notes=_lost_note(meta) + ["no allocation history: live memory only"],
                   by_category=dict(live.by_category), live=live)
 
 
@@ -133,6 +135,10 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report
     )
 
 
+def _lost_note(meta: dict) -> list[str]:
+    return [INCOMPLETE_NOTE + str(meta["lost_note"])] if isinstance(meta, dict) and meta.get("lost_note") else []
+
+
 #: An out-of-memory error is caught where at least this many allocations follow it in the trace
 #: (h13_oom_retry_halve: hundreds after each; a program that dies makes none, or a few as it unwinds).
 CAUGHT_ALLOCS = 16
@@ -150,7 +156,8 @@ def _caught_ooms(trace: Trace) -> list[int]:
 
 def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
     """What the reader must know to trust the report: where its phases came from, partial steps."""
-    notes = []
+    # instrument() saw phase calls that its recording does not hold (capture/lost.py): first, and loud.
+    notes = _lost_note(trace.meta)
     if not seg.intervals and "inferred" not in seg.sources.values():
         notes.append("no phase markers or optimizer annotations in this trace, and no phases could be "
                      "inferred: everything is 'other'; record with phasemem.instrument() to get phases")

@@ -174,6 +174,8 @@ class Report(Written):
 
 #: Blocks listed in a history-less snapshot's text and JSON (the largest).
 LIVE_TOP = 12
+#: The first note of a report whose recording lost phases (instrument()'s ``lost_note``, capture/lost.py).
+INCOMPLETE_NOTE = "INCOMPLETE RECORDING: "
 
 
 def _live_dict(live) -> dict:
@@ -188,13 +190,14 @@ def _live_dict(live) -> dict:
 
 def _format_live(r: Report) -> str:
     live = r.live
-    lines = [f"phasemem report — {r.device}: this snapshot holds no allocation history",
-             "  (recorded with _record_memory_history(enabled=\"state\"), or taken with torch.cuda.memory_snapshot() "
-             "while no history was recorded),",
-             "  so it has no steps, phases or shapes to read; to get them, " + RECORD_HINT,
-             f"live memory when it was taken: allocated {format_bytes(live.allocated_bytes)} in {live.n_blocks:,} "
-             f"blocks; reserved {format_bytes(live.reserved_bytes)} (of it cached free "
-             f"{format_bytes(live.cached_free_bytes)})"]
+    lines = [f"phasemem report — {r.device}: this snapshot holds no allocation history"]
+    lost = [f"note: {n}" for n in r.notes if n.startswith(INCOMPLETE_NOTE)]  # why it holds none, when known
+    lines += lost or ["  (recorded with _record_memory_history(enabled=\"state\"), or taken with "
+                      "torch.cuda.memory_snapshot() while no history was recorded),",
+                      "  so it has no steps, phases or shapes to read; to get them, " + RECORD_HINT]
+    lines += [f"live memory when it was taken: allocated {format_bytes(live.allocated_bytes)} in {live.n_blocks:,} "
+              f"blocks; reserved {format_bytes(live.reserved_bytes)} (of it cached free "
+              f"{format_bytes(live.cached_free_bytes)})"]
     known = {k: v for k, v in live.by_category.items() if k != "unknown"}
     if known:
         lines.append("  made of (where the allocating stack says) " + ", ".join(

@@ -214,6 +214,74 @@ def test_fsdp2_roles_on_cpu_from_its_ranges(job):
         assert s.parallel_max["unsharded_parameters"] > 0 and s.parallel_max["all_gather_buffers"] > 0
 
 
+def _naive_range_roles(snap: dict) -> tuple[dict, dict]:
+    """From the raw CPU snapshot alone: bytes made inside each kind of FSDP2 range (by time, START <= t
+    <= END), alive at the first event of the naive replay's peak level (an alloc counts from its event,
+    a free until its event), and the most alive at once."""
+    import re
+
+    events = snap["device_traces"][0]
+    kinds = {"all_gather": re.compile(r"FSDP::all_gather( |$)"), "copy_out": re.compile(r"FSDP::all_gather_copy_out\b"),
+             "reduce": re.compile(r"FSDP::post_backward_reduce\b")}
+    spans = {k: [] for k in kinds}
+    opened: dict = {}
+    for a in snap["external_annotations"]:
+        if a["stage"] == "START":
+            opened.setdefault(a["name"], []).append(a["time_us"])
+        elif opened.get(a["name"]):
+            t0 = opened[a["name"]].pop()
+            for k, pat in kinds.items():
+                if pat.match(a["name"]):
+                    spans[k].append((t0, a["time_us"]))
+    blocks, live = [], {}  # (kind, size, alloc event, free event)
+    for i, e in enumerate(events):
+        if e["action"] == "alloc":
+            if e["addr"] in live:  # its free was not recorded (another thread's): it ends where the address is reused
+                kind, size, i0 = live.pop(e["addr"])
+                blocks.append((kind, size, i0, i - 1))
+            kind = next((k for k, sp in spans.items() if any(t0 <= e["time_us"] <= t1 for t0, t1 in sp)), None)
+            live[e["addr"]] = (kind, e["size"], i)
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            kind, size, i0 = live.pop(e["addr"])
+            blocks.append((kind, size, i0, i))
+    blocks += [(kind, size, i0, len(events)) for kind, size, i0 in live.values()]
+    _, after, deltas = reference.replay(events, snap["segments"], device=-1)
+    level = [max(a, a - d) for a, d in zip(after, deltas)]
+    peak = level.index(max(level))
+    at = {k: sum(s for kk, s, i0, i1 in blocks if kk == k and i0 <= peak <= i1) for k in kinds}
+    most = {}
+    for k in kinds:
+        d = [0] * (len(events) + 2)
+        for kk, s, i0, i1 in blocks:
+            if kk == k:
+                d[i0] += s
+                d[i1 + 1] -= s
+        run, best = 0, 0
+        for x in d:
+            run += x
+            best = max(best, run)
+        most[k] = best
+    return at, most
+
+
+def test_fsdp2_range_roles_from_the_raw_trace(job):
+    """What the report says FSDP2 holds on each rank, against that rank's raw snapshot: the unsharded
+    parameters are what was made inside the copy-out ranges, the all-gather buffers inside the
+    all-gather ranges, and the reduce-scatter buffers with the sharded gradients (carved out of them by
+    lifetime) inside the reduce ranges: at the rank's peak and at most."""
+    import phasemem
+
+    run = phasemem.analyze_ranks(_folder(job, "fsdp2"))
+    for s in run.ranks:
+        at, most = _naive_range_roles(_raw(_folder(job, "fsdp2") / f"rank{s.rank}.pickle.xz"))
+        assert s.parallel["unsharded_parameters"] == at["copy_out"]
+        assert s.parallel_max["unsharded_parameters"] == most["copy_out"] > 0
+        assert s.parallel["all_gather_buffers"] == at["all_gather"]
+        assert s.parallel_max["all_gather_buffers"] == most["all_gather"] > 0
+        assert s.parallel["reduce_scatter_buffers"] + s.parallel["sharded_gradients"] == at["reduce"]
+        assert s.parallel_max["sharded_gradients"] <= most["reduce"]
+
+
 def test_ddp_buckets_unknown_without_frames(job):
     import phasemem
 

@@ -18,6 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from .hooks import PREFIX
+from .torch_side import plain_tensors
 
 # PyTorch's own optimizer ranges ("Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad"),
 # kept as the CUDA snapshot keeps them, so the annotation fallback sees the same names on CPU.
@@ -29,8 +30,19 @@ _OP_NAMESPACES = frozenset(("aten", "prim", "prims", "quantized", "c10d", "_c10d
                             "inductor", "triton", "torchvision", "cudnn", "mkldnn", "fbgemm", "torch", "autograd"))
 
 
-def _is_range(name: str) -> bool:
+def _is_range(name: str, fields=None) -> bool:
+    """Whether a profiler op is a range to keep: a ``record_function`` (``USER_SCOPE``, the ranges the
+    CUDA recording's annotation callback keeps, DDP's ``DistributedDataParallel.forward`` among them),
+    or an op whose name has a namespace that is no operator library's."""
+    if _USER_SCOPE is not None and getattr(fields, "scope", None) == _USER_SCOPE:
+        return True
+    # C++ ranges of FUNCTION scope with a namespace of their own (DDP's
+    # "torch.distributed.ddp.reducer::copy_bucket_to_grad") are kept too, as before.
     return name.startswith(ANNOTATION_PREFIXES) or ("::" in name and name.split("::", 1)[0] not in _OP_NAMESPACES)
+
+
+_USER_SCOPE = getattr(getattr(torch.autograd, "RecordScope", None) or getattr(torch._C._autograd, "RecordScope", None)
+                      or getattr(torch._C._profiler, "RecordScope", None), "USER_SCOPE", None)
 
 CPU_DEVICE = -1  # the fake segments' and annotations' "device": no CUDA ordinal applies
 
@@ -113,7 +125,7 @@ def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> 
                     "frames": [],
                 }))
                 seq += 1
-        elif kind == op_type and _is_range(node.name):
+        elif kind == op_type and _is_range(node.name, fields):
             name = str(node.name)
             t0, t1 = node.start_time_ns, node.end_time_ns
             # Ties: at one instant an END sorts before a START; nested STARTs open outer first
@@ -133,30 +145,12 @@ def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> 
     }
 
 
-def _plain_tensors(t: torch.Tensor, depth: int = 0) -> Iterable[torch.Tensor]:
-    """The tensors that own memory behind ``t``: ``t`` itself, or the inner tensors of a wrapper
-    subclass (FSDP2's ``DTensor`` parameters hold their shard in ``_local_tensor`` and have no storage
-    of their own)."""
-    flatten = getattr(t, "__tensor_flatten__", None)
-    if flatten is None or depth > 4:
-        yield t
-        return
-    try:
-        names, _ = flatten()
-    except Exception:  # noqa: BLE001 -- an odd subclass is skipped, never a failed recording
-        return
-    for name in names:
-        inner = getattr(t, name, None)
-        if isinstance(inner, torch.Tensor):
-            yield from _plain_tensors(inner, depth + 1)
-
-
 def _segments(live: Iterable[torch.Tensor]) -> list[dict]:
     seen: dict[int, int] = {}
     for outer in live:
         if outer is None:
             continue
-        for t in _plain_tensors(outer):
+        for t in plain_tensors(outer):
             if t.device.type != "cpu" or t.is_sparse:
                 continue
             try:

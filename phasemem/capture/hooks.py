@@ -25,6 +25,7 @@ from ..vocab import MARKER_PREFIX
 PREFIX = MARKER_PREFIX
 
 Undo = Callable[[], None]
+_get_ident = threading.get_ident
 
 
 # -- the ranges ----------------------------------------------------------------------------------
@@ -65,12 +66,34 @@ class Markers:
         self.prefix = prefix
         self._open: dict[int, Any] = {}
         self._ids = itertools.count(1)
+        # Phase calls per thread ({thread: Counter(phase)}): what a run compares with the ranges its
+        # recording holds (a recorder that missed a thread or lost events must say so: capture/lost.py).
+        # Each thread writes only its own Counter, so no increment is lost to a race.
+        self._calls: dict[int, dict[str, int]] = {}
 
     def start(self, phase: str) -> int:
-        handle = _range_enter(self.prefix + phase)
+        name = self.prefix + phase
+        handle = _range_enter(name)
         token = next(self._ids)
         self._open[token] = handle
+        # Inlined count(): this runs on every phase call (a method call and a Counter cost ~1 us more).
+        mine = self._calls.get(_get_ident())
+        if mine is None:
+            mine = self._calls.setdefault(_get_ident(), {})
+        mine[name] = mine.get(name, 0) + 1
         return token
+
+    def count(self, name: str) -> None:
+        """One range named ``name`` opened on this thread (``start`` counts its own; torch's
+        ``Optimizer.step#...`` ranges are counted by a step hook, under ``TORCH_STEP``)."""
+        mine = self._calls.get(_get_ident())
+        if mine is None:
+            mine = self._calls.setdefault(_get_ident(), {})
+        mine[name] = mine.get(name, 0) + 1
+
+    def calls(self) -> dict[tuple[str, int], int]:
+        """``{(range name, thread): calls}`` so far; a run subtracts what it found at its start."""
+        return {(name, thread): n for thread, c in list(self._calls.items()) for name, n in list(c.items())}
 
     def end(self, token: int) -> None:
         handle = self._open.pop(token, None)
@@ -89,6 +112,9 @@ class Markers:
     def open_count(self) -> int:
         return len(self._open)
 
+
+#: What the step hook counts torch's own optimizer ranges under: every ``Optimizer.step#<Cls>.step``.
+TORCH_STEP = "Optimizer.step#"
 
 #: The one set of open ranges that every run's hooks write to (hooks are shared between nested runs).
 MARKERS = Markers(PREFIX)
@@ -268,10 +294,32 @@ def hook_optimizer(opt: torch.optim.Optimizer, markers: Markers = MARKERS) -> Un
     torch_marks_zero = type(opt).zero_grad is torch.optim.Optimizer.zero_grad
     undo_zero = noop if torch_marks_zero else wrap_method(opt, "zero_grad", "zero_grad", markers)
     undo_step = noop if torch_marks_step else wrap_method(opt, "step", "optimizer", markers)
+    # torch's step range is not ours to count as it opens: a post-hook counts the calls, so a recording
+    # that lost them can be told (capture/lost.py). Shared, as the wrappers are, so a nested run's
+    # reference does not count a step twice.
+    undo_count = _shared(("step_count", id(opt)), opt, lambda: _count_steps(opt, markers)) \
+        if torch_marks_step and hasattr(opt, "register_step_post_hook") else noop
 
     def undo() -> None:
+        undo_count()
         undo_step()
         undo_zero()
+
+    return undo
+
+
+def _count_steps(opt: torch.optim.Optimizer, markers: Markers) -> Undo:
+    active = [True]  # a deepcopy of the optimizer made inside the block copies the hook: inert after exit
+
+    def counted(optimizer, args, kwargs):
+        if active[0]:
+            markers.count(TORCH_STEP)
+
+    handle = opt.register_step_post_hook(counted)
+
+    def undo() -> None:
+        active[0] = False
+        handle.remove()
 
     return undo
 

@@ -7,6 +7,7 @@ import lzma
 import os
 import pickle
 import tempfile
+import threading
 import time
 import warnings
 from typing import Any, Callable
@@ -14,9 +15,10 @@ from typing import Any, Callable
 import torch
 
 from ..errors import PhasememError
-from . import cpu, ranks
+from . import cpu, lost, ranks
 from .hooks import MARKERS, PREFIX, hook_forward, hook_optimizer, patch_backward, wrap_method
-from .torch_side import history_enabled, live_tensors, real_optimizers, record_memory_history, resolve_device
+from .torch_side import (history_enabled, live_tensors, real_optimizers, record_memory_history, resolve_device,
+                         tensor_bytes)
 from .window import StepWindow
 
 
@@ -63,6 +65,9 @@ class Run:
         self._failure = ""  # why the snapshot could not be taken, when it could not
         self._markers = MARKERS  # shared by all runs, as the hooks are (hooks.py)
         self._mark = 0
+        self._calls_before: dict = {}
+        self._home = 0  # the thread that started the recording
+        self.lost: list[dict] = []  # phases the recording lost (capture/lost.py); [] when it holds them all
         self.nested = False
         self._undo: list[Callable[[], None]] = []
         self._prof: Any = None
@@ -88,10 +93,12 @@ class Run:
     def _dump_oom(self) -> None:
         """Write the snapshot, its report (JSON) and picture beside ``oom_dump``; the OOM is re-raised
         by the caller whatever happens here, so a failure to dump is only a warning."""
-        stem = self.oom_dump[:-3] if self.oom_dump.endswith((".xz", ".gz")) else self.oom_dump
-        stem = os.path.splitext(stem)[0]
         try:
-            self.save(self.oom_dump)
+            # Beside the file save() wrote: on one rank of several that name carries the rank, so the
+            # ranks' reports and pictures do not overwrite each other either.
+            written = self.save(self.oom_dump)
+            stem = written[:-3] if written.endswith((".xz", ".gz")) else written
+            stem = os.path.splitext(stem)[0]
             report = self.report()
             report.to_json(stem + ".json")
             report.save_png(stem + ".png")
@@ -120,6 +127,7 @@ class Run:
         try:
             self._t0_us = time.time_ns() // 1000
             self._mark = self._markers.mark()
+            self._calls_before, self._home = self._markers.calls(), threading.get_ident()
             if dev.type == "cuda":
                 self._start_cuda()
             else:
@@ -139,6 +147,8 @@ class Run:
         errors = self._teardown(take_snapshot=True)
         if self._window is not None:  # after the hooks: one wrapped over the step counter is gone by now
             self._window.close()
+        if self.lost and not failed:
+            warnings.warn(f"phasemem: {lost.sentence(self.lost)}", RuntimeWarning, stacklevel=3)
         if errors and not failed:
             first = errors[0]
             if not isinstance(first, Exception):  # KeyboardInterrupt/SystemExit are the user's: pass them on
@@ -220,6 +230,17 @@ class Run:
         }
         if self._window is not None:
             snap["phasemem"].update(self._window.meta())
+        # What the program holds at the end, by its own tensors: the trace alone cannot tell parameters
+        # from optimizer state made before the recording (FSDP2 + fused AdamW on the H200).
+        snap["phasemem"]["tensor_bytes"] = tensor_bytes(self._model, self._opts, self.device)
+        before = self._calls_before
+        calls = {k: n - before.get(k, 0) for k, n in self._markers.calls().items() if n > before.get(k, 0)}
+        self.lost = lost.lost(snap, calls, self._home, self.source, self.max_entries)
+        snap["phasemem"]["calls"] = {name: sum(n for (m, _), n in calls.items() if m == name)
+                                     for name in sorted({m for m, _ in calls})}
+        snap["phasemem"]["lost"] = self.lost
+        if self.lost:  # the report's first note (analyze.py reads it; the analysis side imports no torch)
+            snap["phasemem"]["lost_note"] = lost.sentence(self.lost)
         return snap
 
     # -- hooks -----------------------------------------------------------------------------
@@ -286,12 +307,25 @@ class Run:
         return ranks.gather(report, snap.get("phasemem") or {}) if gather else report
 
     def save(self, path: str | os.PathLike) -> str:
-        """Write the snapshot as a pickle (xz/gzip by suffix), atomically: readers never see half a file.
+        """Write the snapshot as a pickle (xz/gzip by suffix), atomically: readers never see half a file;
+        returns the path written.
+
         A folder (one that exists, or a path ending in "/") gets this rank's ``rank{r}.pickle.xz`` and
-        its report's ``rank{r}.json``, with no rank waiting on another."""
+        its report's ``rank{r}.json``, with no rank waiting on another. Recorded by one rank of several
+        (a process group of world size > 1), a file path gets the rank in its name, so that no rank
+        overwrites another's: ``run.save("mem.pkl.xz")`` writes ``mem.rank1.pkl.xz`` on rank 1,
+        ``run.save("mem")`` writes ``mem.rank1`` (a name that already says ``rank1`` is kept as it is).
+
+        >>> run.save("mem/")          # mem/rank{r}.pickle.xz + mem/rank{r}.json: phasemem analyze mem/
+        >>> run.save("step.pkl.xz")   # one process: step.pkl.xz; rank 3 of 8: step.rank3.pkl.xz
+        """
         snap = self._need_snapshot()
         if ranks.is_folder(path):
             return ranks.save_rank(self, path)
+        return self._write(ranks.ranked_path(path, snap.get("phasemem") or {}))
+
+    def _write(self, path: str | os.PathLike) -> str:
+        snap = self._need_snapshot()
         path = os.fspath(path)
         data = pickle.dumps(snap, protocol=4)
         if path.endswith(".xz"):

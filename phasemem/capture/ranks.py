@@ -13,11 +13,16 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 #: What ``run.save(folder)`` names each rank's files: the snapshot, and its report as JSON.
 RANK_SNAPSHOT = "rank{rank}.pickle.xz"
 RANK_JSON = "rank{rank}.json"
+#: What ``ranked_path`` keeps at the end of a name (the rank goes before it): the suffixes that
+#: ``run.save`` compresses by and ``phasemem analyze`` reads.
+_KEPT_SUFFIXES = (".pickle.xz", ".pkl.xz", ".pickle.gz", ".pkl.gz", ".pickle", ".pkl", ".xz", ".gz")
+_RANK_WORD = re.compile(r"rank[_-]?(\d+)", re.I)
 
 
 def _dist() -> Any:
@@ -67,6 +72,28 @@ def is_folder(path: str | os.PathLike) -> bool:
     return os.path.isdir(text) or text.endswith((os.sep, "/"))
 
 
+def ranked_path(path: str | os.PathLike, meta: dict) -> str:
+    """Where ``run.save(path)`` writes a file: ``path`` itself, or, for one rank of a job of several
+    ranks (``meta``'s ``rank`` and ``world_size``, else the live process group's), ``path`` with
+    ``.rank{r}`` before its pickle/compression suffix; a name that already says ``rank{r}`` is kept.
+
+    Example:
+        >>> ranked_path("mem.pkl.xz", {"rank": 1, "world_size": 2}), ranked_path("mem", {"rank": 0, "world_size": 2})
+        ('mem.rank1.pkl.xz', 'mem.rank0')
+    """
+    path = os.fspath(path)
+    where = meta if meta.get("world_size") is not None else describe()
+    rank, world = where.get("rank"), where.get("world_size")
+    if rank is None or not world or int(world) <= 1:
+        return path
+    folder, base = os.path.split(path)
+    if any(int(m.group(1)) == int(rank) for m in _RANK_WORD.finditer(base)):
+        return path
+    suffix = next((s for s in _KEPT_SUFFIXES if base.lower().endswith(s) and len(base) > len(s)), "")
+    stem = base[:len(base) - len(suffix)]
+    return os.path.join(folder, f"{stem}.rank{int(rank)}{base[len(stem):]}")
+
+
 def save_rank(run: Any, folder: str | os.PathLike) -> str:
     """Write this rank's snapshot (``rank{r}.pickle.xz``) and its report's JSON (``rank{r}.json``) into
     ``folder``; returns the snapshot's path. Outside a process group the rank is 0.
@@ -78,7 +105,7 @@ def save_rank(run: Any, folder: str | os.PathLike) -> str:
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)  # every rank may make it; exist_ok makes that race harmless
     rank = int(((run.snapshot or {}).get("phasemem") or {}).get("rank", 0))
-    path = run.save(os.path.join(folder, RANK_SNAPSHOT.format(rank=rank)))
+    path = run._write(os.path.join(folder, RANK_SNAPSHOT.format(rank=rank)))
     run.report().to_json(os.path.join(folder, RANK_JSON.format(rank=rank)))
     return path
 

@@ -75,3 +75,58 @@ def live_tensors(model: torch.nn.Module | None, opts: Sequence[torch.optim.Optim
             for v in state.values():
                 if isinstance(v, torch.Tensor):
                     yield v
+
+
+def plain_tensors(t: torch.Tensor, depth: int = 0) -> Iterable[torch.Tensor]:
+    """The tensors that own memory behind ``t``: ``t`` itself, or the inner tensors of a wrapper
+    subclass (FSDP2's ``DTensor`` parameters hold their shard in ``_local_tensor`` and have no storage
+    of their own)."""
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None or depth > 4:
+        yield t
+        return
+    try:
+        names, _ = flatten()
+    except Exception:  # noqa: BLE001 -- an odd subclass is skipped, never a failed recording
+        return
+    for name in names:
+        inner = getattr(t, name, None)
+        if isinstance(inner, torch.Tensor):
+            yield from plain_tensors(inner, depth + 1)
+
+
+def tensor_bytes(model: torch.nn.Module | None, opts: Sequence[torch.optim.Optimizer], device: str) -> dict[str, int]:
+    """Bytes of the parameters, their gradients and the optimizers' state on ``device`` now, each storage
+    counted once (FSDP2's DTensors by their local shards): what the program itself holds, for the
+    snapshot's metadata. A trace cannot always tell these apart (optimizer state made before the
+    recording looks like parameters); the program can.
+
+    Example:
+        >>> tensor_bytes(model, [opt], "cuda:0")
+        {'parameters': 568655872, 'gradients': 568655872, 'optimizer_state': 1137311752}
+    """
+    want = torch.device(device)
+    seen: set[int] = set()
+
+    def total(tensors: Iterable[torch.Tensor | None]) -> int:
+        n = 0
+        for outer in tensors:
+            if not isinstance(outer, torch.Tensor):
+                continue
+            for t in plain_tensors(outer):
+                if t.device.type != want.type or (want.index is not None and t.device.index != want.index):
+                    continue
+                try:
+                    storage = t.untyped_storage()
+                    ptr, nbytes = storage.data_ptr(), storage.nbytes()
+                except (RuntimeError, NotImplementedError):
+                    continue
+                if ptr and ptr not in seen:
+                    seen.add(ptr)
+                    n += nbytes
+        return n
+
+    params = list(model.parameters()) if model is not None else []
+    params += [p for opt in opts for g in opt.param_groups for p in g["params"]]
+    return {"parameters": total(params), "gradients": total(p.grad for p in params),
+            "optimizer_state": total(v for opt in opts for st in opt.state.values() for v in st.values())}

@@ -69,7 +69,8 @@ def _live(snap: dict, device: int | None, prefix: str) -> Reading:
     live = live_memory(snap, device)
     traces = snap.get("device_traces") or []
     mine = traces[live.device] if live.device < len(traces) else None
-    return Reading(None, prefix, live=live, live_events=len(mine) if isinstance(mine, list) else 0)
+    meta = snap.get("phasemem") if isinstance(snap.get("phasemem"), dict) else {}
+    return Reading(None, prefix, live=live, live_events=len(mine) if isinstance(mine, list) else 0, meta=meta)
 
 
 def trace(source: Any, device: int | None = None, *, trusted: bool = False) -> Trace:

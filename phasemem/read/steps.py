@@ -111,7 +111,7 @@ def slice_in_memory(trace: Trace, index: StepIndex, k0: int, k1: int) -> Trace:
 class Reading:
     """What a source holds. ``trace``: its events (None without allocation history: then ``live``
     is what was alive when it was taken, and ``live_events`` the entries of its device). ``prefix``:
-    the marker prefix its phases are read with. ``window``: (step index, first, last position)
+    the marker prefix its phases are read with; ``meta``: phasemem's metadata of a snapshot without history. ``window``: (step index, first, last position)
     where only those steps were read (``whole`` reads the rest); ``steps``: the steps still to cut
     from a trace read whole. ``device(d)``: another device of the same source, read the same way."""
 
@@ -123,3 +123,5 @@ class Reading:
     whole: Callable[[], Trace] | None = None
     steps: str | int | None = None
     device: Callable[[int], "Reading"] | None = None
+    #: the snapshot's ``phasemem`` metadata, where the trace does not carry it (no history)
+    meta: dict | None = None
