@@ -97,7 +97,8 @@ NARROW_TRUTH = {("heldout_gpt_lora", "gradients(release)"), ("heldout3_distill_k
                 ("h7_peft_lora", "gradients(release)"), ("h7_sac", "gradients(release)"),
                 # frozen weights in the meta's parameter bytes (an int8 base's fp32 embeddings, DINO's EMA
                 # teacher, GRPO's reference and reward models) or a sparse embedding's gradient (GraphSAGE)
-                ("h16_int8_lora", "gradients(release)"), ("h16_dino_multicrop", "gradients(release)"),
+                ("h16_int8_lora", "gradients(release)"), ("h16_int8_lora_redequant", "gradients(release)"),
+                ("h16_dino_multicrop", "gradients(release)"),
                 ("h16_grpo", "gradients(release)"), ("h16_graphsage_sampled", "gradients(release)")}
 
 _cache: dict = {}
