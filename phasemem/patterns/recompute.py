@@ -72,6 +72,15 @@ def _kgrams(sizes: np.ndarray, k: int) -> np.ndarray:
     return h
 
 
+def _kgrams_of(ctx: Context, idx: np.ndarray) -> np.ndarray:
+    """_kgrams of the sizes of allocations ``idx``: a slice of the whole trace's k-grams (hashed once)
+    where they are consecutive allocations, as a backward run's are."""
+    if int(idx[-1]) - int(idx[0]) != len(idx) - 1:  # not one stretch (forward runs split by others)
+        return _kgrams(ctx.size[idx], K)
+    whole = ctx.memo("recompute_kgrams", lambda: _kgrams(ctx.size, K))
+    return whole[int(idx[0]):int(idx[0]) + len(idx) - K + 1]
+
+
 def _runs(mask: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
     edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
@@ -85,7 +94,7 @@ def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int)
     backward began, and which backward mostly frees before b1 (FREED_IN_BACKWARD)."""
     if len(fwd) < K or len(bwd) < K:
         return []
-    hf, hb = _kgrams(ctx.size[fwd], K), _kgrams(ctx.size[bwd], K)
+    hf, hb = _kgrams_of(ctx, fwd), _kgrams_of(ctx, bwd)
     order = np.argsort(hf, kind="stable")
     pos = np.minimum(np.searchsorted(hf[order], hb), len(hf) - 1)
     hit = hf[order][pos] == hb
@@ -210,10 +219,26 @@ def _checkpoint_runs(ctx: Context, bwd: np.ndarray):
     and the runs among them that checkpoint's recompute made (infer.frames.checkpoint_recomputes). The
     autograd thread's cuBLAS workspace is made by the first matmul it runs, a recompute's if that comes
     first, and kept for good (h15_chunked_ce): no activation, and no break between two blocks."""
+    if not len(bwd) or _checkpoint_allocs(ctx, bwd) == 0:
+        return bwd[:0], np.zeros(0, np.int64), np.zeros(0, np.int64)  # most runs: no checkpoint frame at all
     bwd = bwd[~ctx.made_by_workspace_getter(ctx.alloc[bwd])]
     ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]
     starts, stops = _runs(ck, 0)
     return bwd, starts, stops
+
+
+def _checkpoint_allocs(ctx: Context, bwd: np.ndarray) -> int:
+    """How many of the consecutive allocations ``bwd`` checkpoint's recompute made, workspaces aside
+    (what _checkpoint_runs would find runs in), from one running count over the whole trace."""
+    def compute():
+        ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc]]
+        ck &= ~ctx.made_by_workspace_getter(ctx.alloc)
+        return np.concatenate([[0], np.cumsum(ck)])
+
+    if int(bwd[-1]) - int(bwd[0]) != len(bwd) - 1:
+        return len(bwd)  # not one stretch: count nothing, _checkpoint_runs reads them one by one
+    count = ctx.memo("checkpoint_allocs", compute)
+    return int(count[int(bwd[-1]) + 1] - count[int(bwd[0])])
 
 
 def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
