@@ -109,15 +109,24 @@ def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
     group of parameters: FSDP2's reduce-scatter output, contiguous gradient buffers); that drops the
     autograd thread's own cuBLAS workspace, made lazily in the first backward and kept for good.
     """
-    idx, bounds = ctx.memo("gradients_by_step", lambda: _gradients_by_step(ctx))
+    idx, bounds = gradients_by_step(ctx)
     if not 0 <= step < len(bounds) - 1:
         return idx[:0]
     return idx[bounds[step]:bounds[step + 1]]
 
 
-def _gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+def gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     """Every step's gradients at once (gradient_allocs' rules, one pass over the allocations): the
-    allocation indices, by step then event, and each step's bounds in them (step s: bounds[s]..bounds[s+1])."""
+    allocation indices, by step then event, and each step's bounds in them (step s: bounds[s]..bounds[s+1]).
+
+    Example:
+        >>> idx, bounds = gradients_by_step(ctx)
+        >>> step_2 = idx[bounds[2]:bounds[3]]  # gradient_allocs(ctx, 2)
+    """
+    return ctx.memo("gradients_by_step", lambda: _gradients_by_step(ctx))
+
+
+def _gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     n_steps = len(ctx.seg.steps)
     # A gradient lives until zero_grad, the optimizer or the next step: made in one backward run,
     # it is not freed in a later one. Activations of a weight's size are, where backward was cut
