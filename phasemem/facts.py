@@ -63,7 +63,7 @@ class Context:
         return cls(trace, tl, seg, tl.level, tl.active_before, a, f, s, labels[a], pf,
                    seg.step_of[a].astype(np.int64), rf, rl, rp, rs, params)
 
-    def runs_of(self, step: int, phase: str) -> list[tuple[int, int]]:
+    def runs_of(self, step: int, phase: str) -> tuple[tuple[int, int], ...]:
         """The (first, last) events of a step's runs of a phase, in event order."""
         def compute():
             # grouped once: every detector asks for every step, and a mask per call is steps x runs
@@ -71,9 +71,9 @@ class Context:
             for f, l, p, s in zip(self.run_first.tolist(), self.run_last.tolist(), self.run_phase.tolist(),
                                   self.run_step.tolist()):
                 out.setdefault((s, p), []).append((f, l))
-            return out
+            return {k: tuple(v) for k, v in out.items()}  # shared by every caller: not to be changed
 
-        return list(self.memo("runs_by_step_phase", compute).get((step, P[phase]), ()))
+        return self.memo("runs_by_step_phase", compute).get((step, P[phase]), ())
 
     def optimizer_in_backward(self, step: int) -> bool:
         """Whether the step's optimizer runs inside its backward (spans.backward_resumed)."""
