@@ -59,9 +59,7 @@ def microbatches(ctx: Context, step: int) -> list[tuple[int, int, tuple[int, int
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out: list[Pattern] = []
     for first, last, bwd in microbatches(ctx, step):
-        idx = ctx.allocs_between(first, last)
-        pa = ctx.phase_at_alloc[idx]
-        idx = idx[(pa == P["forward"]) | (pa == P["loss"])]  # np.isin costs 10x this, once per step
+        idx = _forward_or_loss(ctx, first, last)
         if step == 0:
             # The first step's workspaces (made by the first matmul, never freed) are no tensors; they
             # come early. Logits a script still holds at the end are late (magma27_cs336 keeps them).
@@ -99,11 +97,25 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
+def _forward_or_loss(ctx: Context, first: int, last: int) -> np.ndarray:
+    """Indices (into the alloc arrays) of the allocations made at events first..last in forward or the
+    loss: a slice of one sorted list of them for the whole trace (a mask per region was ~6 array
+    operations a step)."""
+    pa = ctx.phase_at_alloc
+    fl = ctx.memo("forward_or_loss_allocs", lambda: np.flatnonzero((pa == P["forward"]) | (pa == P["loss"])))
+    return fl[fl.searchsorted(ctx.alloc.searchsorted(first)):fl.searchsorted(ctx.alloc.searchsorted(last + 1))]
+
+
 def _backward_opening(ctx: Context, bwd) -> np.ndarray:
     """Sizes of backward's first LOSS_GRAD_WITHIN allocations above TINY bytes: where the loss's
-    gradient of the logits is."""
-    idx = ctx.allocs_between(bwd[0], bwd[1])
-    return ctx.size[idx[ctx.size[idx] > TINY][:LOSS_GRAD_WITHIN]]
+    gradient of the logits is. Read twice per backward run (consumed_by_loss, _consumed), so kept."""
+    def compute():
+        above = ctx.memo("allocs_above_tiny", lambda: np.flatnonzero(ctx.size > TINY))
+        j0 = int(above.searchsorted(ctx.alloc.searchsorted(bwd[0])))
+        j1 = min(int(above.searchsorted(ctx.alloc.searchsorted(bwd[1] + 1))), j0 + LOSS_GRAD_WITHIN)
+        return ctx.size[above[j0:j1]]
+
+    return ctx.memo(("backward_opening", int(bwd[0]), int(bwd[1])), compute)
 
 
 def consumed_by_loss(ctx: Context, bwd, vocab_bytes: float) -> bool:
