@@ -72,13 +72,15 @@ def _kgrams(sizes: np.ndarray, k: int) -> np.ndarray:
     return h
 
 
-def _kgrams_of(ctx: Context, idx: np.ndarray) -> np.ndarray:
-    """_kgrams of the sizes of allocations ``idx``: a slice of the whole trace's k-grams (hashed once)
-    where they are consecutive allocations, as a backward run's are."""
-    if int(idx[-1]) - int(idx[0]) != len(idx) - 1:  # not one stretch (forward runs split by others)
-        return _kgrams(ctx.size[idx], K)
-    whole = ctx.memo("recompute_kgrams", lambda: _kgrams(ctx.size, K))
-    return whole[int(idx[0]):int(idx[0]) + len(idx) - K + 1]
+def _kgrams_of(ctx: Context, idx: np.ndarray, step_grams) -> np.ndarray:
+    """_kgrams of the sizes of allocations ``idx``: a slice of the step's k-grams (``step_grams``:
+    first allocation, hashes; made once per step) where they are consecutive allocations inside it,
+    as a backward run's are."""
+    lo, grams = step_grams
+    i0 = int(idx[0]) - lo
+    if int(idx[-1]) - int(idx[0]) != len(idx) - 1 or i0 < 0 or i0 + len(idx) - K + 1 > len(grams):
+        return _kgrams(ctx.size[idx], K)  # not one stretch (forward runs split by other phases)
+    return grams[i0:i0 + len(idx) - K + 1]
 
 
 def _runs(mask: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
@@ -88,13 +90,14 @@ def _runs(mask: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
     return np.delete(starts, join + 1), np.delete(stops, join)
 
 
-def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int) -> list[tuple[int, int]]:
+def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int,
+               step_grams=(0, np.zeros(0, np.uint64))) -> list[tuple[int, int]]:
     """The runs of backward allocations (positions in ``bwd``, made in the backward run b0..b1) whose
     sizes repeat, K at a time, forward allocations that forward had mostly discarded (DISCARDED) before
     backward began, and which backward mostly frees before b1 (FREED_IN_BACKWARD)."""
     if len(fwd) < K or len(bwd) < K:
         return []
-    hf, hb = _kgrams_of(ctx, fwd), _kgrams_of(ctx, bwd)
+    hf, hb = _kgrams_of(ctx, fwd, step_grams), _kgrams_of(ctx, bwd, step_grams)
     order = np.argsort(hf, kind="stable")
     pos = np.minimum(np.searchsorted(hf[order], hb), len(hf) - 1)
     hit = hf[order][pos] == hb
@@ -133,11 +136,15 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
     fwd_runs = ctx.runs_of(step, "forward")
     bwd_runs = ctx.runs_of(step, "backward")
+    if bwd_runs:  # the step's k-grams hashed once, sliced per run (not kept: 8 bytes an allocation)
+        lo = int(ctx.alloc.searchsorted(min(r[0] for r in fwd_runs + bwd_runs)))
+        hi = int(ctx.alloc.searchsorted(max(r[1] for r in fwd_runs + bwd_runs) + 1))
+        step_grams = (lo, _kgrams(ctx.size[lo:hi], K))
     for b0, b1 in bwd_runs:
         fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
         fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
         bwd = ctx.allocs_between(b0, b1)
-        good = _size_runs(ctx, fwd, bwd, b0, b1)
+        good = _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
         if len(good) < MIN_RUNS:
             # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
             # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
@@ -229,16 +236,15 @@ def _checkpoint_runs(ctx: Context, bwd: np.ndarray):
 
 def _checkpoint_allocs(ctx: Context, bwd: np.ndarray) -> int:
     """How many of the consecutive allocations ``bwd`` checkpoint's recompute made, workspaces aside
-    (what _checkpoint_runs would find runs in), from one running count over the whole trace."""
-    def compute():
+    (what _checkpoint_runs would find runs in), by two searches in the trace's list of them."""
+    def compute():  # their positions, sorted: none in a trace without checkpointing
         ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc]]
-        ck &= ~ctx.made_by_workspace_getter(ctx.alloc)
-        return np.concatenate([[0], np.cumsum(ck)])
+        return np.flatnonzero(ck & ~ctx.made_by_workspace_getter(ctx.alloc))
 
     if int(bwd[-1]) - int(bwd[0]) != len(bwd) - 1:
         return len(bwd)  # not one stretch: count nothing, _checkpoint_runs reads them one by one
-    count = ctx.memo("checkpoint_allocs", compute)
-    return int(count[int(bwd[-1]) + 1] - count[int(bwd[0])])
+    at = ctx.memo("checkpoint_allocs", compute)
+    return int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0])))
 
 
 def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
