@@ -215,7 +215,7 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd, noun: str) -> Patter
     height = int(ctx.level[p] - ctx.timeline.active_after[end])
     if height <= 0:
         return None
-    r = int(np.searchsorted(ctx.run_first, p, "right")) - 1  # the phase run the spike's top is in
+    r = int(ctx.run_first.searchsorted(p, "right")) - 1  # the phase run the spike's top is in
     sets = int(ctx.level[p]) >= int(ctx.level[ctx.run_first[r]:ctx.run_last[r] + 1].max())
     sets_text = " It sets the peak of the phase it is in." if sets else ""
     return Pattern(
@@ -268,5 +268,5 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: 
                f"Everything {noun} is gone after this, so the rest of backward runs far lower.")
         ),
         details={"spike_bytes": spike, "cliff_bytes": cliff},
-        members=tuple(np.union1d(alive, grads).tolist()),
+        members=tuple(sorted(set(alive.tolist()) | set(grads.tolist()))),  # np.union1d's, for a handful
     )
