@@ -149,6 +149,9 @@ def _gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
         # even where it has a weight's size (h15_gradcache_contrastive: 32 MiB, the embedding's).
         keep &= ~ctx.made_by_workspace_getter(ctx.alloc[idx])
         idx, step = idx[keep], step[keep]
+    order = np.argsort(step, kind="stable")  # runs are in event order: within a step, so are its allocations
+    idx, step = idx[order].astype(np.int64), step[order]
+    bounds = np.searchsorted(step, np.arange(n_steps + 1))
     if len(ctx.param_sizes) and len(idx):
         sizes = ctx.memo("gradient_sizes", lambda: np.union1d(ctx.param_sizes, _released_sizes(ctx)))
         ok = in_sorted(ctx.size[idx], sizes)
@@ -157,15 +160,14 @@ def _gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
         # gradients, and the one whose size a pre-existing block happens to have is none either
         # (h9_per_sample_dpsgd: 3 MiB "gradients" of 1.78 GiB per-sample ones).
         stray = ~ok & (ctx.free[idx] < ctx.n)
-        stray_bytes = np.zeros(n_steps, np.int64)
-        ok_bytes = np.zeros(n_steps, np.int64)
-        np.add.at(stray_bytes, step[stray], ctx.size[idx[stray]].astype(np.int64))
-        np.add.at(ok_bytes, step[ok], ctx.size[idx[ok]].astype(np.int64))
-        ok &= ~(stray_bytes > STRAY_RATIO * ok_bytes)[step]
+        size = ctx.size[idx].astype(np.int64)
+        # per-step sums as differences of running sums at the steps' bounds (np.add.at: 0.25 s at 10M)
+        stray_bytes = np.diff(np.concatenate([[0], np.cumsum(np.where(stray, size, 0))])[bounds])
+        ok_bytes = np.diff(np.concatenate([[0], np.cumsum(np.where(ok, size, 0))])[bounds])
+        ok &= ~np.repeat(stray_bytes > STRAY_RATIO * ok_bytes, np.diff(bounds))
         idx, step = idx[ok], step[ok]
-    order = np.argsort(step, kind="stable")  # runs are in event order: within a step, so are its allocations
-    idx = idx[order].astype(np.int64)
-    return idx, np.searchsorted(step[order], np.arange(n_steps + 1))
+        bounds = np.searchsorted(step, np.arange(n_steps + 1))
+    return idx, bounds
 
 
 def _released_sizes(ctx: Context) -> np.ndarray:
