@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .facts import Context, gradient_allocs
+from .facts import Context, gradients_by_step
 from .infer.frames import copies, weight_moves, weight_sources
 from .vocab import CATEGORIES, C, P
 
@@ -54,8 +54,7 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     cat[fwd & ~same_run] = C["activation"]
     cat[fwd & (f >= n) & (s_at == 0) & (len(ctx.seg.steps) > 1)] = C["other"]
     cat[(pa == P["backward"]) & (f > run_end)] = C["other"]
-    for s in range(len(ctx.seg.steps)):
-        cat[gradient_allocs(ctx, s)] = C["gradient"]
+    cat[gradients_by_step(ctx)[0]] = C["gradient"]  # every step's
     cat[(pa == P["optimizer"]) & (f >= end_of_step)] = C["optimizer_state"]
     other = (pa == P["other"]) & ~same_run
     fwd_starts = ctx.run_first[ctx.run_phase == P["forward"]]
@@ -186,9 +185,12 @@ def _gradient_sizes(ctx: Context) -> np.ndarray:
     optimizers that take turns) counted noise twice where phases were inferred without frames
     (hf without frames: 299 MB of 'parameters' for 182); the trace's optimizer state names the
     other turns' parameters (_sizes_from_state)."""
-    per_step = [gradient_allocs(ctx, s) for s in range(len(ctx.seg.steps))]
-    best = max(per_step, key=lambda g: int(ctx.size[g].sum()), default=np.zeros(0, np.int64))
-    return ctx.size[best]
+    idx, bounds = gradients_by_step(ctx)
+    if len(bounds) < 2:
+        return ctx.size[idx[:0]]
+    total = np.concatenate([[0], np.cumsum(ctx.size[idx], dtype=np.int64)])[bounds]
+    best = int(np.argmax(np.diff(total)))  # the first step with the most, as max() picks
+    return ctx.size[idx[bounds[best]:bounds[best + 1]]]
 
 
 def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:

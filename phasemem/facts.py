@@ -63,7 +63,7 @@ class Context:
         return cls(trace, tl, seg, tl.level, tl.active_before, a, f, s, labels[a], pf,
                    seg.step_of[a].astype(np.int64), rf, rl, rp, rs, params)
 
-    def runs_of(self, step: int, phase: str) -> list[tuple[int, int]]:
+    def runs_of(self, step: int, phase: str) -> tuple[tuple[int, int], ...]:
         """The (first, last) events of a step's runs of a phase, in event order."""
         def compute():
             # grouped once: every detector asks for every step, and a mask per call is steps x runs
@@ -71,9 +71,9 @@ class Context:
             for f, l, p, s in zip(self.run_first.tolist(), self.run_last.tolist(), self.run_phase.tolist(),
                                   self.run_step.tolist()):
                 out.setdefault((s, p), []).append((f, l))
-            return out
+            return {k: tuple(v) for k, v in out.items()}  # shared by every caller: not to be changed
 
-        return list(self.memo("runs_by_step_phase", compute).get((step, P[phase]), ()))
+        return self.memo("runs_by_step_phase", compute).get((step, P[phase]), ())
 
     def optimizer_in_backward(self, step: int) -> bool:
         """Whether the step's optimizer runs inside its backward (spans.backward_resumed)."""
@@ -91,7 +91,7 @@ class Context:
         return self.memo("workspace_stacks", lambda: workspace_stacks(self.trace))[self.trace.stack[events]]
 
     def peak_in(self, first: int, last: int) -> int:
-        return first + int(np.argmax(self.level[first:last + 1]))
+        return first + int(self.level[first:last + 1].argmax())  # the method: np.argmax's wrapper costs as much, ~9,000 calls
 
 
 #: A step's gradients are not trusted when what its backward made and kept, of no weight's size and
@@ -109,38 +109,65 @@ def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
     group of parameters: FSDP2's reduce-scatter output, contiguous gradient buffers); that drops the
     autograd thread's own cuBLAS workspace, made lazily in the first backward and kept for good.
     """
-    def compute():
-        parts = []
-        # A gradient lives until zero_grad, the optimizer or the next step: made in one backward run,
-        # it is not freed in a later one. Activations of a weight's size are, where backward was cut
-        # into runs by other phases (WGAN-GP's penalty, autograd.grad(create_graph=True), inferred
-        # without markers: h5_wgan_gp's critic "gradients" were 10.6 MiB of the generator's sizes).
-        labels = ctx.seg.labels
-        for b0, b1 in ctx.runs_of(step, "backward"):
-            idx = ctx.allocs_between(b0, b1)
-            f = ctx.free[idx]
-            freed_in_bwd = (f < ctx.n) & (labels[np.minimum(f, ctx.n - 1)] == P["backward"])
-            parts.append(idx[(ctx.phase_at_alloc[idx] == P["backward"]) & (f > b1) & ~freed_in_bwd])
-        idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        if len(idx):
-            idx = idx[~ctx.memo("loss_seeds", lambda: loss_seeds(ctx.trace))[ctx.alloc[idx]]]
-            # The autograd thread's cuBLAS workspace, made in the first backward and kept, is no gradient
-            # even where it has a weight's size (h15_gradcache_contrastive: 32 MiB, the embedding's).
-            idx = idx[~ctx.made_by_workspace_getter(ctx.alloc[idx])]
-        if len(ctx.param_sizes) and len(idx):
-            sizes = ctx.memo("gradient_sizes", lambda: np.union1d(ctx.param_sizes, _released_sizes(ctx)))
-            ok = in_sorted(ctx.size[idx], sizes)
-            # Far more of what backward made and kept being of no weight's size says the few that are
-            # match by chance: per-sample gradients (vmap(grad), batch x each parameter) are no
-            # gradients, and the one whose size a pre-existing block happens to have is none either
-            # (h9_per_sample_dpsgd: 3 MiB "gradients" of 1.78 GiB per-sample ones).
-            stray = ~ok & (ctx.free[idx] < ctx.n)
-            if int(ctx.size[idx[stray]].sum()) > STRAY_RATIO * int(ctx.size[idx[ok]].sum()):
-                return idx[:0]
-            idx = idx[ok]
-        return idx
+    idx, bounds = gradients_by_step(ctx)
+    if not 0 <= step < len(bounds) - 1:
+        return idx[:0]
+    return idx[bounds[step]:bounds[step + 1]]
 
-    return ctx.memo(("gradients", step), compute)
+
+def gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    """Every step's gradients at once (gradient_allocs' rules, one pass over the allocations): the
+    allocation indices, by step then event, and each step's bounds in them (step s: bounds[s]..bounds[s+1]).
+
+    Example:
+        >>> idx, bounds = gradients_by_step(ctx)
+        >>> step_2 = idx[bounds[2]:bounds[3]]  # gradient_allocs(ctx, 2)
+    """
+    return ctx.memo("gradients_by_step", lambda: _gradients_by_step(ctx))
+
+
+def _gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    n_steps = len(ctx.seg.steps)
+    # A gradient lives until zero_grad, the optimizer or the next step: made in one backward run,
+    # it is not freed in a later one. Activations of a weight's size are, where backward was cut
+    # into runs by other phases (WGAN-GP's penalty, autograd.grad(create_graph=True), inferred
+    # without markers: h5_wgan_gp's critic "gradients" were 10.6 MiB of the generator's sizes).
+    bwd = np.flatnonzero((ctx.run_phase == P["backward"]) & (ctx.run_step >= 0) & (ctx.run_step < n_steps))
+    r = np.searchsorted(ctx.run_first[bwd], ctx.alloc, "right") - 1  # the backward run at or before each
+    rc = np.maximum(r, 0)
+    in_run = (r >= 0) & (ctx.alloc <= ctx.run_last[bwd][rc]) if len(bwd) else np.zeros(len(ctx.alloc), bool)
+    idx = np.flatnonzero(in_run)
+    b1 = ctx.run_last[bwd][rc[idx]]
+    f = ctx.free[idx]
+    freed_in_bwd = (f < ctx.n) & (ctx.seg.labels[np.minimum(f, ctx.n - 1)] == P["backward"])
+    keep = (ctx.phase_at_alloc[idx] == P["backward"]) & (f > b1) & ~freed_in_bwd
+    idx = idx[keep]
+    step = ctx.run_step[bwd][rc[idx]]
+    if len(idx):
+        keep = ~ctx.memo("loss_seeds", lambda: loss_seeds(ctx.trace))[ctx.alloc[idx]]
+        # The autograd thread's cuBLAS workspace, made in the first backward and kept, is no gradient
+        # even where it has a weight's size (h15_gradcache_contrastive: 32 MiB, the embedding's).
+        keep &= ~ctx.made_by_workspace_getter(ctx.alloc[idx])
+        idx, step = idx[keep], step[keep]
+    order = np.argsort(step, kind="stable")  # runs are in event order: within a step, so are its allocations
+    idx, step = idx[order].astype(np.int64), step[order]
+    bounds = np.searchsorted(step, np.arange(n_steps + 1))
+    if len(ctx.param_sizes) and len(idx):
+        sizes = ctx.memo("gradient_sizes", lambda: np.union1d(ctx.param_sizes, _released_sizes(ctx)))
+        ok = in_sorted(ctx.size[idx], sizes)
+        # Far more of what backward made and kept being of no weight's size says the few that are
+        # match by chance: per-sample gradients (vmap(grad), batch x each parameter) are no
+        # gradients, and the one whose size a pre-existing block happens to have is none either
+        # (h9_per_sample_dpsgd: 3 MiB "gradients" of 1.78 GiB per-sample ones).
+        stray = ~ok & (ctx.free[idx] < ctx.n)
+        size = ctx.size[idx].astype(np.int64)
+        # per-step sums as differences of running sums at the steps' bounds (np.add.at: 0.25 s at 10M)
+        stray_bytes = np.diff(np.concatenate([[0], np.cumsum(np.where(stray, size, 0))])[bounds])
+        ok_bytes = np.diff(np.concatenate([[0], np.cumsum(np.where(ok, size, 0))])[bounds])
+        ok &= ~np.repeat(stray_bytes > STRAY_RATIO * ok_bytes, np.diff(bounds))
+        idx, step = idx[ok], step[ok]
+        bounds = np.searchsorted(step, np.arange(n_steps + 1))
+    return idx, bounds
 
 
 def update_gradients(ctx: Context, step: int) -> np.ndarray:

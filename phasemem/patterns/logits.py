@@ -59,9 +59,7 @@ def microbatches(ctx: Context, step: int) -> list[tuple[int, int, tuple[int, int
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out: list[Pattern] = []
     for first, last, bwd in microbatches(ctx, step):
-        idx = ctx.allocs_between(first, last)
-        pa = ctx.phase_at_alloc[idx]
-        idx = idx[(pa == P["forward"]) | (pa == P["loss"])]  # np.isin costs 10x this, once per step
+        idx = _forward_or_loss(ctx, first, last)
         if step == 0:
             # The first step's workspaces (made by the first matmul, never freed) are no tensors; they
             # come early. Logits a script still holds at the end are late (magma27_cs336 keeps them).
@@ -99,11 +97,21 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
+def _forward_or_loss(ctx: Context, first: int, last: int) -> np.ndarray:
+    """Indices (into the alloc arrays) of the allocations made at events first..last in forward or the loss."""
+    idx = ctx.allocs_between(first, last)
+    pa = ctx.phase_at_alloc[idx]
+    return idx[(pa == P["forward"]) | (pa == P["loss"])]  # np.isin costs 10x this, once per step
+
+
 def _backward_opening(ctx: Context, bwd) -> np.ndarray:
     """Sizes of backward's first LOSS_GRAD_WITHIN allocations above TINY bytes: where the loss's
-    gradient of the logits is."""
-    idx = ctx.allocs_between(bwd[0], bwd[1])
-    return ctx.size[idx[ctx.size[idx] > TINY][:LOSS_GRAD_WITHIN]]
+    gradient of the logits is. Read twice per backward run (consumed_by_loss, _consumed), so kept."""
+    def compute():
+        sizes = ctx.size[ctx.allocs_between(bwd[0], bwd[1])]
+        return sizes[sizes > TINY][:LOSS_GRAD_WITHIN]
+
+    return ctx.memo(("backward_opening", int(bwd[0]), int(bwd[1])), compute)
 
 
 def consumed_by_loss(ctx: Context, bwd, vocab_bytes: float) -> bool:
@@ -207,7 +215,7 @@ def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd, noun: str) -> Patter
     height = int(ctx.level[p] - ctx.timeline.active_after[end])
     if height <= 0:
         return None
-    r = int(np.searchsorted(ctx.run_first, p, "right")) - 1  # the phase run the spike's top is in
+    r = int(ctx.run_first.searchsorted(p, "right")) - 1  # the phase run the spike's top is in
     sets = int(ctx.level[p]) >= int(ctx.level[ctx.run_first[r]:ctx.run_last[r] + 1].max())
     sets_text = " It sets the peak of the phase it is in." if sets else ""
     return Pattern(
@@ -260,5 +268,5 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: 
                f"Everything {noun} is gone after this, so the rest of backward runs far lower.")
         ),
         details={"spike_bytes": spike, "cliff_bytes": cliff},
-        members=tuple(np.union1d(alive, grads).tolist()),
+        members=tuple(sorted(set(alive.tolist()) | set(grads.tolist()))),  # np.union1d's, for a handful
     )

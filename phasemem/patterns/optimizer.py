@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..facts import Context, gradient_allocs, update_gradients
+from ..facts import Context, gradients_by_step, update_gradients
 from ..infer.frames import inside_file
 from ..model import Pattern
 from ..vocab import P
@@ -21,11 +21,14 @@ _DIVIDING = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop", 
 
 def optimizer_class(ctx: Context) -> str | None:
     """The optimizer's class, from PyTorch's own ``Optimizer.step#<Class>.step`` annotation."""
-    for name in ctx.trace.markers.name:
-        m = _CLASS.match(name)
-        if m:
-            return m.group(1)
-    return None
+    def compute() -> str | None:
+        for name in ctx.trace.markers.name:
+            m = _CLASS.match(name)
+            if m:
+                return m.group(1)
+        return None
+
+    return ctx.memo("optimizer_class", compute)  # asked once per step
 
 
 #: State that replaces freed blocks of its own sizes (an optimizer that rebinds ``state["m"] = ...``
@@ -39,9 +42,8 @@ def state_sizes(ctx: Context) -> np.ndarray:
     """Sizes optimizer state can have: the parameters' (blocks alive from before recording to the
     end) and the gradients' (Adam keeps two of each, momentum SGD one)."""
     def compute():
-        grads = [gradient_allocs(ctx, k) for k in range(len(ctx.seg.steps))]
-        sizes = [ctx.size[g] for g in grads if len(g)]
-        return np.union1d(ctx.param_sizes, np.concatenate(sizes) if sizes else np.zeros(0, np.int64))
+        idx = gradients_by_step(ctx)[0]  # every step's gradients
+        return np.union1d(ctx.param_sizes, ctx.size[idx] if len(idx) else np.zeros(0, np.int64))
 
     return ctx.memo("state_sizes", compute)
 
@@ -134,8 +136,12 @@ def _new_parameters(ctx: Context, step: int) -> bool:
     def compute() -> set:
         # each step's set of gradient sizes, from the first optimizer step on: the first step with it
         first_with: dict = {}
+        idx, bounds = gradients_by_step(ctx)
+        # every step's sizes sorted at once: by step (their order in idx), then size
+        step = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+        sizes = ctx.size[idx][np.lexsort((ctx.size[idx], step))].tolist()
         for s in range(max(first_optimizer_step(ctx), 0), len(ctx.seg.steps)):
-            sig = tuple(np.sort(ctx.size[gradient_allocs(ctx, s)]).tolist())
+            sig = tuple(sizes[bounds[s]:bounds[s + 1]])
             if sig:
                 first_with.setdefault(sig, s)
         return set(first_with.values())

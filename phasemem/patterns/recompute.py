@@ -72,20 +72,45 @@ def _kgrams(sizes: np.ndarray, k: int) -> np.ndarray:
     return h
 
 
+def _kgrams_of(ctx: Context, idx: np.ndarray, step_grams) -> np.ndarray:
+    """_kgrams of the sizes of allocations ``idx``: a slice of the step's k-grams (``step_grams``:
+    first allocation, hashes; made once per step) where they are consecutive allocations inside it,
+    as a backward run's are."""
+    lo, grams = step_grams
+    i0 = int(idx[0]) - lo
+    if int(idx[-1]) - int(idx[0]) != len(idx) - 1 or i0 < 0 or i0 + len(idx) - K + 1 > len(grams):
+        return _kgrams(ctx.size[idx], K)  # not one stretch (forward runs split by other phases)
+    return grams[i0:i0 + len(idx) - K + 1]
+
+
 def _runs(mask: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
-    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
-    starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    join = np.flatnonzero(starts[1:] - stops[:-1] <= gap)
-    return np.delete(starts, join + 1), np.delete(stops, join)
+    padded = np.zeros(len(mask) + 2, np.int8)
+    padded[1:-1] = mask
+    edges = np.flatnonzero(padded[1:] != padded[:-1])  # start, stop, start, stop...
+    starts, stops = edges[0::2], edges[1::2]
+    if len(starts) < 2:
+        return starts, stops
+    apart = starts[1:] - stops[:-1] > gap  # runs closer than gap are joined (masks: np.delete's cost, 8,000 calls at 10M)
+    return starts[np.concatenate([[True], apart])], stops[np.concatenate([apart, [True]])]
 
 
-def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int) -> list[tuple[int, int]]:
+def _median(x: np.ndarray) -> float:
+    """np.median of a few numbers (its overhead was ~40 us a call, twice per backward run at 10M events)."""
+    if len(x) == 0:
+        return float(np.median(x))
+    s = np.sort(x)
+    k = len(s) // 2
+    return float(s[k]) if len(s) % 2 else (float(s[k - 1]) + float(s[k])) / 2
+
+
+def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int,
+               step_grams=(0, np.zeros(0, np.uint64))) -> list[tuple[int, int]]:
     """The runs of backward allocations (positions in ``bwd``, made in the backward run b0..b1) whose
     sizes repeat, K at a time, forward allocations that forward had mostly discarded (DISCARDED) before
     backward began, and which backward mostly frees before b1 (FREED_IN_BACKWARD)."""
     if len(fwd) < K or len(bwd) < K:
         return []
-    hf, hb = _kgrams(ctx.size[fwd], K), _kgrams(ctx.size[bwd], K)
+    hf, hb = _kgrams_of(ctx, fwd, step_grams), _kgrams_of(ctx, bwd, step_grams)
     order = np.argsort(hf, kind="stable")
     pos = np.minimum(np.searchsorted(hf[order], hb), len(hf) - 1)
     hit = hf[order][pos] == hb
@@ -124,11 +149,15 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
     fwd_runs = ctx.runs_of(step, "forward")
     bwd_runs = ctx.runs_of(step, "backward")
+    if bwd_runs:  # the step's k-grams hashed once, sliced per run (not kept: 8 bytes an allocation)
+        lo = int(ctx.alloc.searchsorted(min(r[0] for r in fwd_runs + bwd_runs)))
+        hi = int(ctx.alloc.searchsorted(max(r[1] for r in fwd_runs + bwd_runs) + 1))
+        step_grams = (lo, _kgrams(ctx.size[lo:hi], K))
     for b0, b1 in bwd_runs:
         fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
         fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
         bwd = ctx.allocs_between(b0, b1)
-        good = _size_runs(ctx, fwd, bwd, b0, b1)
+        good = _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
         if len(good) < MIN_RUNS:
             # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
             # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
@@ -182,7 +211,7 @@ def _span(ctx: Context, bwd: np.ndarray, starts, stops, b1: int) -> tuple[int, i
     first run's first allocation to the last run's last free inside the backward run (or its last
     allocation, if later)."""
     csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
-    per_run = int(np.median(csize[np.asarray(stops)] - csize[np.asarray(starts)]))
+    per_run = int(_median(csize[np.asarray(stops)] - csize[np.asarray(starts)]))
     first = int(ctx.alloc[bwd[starts[0]]])
     last = int(min(ctx.free[bwd[starts[-1]:stops[-1]]].max(), b1))
     return first, max(last, int(ctx.alloc[bwd[stops[-1] - 1]])), per_run
@@ -210,10 +239,25 @@ def _checkpoint_runs(ctx: Context, bwd: np.ndarray):
     and the runs among them that checkpoint's recompute made (infer.frames.checkpoint_recomputes). The
     autograd thread's cuBLAS workspace is made by the first matmul it runs, a recompute's if that comes
     first, and kept for good (h15_chunked_ce): no activation, and no break between two blocks."""
+    if not len(bwd) or _checkpoint_allocs(ctx, bwd) == 0:
+        return bwd[:0], np.zeros(0, np.int64), np.zeros(0, np.int64)  # most runs: no checkpoint frame at all
     bwd = bwd[~ctx.made_by_workspace_getter(ctx.alloc[bwd])]
     ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]
     starts, stops = _runs(ck, 0)
     return bwd, starts, stops
+
+
+def _checkpoint_allocs(ctx: Context, bwd: np.ndarray) -> int:
+    """How many of the consecutive allocations ``bwd`` checkpoint's recompute made, workspaces aside
+    (what _checkpoint_runs would find runs in), by two searches in the trace's list of them."""
+    def compute():  # their positions, sorted: none in a trace without checkpointing
+        ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc]]
+        return np.flatnonzero(ck & ~ctx.made_by_workspace_getter(ctx.alloc))
+
+    if int(bwd[-1]) - int(bwd[0]) != len(bwd) - 1:
+        return len(bwd)  # not one stretch: count nothing, _checkpoint_runs reads them one by one
+    at = ctx.memo("checkpoint_allocs", compute)
+    return int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0])))
 
 
 def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
@@ -250,5 +294,5 @@ def _recompute_calls(ctx: Context, bwd: np.ndarray):
     if not len(starts):
         return None
     csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
-    return len(starts), int(np.median(csize[stops] - csize[starts]))
+    return len(starts), int(_median(csize[stops] - csize[starts]))
 
