@@ -231,3 +231,19 @@ def test_checkpointing_is_still_told_and_says_from_what(rel, blocks):
     assert len(framed) == 3 and len(bare) == 3  # one per step
     assert all(p.details["evidence"] == "frames" and p.details["count"] == blocks for p in framed)
     assert all(p.details["evidence"] == "sizes" and p.confidence < min(q.confidence for q in framed) for p in bare)
+
+
+def test_checkpointing_inside_a_compiled_backward_is_told_by_replayed_random_ops():
+    """heldout_gpt_compile_ckpt checkpoints each of its blocks inside torch.compile: no checkpoint frame,
+    and the recompute's sizes never repeat K in a row, but each block's random ops are replayed in
+    backward with the saved RNG state (torch/_prims/rng_prims.py): one region per checkpointed block
+    (the meta's layers), in every step, marked or handed over. Counted here from the raw frames."""
+    snap = _fixture("heldout/heldout_gpt_compile_ckpt.pkl.xz")
+    layers = snap["phasemem"]["meta"]["layers"]
+    replayed = [e for e in snap["device_traces"][0] if e["action"] == "alloc"
+                and any(f["filename"].endswith("torch/_prims/rng_prims.py") for f in e["frames"])]
+    assert replayed  # made in forward (saving the state) and again in backward (replaying it)
+    for how, s in (("marked", copy.deepcopy(snap)), ("handed over", _plain(snap, frames=True))):
+        found = phasemem.analyze(s).patterns_of("checkpoint_recompute")
+        assert [p.step for p in found] == [0, 1, 2], how
+        assert all(p.details["count"] == layers and p.details["evidence"] == "rng_replay" for p in found), how

@@ -240,6 +240,20 @@ def checkpoint_recomputes(trace: Trace) -> np.ndarray:
     return per_stack(trace, recompute)
 
 
+#: torch.compile's replay of a random op with the forward's saved RNG state (``run_with_rng_state``)
+#: and its saving (``run_and_save_rng_state``) run through this file; both show the same frames, so
+#: only the phase tells them apart (fixtures/fsdp2: 5 blocks per checkpointed block, forward and backward).
+RNG_REPLAY_FILE = "torch/_prims/rng_prims.py"
+
+
+def rng_replays(trace: Trace) -> np.ndarray:
+    """Per stack id (``per_stack``): does the stack run through torch.compile's RNG-state wrapper
+    (RNG_REPLAY_FILE)? Inside backward, such a block is a forward's random op computed again with the
+    state the forward saved: the recompute of a checkpointed region inside a compiled backward, whose
+    other ops carry no frame that says so."""
+    return per_stack(trace, lambda fr: any(fn.replace("\\", "/").endswith(RNG_REPLAY_FILE) for fn, _, _ in fr))
+
+
 def other_python(trace: Trace) -> np.ndarray:
     """Per stack id (``per_stack``): was the event made by Python code that is not checkpoint's (no frame
     in torch/utils/checkpoint.py) and not a compiled graph's (COMPILED_FILES: which op made a block is not

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
-from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks, other_python
+from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks, other_python, rng_replays
 from ..model import Pattern
 from ..units import format_bytes
 
@@ -161,7 +161,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         if len(good) < MIN_RUNS:
             # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
             # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
-            framed = _from_frames(ctx, step, bwd, b1)
+            framed = _from_frames(ctx, step, bwd, b1) or _from_rng_replays(ctx, step, bwd, b1)
             if framed is not None:
                 out.append(framed)
             continue
@@ -281,6 +281,40 @@ def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern |
         np.concatenate([bwd[a:b] for a, b in zip(starts, stops)]),
         {"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True, "evidence": "frames",
          "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in zip(starts, stops)]})
+
+
+#: Confidence of the ripples told by compiled RNG replays alone: the replays prove that forward ops run
+#: again inside backward; that a checkpoint (not the partitioner's own choice) asked for it is inferred.
+RNG_REPLAY_CONFIDENCE = 0.9
+
+
+def _from_rng_replays(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
+    """The ripples of a checkpointed region recomputed inside a compiled backward (no checkpoint frame:
+    torch.compile ignores them), told by the forward's random ops replayed with their saved RNG state
+    (infer.frames.rng_replays): at least MIN_RUNS separate runs of such blocks in one backward run
+    (fixtures/fsdp2: 6 runs of 5, one per checkpointed block, the attention's output and logsumexp)."""
+    if not len(bwd):
+        return None
+    mask = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]
+    if not mask.any():
+        return None
+    starts, stops = _runs(mask, 0)
+    if len(starts) < MIN_RUNS:
+        return None
+    first, last, per_block = _span(ctx, bwd, starts, stops, b1)
+    count = len(starts)
+    return _ripples(
+        ctx, step, first, last, per_block,
+        f"The forward runs again inside the compiled backward: torch.compile replays the forward's random ops "
+        f"with the RNG state the forward saved (torch/_prims/rng_prims.py), {count} times here — activation "
+        f"checkpointing under torch.compile, each checkpointed region recomputed inside the backward graph. Only "
+        f"those ops' blocks are told apart, about {format_bytes(per_block)} per region; the rest of each "
+        f"recompute is fused in the graph and carries no frame that says so. This trades compute for memory; "
+        f"checkpoint fewer blocks if memory allows, to run faster.",
+        np.concatenate([bwd[a:b] for a, b in zip(starts, stops)]),
+        {"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True, "evidence": "rng_replay",
+         "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in zip(starts, stops)]},
+        confidence=RNG_REPLAY_CONFIDENCE)
 
 
 def _recompute_calls(ctx: Context, bwd: np.ndarray):
