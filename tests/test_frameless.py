@@ -199,3 +199,26 @@ def test_the_anchored_optimizer_starts_at_its_first_parameter_sized_block():
     said = seg.labels == P["optimizer"]
     assert np.mean(truth[said] == P["optimizer"]) > 0.95
     assert _share(truth, seg.labels, "optimizer") > 0.95
+
+
+def test_gradients_overrule_passes_whose_tops_fell_in_backward():
+    """A weight-normed tiny model: backward's temporaries outweigh the forward's activations, so the
+    first pass's top fell in the next step's backward (0.45 of what was called forward was forward). The
+    gradients' sets explain 1.18 times as many saved activations and replace the passes
+    (lifetimes.EXPLAINS)."""
+    truth, steps, _, seg = _read("heldout8/h8_weight_norm")
+    assert len(seg.steps) == steps == 3
+    said = seg.labels == P["forward"]
+    assert np.mean(truth[said] == P["forward"]) > 0.7
+    assert _share(truth, seg.labels, "forward") > 0.95 and _share(truth, seg.labels, "optimizer") > 0.9
+
+
+def test_gradients_overruling_passes_with_other_steps_is_doubted():
+    """PPO's epochs: passes read 7 steps of 16; the gradients' sets, one per update, count 16 and
+    replace them (lifetimes.EXPLAINS). The two readings disagree on what a step is, so the phases stay
+    doubted (lifetimes.anchored_over_passes)."""
+    truth, steps, _, seg = _read("heldout6/h6_ppo")
+    assert len(seg.steps) == steps == 16
+    said = seg.labels == P["forward"]
+    assert np.mean(truth[said] == P["forward"]) > 0.8
+    assert seg.doubts and seg.confidence["optimizer"] < 0.5

@@ -92,7 +92,8 @@ def find_doubts(trace: Trace, timeline, labels: np.ndarray, steps: list) -> list
     for a, b in whole[1:]:
         _, _, code, _ = runs(labels[a:b], np.zeros(b - a, np.int32))
         bwd_runs.add(int((code == P["backward"]).sum()))
-    if len(orders) > 1 or len(bwd_runs) > 1:
+    # ... or the gradients' sets overruled passes read as training and counted other steps (h6_ppo)
+    if len(orders) > 1 or len(bwd_runs) > 1 or (timeline is not None and infer.lifetimes.anchored_over_passes(trace, timeline)):
         out.append("the steps found do not follow one order of phases")
     return out
 
