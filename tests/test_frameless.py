@@ -222,3 +222,14 @@ def test_gradients_overruling_passes_with_other_steps_is_doubted():
     said = seg.labels == P["forward"]
     assert np.mean(truth[said] == P["forward"]) > 0.8
     assert seg.doubts and seg.confidence["optimizer"] < 0.5
+
+
+def test_an_update_that_goes_on_allocating_parameter_sized_blocks_is_no_pass():
+    """A hand-written Adam replacing its state out of place frees no burst after its first parameters;
+    its later updates, parameter-sized blocks only, made mountains read as forward-only passes (0.58 of
+    the events right). They continue the optimizer (lifetimes._update_goes_on)."""
+    truth, steps, _, seg = _read("heldout5/h5_vae_handadam")
+    assert len(seg.steps) == steps == 3
+    said = seg.labels == P["forward"]
+    assert np.mean(truth[said] == P["forward"]) > 0.95
+    assert _share(truth, seg.labels, "optimizer") > 0.95
