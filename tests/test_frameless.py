@@ -233,3 +233,15 @@ def test_an_update_that_goes_on_allocating_parameter_sized_blocks_is_no_pass():
     said = seg.labels == P["forward"]
     assert np.mean(truth[said] == P["forward"]) > 0.95
     assert _share(truth, seg.labels, "optimizer") > 0.95
+
+
+def test_a_backward_that_makes_its_gradients_after_its_last_saved_free():
+    """int8 LoRA: after the first step the adapters' gradients are made once every saved activation is
+    freed, while two of backward's own blocks live on; the pass ended at the last saved free, made no
+    gradient and read forward-only (0.60 of the events right). Its backward goes on until its own
+    blocks are freed (lifetimes._backward_goes_on)."""
+    truth, steps, _, seg = _read("heldout16/h16_int8_lora")
+    assert len(seg.steps) == steps == 3
+    assert _share(truth, seg.labels, "backward") > 0.95
+    said = seg.labels == P["forward"]
+    assert np.mean(truth[said] == P["forward"]) > 0.95
