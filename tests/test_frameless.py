@@ -245,3 +245,13 @@ def test_a_backward_that_makes_its_gradients_after_its_last_saved_free():
     assert _share(truth, seg.labels, "backward") > 0.95
     said = seg.labels == P["forward"]
     assert np.mean(truth[said] == P["forward"]) > 0.95
+
+
+def test_no_optimizer_before_the_first_pass_of_an_inference_trace():
+    """An inference loop that offloads its layers frees each layer's weights in bursts before the first
+    pass; read as a wrapped ring buffer's last optimizer, 564 events of forward were called optimizer
+    (and doubted). An optimizer before the first pass only where some pass trains (lifetimes._label_passes)."""
+    truth, _, _, seg = _read("heldout13/h13_layer_offload_infer")
+    assert len(seg.steps) == 1  # inference: nothing tells which forward calls make one request
+    assert not (seg.labels == P["optimizer"]).any()
+    assert _share(truth, seg.labels, "forward") > 0.95

@@ -144,15 +144,8 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     ) or any(_updates_after(w, la, lf, f0, top, b1, nx) for (f0, top, b1), nx in zip(mts, nexts))
     starts = [0]
     lengths = []
-    # Burst frees of what the trace itself allocated: a foreach optimizer's temporaries (or
-    # gradients zero_grad frees); pre-existing blocks freed at the start say nothing of a step.
-    freed_in_burst = np.zeros(n, bool)
-    freed_in_burst[lf[w.burst[lf]]] = True
-    first = mts[0][0]
-    if freed_in_burst[:first].sum() >= BURST:
-        # The trace starts inside a step (the ring buffer wrapped): its optimizer ends that step.
-        labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
-        starts.append(first)
+    if trains and _wrapped_start(labels, w, lf, mts[0][0]):
+        starts.append(mts[0][0])
     # Where some pass is plainly a training pass, a pass that saves fewer activations is one too if it
     # makes gradients: the second micro-batch of a checkpointed model (heldout3_neox_hfckpt_accum2).
     plain = trains and any(has_backward(la, lf, f0, top) and makes_gradients(trace, w.allocs, w.params, top, b1)
@@ -331,3 +324,17 @@ def _backward_goes_on(w: _Work, top: int, b1: int, nxt: int) -> int:
         return b1
     end = int(fr[own].max())
     return end if makes_gradients(w.trace, w.allocs, w.params, top, end) else b1
+
+
+def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> bool:
+    """Whether a training trace starts inside a step (the ring buffer wrapped): BURST or more burst
+    frees, before the first pass, of blocks the trace itself allocated (pre-existing ones freed at the
+    start say nothing of a step) are its optimizer, which ends that step; labelled so. Only in a trace
+    that trains: an inference loop offloading its layers frees their weights in bursts
+    (h13_layer_offload_infer: 564 events of forward read as optimizer)."""
+    freed_in_burst = np.zeros(len(labels), bool)
+    freed_in_burst[lf[w.burst[lf]]] = True
+    if freed_in_burst[:first].sum() < BURST:
+        return False
+    labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
+    return True
