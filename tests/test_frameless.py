@@ -213,3 +213,59 @@ def test_the_anchored_optimizer_starts_at_its_first_parameter_sized_block():
     said = seg.labels == P["optimizer"]
     assert np.mean(truth[said] == P["optimizer"]) > 0.95
     assert _share(truth, seg.labels, "optimizer") > 0.95
+
+
+def test_gradients_overrule_passes_whose_tops_fell_in_backward():
+    """A weight-normed tiny model: backward's temporaries outweigh the forward's activations, so the
+    first pass's top fell in the next step's backward (0.45 of what was called forward was forward). The
+    gradients' sets explain 1.18 times as many saved activations and replace the passes
+    (lifetimes.EXPLAINS)."""
+    truth, steps, _, seg = _read("heldout8/h8_weight_norm")
+    assert len(seg.steps) == steps == 3
+    said = seg.labels == P["forward"]
+    assert np.mean(truth[said] == P["forward"]) > 0.7
+    assert _share(truth, seg.labels, "forward") > 0.95 and _share(truth, seg.labels, "optimizer") > 0.9
+
+
+def test_gradients_overruling_passes_with_other_steps_is_doubted():
+    """PPO's epochs: passes read 7 steps of 16; the gradients' sets, one per update, count 16 and
+    replace them (lifetimes.EXPLAINS). The two readings disagree on what a step is, so the phases stay
+    doubted (lifetimes.anchored_over_passes)."""
+    truth, steps, _, seg = _read("heldout6/h6_ppo")
+    assert len(seg.steps) == steps == 16
+    said = seg.labels == P["forward"]
+    assert np.mean(truth[said] == P["forward"]) > 0.8
+    assert seg.doubts and seg.confidence["optimizer"] < 0.5
+
+
+def test_an_update_that_goes_on_allocating_parameter_sized_blocks_is_no_pass():
+    """A hand-written Adam replacing its state out of place frees no burst after its first parameters;
+    its later updates, parameter-sized blocks only, made mountains read as forward-only passes (0.58 of
+    the events right). They continue the optimizer (lifetimes._update_goes_on)."""
+    truth, steps, _, seg = _read("heldout5/h5_vae_handadam")
+    assert len(seg.steps) == steps == 3
+    said = seg.labels == P["forward"]
+    assert np.mean(truth[said] == P["forward"]) > 0.95
+    assert _share(truth, seg.labels, "optimizer") > 0.95
+
+
+def test_a_backward_that_makes_its_gradients_after_its_last_saved_free():
+    """int8 LoRA: after the first step the adapters' gradients are made once every saved activation is
+    freed, while two of backward's own blocks live on; the pass ended at the last saved free, made no
+    gradient and read forward-only (0.60 of the events right). Its backward goes on until its own
+    blocks are freed (lifetimes._backward_goes_on)."""
+    truth, steps, _, seg = _read("heldout16/h16_int8_lora")
+    assert len(seg.steps) == steps == 3
+    assert _share(truth, seg.labels, "backward") > 0.95
+    said = seg.labels == P["forward"]
+    assert np.mean(truth[said] == P["forward"]) > 0.95
+
+
+def test_no_optimizer_before_the_first_pass_of_an_inference_trace():
+    """An inference loop that offloads its layers frees each layer's weights in bursts before the first
+    pass; read as a wrapped ring buffer's last optimizer, 564 events of forward were called optimizer
+    (and doubted). An optimizer before the first pass only where some pass trains (lifetimes._label_passes)."""
+    truth, _, _, seg = _read("heldout13/h13_layer_offload_infer")
+    assert len(seg.steps) == 1  # inference: nothing tells which forward calls make one request
+    assert not (seg.labels == P["optimizer"]).any()
+    assert _share(truth, seg.labels, "forward") > 0.95

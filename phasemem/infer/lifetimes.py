@@ -23,6 +23,21 @@ from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passe
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
     """Phase codes per event and step starts (event indices) from lifetimes alone."""
+    labels, starts, anchored, _ = _read(trace, tl)
+    return anchored[:2] if anchored is not None else (labels, starts)
+
+
+def anchored_over_passes(trace: Trace, tl: Timeline) -> bool:
+    """Whether the gradients' anchored reading replaced passes that read as training, with a different
+    number of steps: the passes held more or fewer backward runs a step than the gradients' sets (h6_ppo's
+    epochs: 7 steps read, 16 anchored), so what a step is, is a guess."""
+    _, starts, anchored, overruled = _read(trace, tl)
+    return overruled and len(anchored[1]) != len(starts)
+
+
+def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | None, bool]:
+    """The passes' labels and step starts, the gradients' anchored reading where it replaces them, and
+    whether it overrules passes read as training (``EXPLAINS``)."""
     n_alloc = max(int((trace.action == A["alloc"]).sum()), 1)
     tries = []
     # Longest regular period first. A step holds its forward and backward: a period shorter than
@@ -46,9 +61,9 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
         # shows, but each backward's gradients anchor it; infer/anchored.py)
         anchored = anchored_passes(trace, tl) if graphed is not None else None
         if anchored is not None:
-            return anchored[:2]
+            return *graphed, anchored, False
         if graphed is not None:
-            return graphed
+            return *graphed, None, False
         period_events = tries[0]
     if period_events is None:
         # No regular period (batches of varying length): the tops' usual spacing stands in for
@@ -62,12 +77,32 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
     labels, starts = _label_passes(trace, tl, period_events)[:2]
     if not (labels == P["backward"]).any():
         # No pass reads as training: a tiny model's gradients may still anchor its backward runs
-        # (infer/anchored.py). Only then: where passes were read, the gradients' sets overrule them
-        # badly in MAML (its inner autograd.grad updates make sets of their own: 3 steps -> 120).
-        anchored = anchored_passes(trace, tl)
-        if anchored is not None:
-            return anchored[:2]
-    return labels, starts
+        # (infer/anchored.py).
+        return labels, starts, anchored_passes(trace, tl), False
+    # Where passes were read, the gradients' reading overrules them only where it explains far more
+    # of what was saved (EXPLAINS): MAML's inner autograd.grad updates make sets of their own.
+    anchored = anchored_passes(trace, tl)
+    if anchored is not None and _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, labels):
+        return labels, starts, anchored, True
+    return labels, starts, None, False
+
+
+#: Where passes were read, the gradients' anchored reading (infer/anchored.py) replaces them only if
+#: it explains this many times as many saved activations (blocks its forward or loss makes and its
+#: backward frees): then the mountains' tops fell inside backward or the optimizer. h8_weight_norm 1.18
+#: (0.68 -> 0.88), h6_ppo 5.0 (7 -> 16 steps, of 16); of the other 70 traces with both readings none is
+#: above 1.08 (h5_vae_handadam, which would gain, and h10_reentrant_ckpt, which would lose), the
+#: passes read well 0.2-1.07, MAML (its inner autograd.grad updates make sets of their own) 0.15.
+EXPLAINS = 1.15
+
+
+def _saved_explained(trace: Trace, tl: Timeline, labels: np.ndarray) -> int:
+    """Blocks made in a forward (or its loss) and freed in a backward, under ``labels``."""
+    n = len(trace)
+    allocs = np.flatnonzero(trace.action == A["alloc"])
+    fo = tl.freed_at[allocs]
+    made, freed = allocs[fo < n], fo[fo < n]
+    return int((np.isin(labels[made], [P["forward"], P["loss"]]) & (labels[freed] == P["backward"])).sum())
 
 
 #: Activations a pass must save to be a training pass where another pass of the trace plainly is one
@@ -109,15 +144,8 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     ) or any(_updates_after(w, la, lf, f0, top, b1, nx) for (f0, top, b1), nx in zip(mts, nexts))
     starts = [0]
     lengths = []
-    # Burst frees of what the trace itself allocated: a foreach optimizer's temporaries (or
-    # gradients zero_grad frees); pre-existing blocks freed at the start say nothing of a step.
-    freed_in_burst = np.zeros(n, bool)
-    freed_in_burst[lf[w.burst[lf]]] = True
-    first = mts[0][0]
-    if freed_in_burst[:first].sum() >= BURST:
-        # The trace starts inside a step (the ring buffer wrapped): its optimizer ends that step.
-        labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
-        starts.append(first)
+    if trains and _wrapped_start(labels, w, lf, mts[0][0]):
+        starts.append(mts[0][0])
     # Where some pass is plainly a training pass, a pass that saves fewer activations is one too if it
     # makes gradients: the second micro-batch of a checkpointed model (heldout3_neox_hfckpt_accum2).
     plain = trains and any(has_backward(la, lf, f0, top) and makes_gradients(trace, w.allocs, w.params, top, b1)
@@ -130,6 +158,8 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         if prev_end >= 0 and (period_events is None or f0 - starts[-1] >= MICROBATCH_SHARE * period_events
                               or w.burst[prev_end + 1:f0].sum() >= BURST):
             starts.append(f0)
+        if trains and not makes_gradients(trace, w.allocs, w.params, top, b1):
+            b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
         if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
             _label_forward_only(labels, w, f0, b1, nxt)
@@ -229,6 +259,11 @@ def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int
     parameter-sized temporaries and frees them in bursts, as a foreach optimizer does after a
     backward the trace cannot see (a CUDA-graphed model's replay makes no events)."""
     n = len(w.trace)
+    if f0 and labels[f0 - 1] == P["optimizer"]:
+        end = _update_goes_on(w, f0 - 1, nxt)
+        if end >= f0:  # no pass: the update, going on
+            labels[f0:end + 1] = P["optimizer"]
+            return
     made = w.allocs_in(b1, nxt)
     temps = made[w.burst[np.minimum(w.free_of[made], n - 1)] & (w.free_of[made] < nxt)]
     labels[f0:nxt] = P["forward"]
@@ -255,3 +290,51 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
     labels[start:end + 1] = P["optimizer"]
     if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
         labels[end + 1:nxt] = P["forward"]
+
+
+def _update_goes_on(w: _Work, end: int, nxt: int) -> int:
+    """Where the optimizer ended (at ``end``) but goes on allocating parameter-sized blocks only (at
+    least MIN_UPDATE_BLOCKS of them before any other size), the last event of that run; else ``end``.
+    A hand-written Adam replacing its state out of place makes mountains of its own after its first
+    parameters' updates, read as forward-only passes (h5_vae_handadam: 0.58 of its events right). An
+    evaluation forward's first blocks are activations, of other sizes."""
+    tail = w.allocs_in(end, nxt)
+    if not len(tail) or not len(w.params):
+        return end
+    other = np.flatnonzero(~np.isin(w.trace.size[tail], w.params))
+    k = int(other[0]) if len(other) else len(tail)
+    if k < MIN_UPDATE_BLOCKS:
+        return end
+    run = tail[:k]
+    stop = int(tail[k]) if k < len(tail) else nxt
+    fr = w.free_of[run][w.free_of[run] < stop]
+    return max(int(run.max()), int(fr.max()) if len(fr) else 0)
+
+
+def _backward_goes_on(w: _Work, top: int, b1: int, nxt: int) -> int:
+    """Where a pass's last saved activation is freed before its gradients are made, its backward goes
+    on until what it made of other sizes than the parameters' is freed, if that makes gradients:
+    h16_int8_lora's later steps make their LoRA gradients after every saved activation is freed,
+    while two of backward's own blocks live on (0.60 of its events right, 2 of 3 passes read
+    forward-only). Else ``b1``."""
+    made = w.allocs_in(top, b1 + 1)
+    fr = w.free_of[made]
+    own = (fr > b1) & (fr < nxt) & ~np.isin(w.trace.size[made], w.params)
+    if not own.any():
+        return b1
+    end = int(fr[own].max())
+    return end if makes_gradients(w.trace, w.allocs, w.params, top, end) else b1
+
+
+def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> bool:
+    """Whether a training trace starts inside a step (the ring buffer wrapped): BURST or more burst
+    frees, before the first pass, of blocks the trace itself allocated (pre-existing ones freed at the
+    start say nothing of a step) are its optimizer, which ends that step; labelled so. Only in a trace
+    that trains: an inference loop offloading its layers frees their weights in bursts
+    (h13_layer_offload_infer: 564 events of forward read as optimizer)."""
+    freed_in_burst = np.zeros(len(labels), bool)
+    freed_in_burst[lf[w.burst[lf]]] = True
+    if freed_in_burst[:first].sum() < BURST:
+        return False
+    labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
+    return True
