@@ -170,6 +170,13 @@ def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
     if len(trace) and not trace.time_us.any():
         notes.append("the trace has no event times (an older PyTorch); markers cannot be placed, "
                      "so phases were inferred")
+    notes += _step_notes(seg, steps)
+    return notes + _program_notes(trace, seg, steps)
+
+
+def _step_notes(seg: Segmentation, steps: list[Step]) -> list[str]:
+    """Notes on the steps themselves: partial, skipped updates, work after the last one."""
+    notes = []
     if any(not s.complete for s in steps):
         notes.append(PARTIAL_NOTE)
         last = steps[-1]
@@ -191,6 +198,13 @@ def _notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
         a = seg.steps[-1][1]
         notes.append(f"events {a}-{len(seg.labels) - 1}, after the last step, are forward passes with no backward that "
                      f"free what they allocate (an evaluation or inference): not a step, and not in the steps' table")
+    return notes
+
+
+def _program_notes(trace: Trace, seg: Segmentation, steps: list[Step]) -> list[str]:
+    """Notes on what the program did that a step table cannot show: caught OOMs, updates inside
+    backward, forward passes only."""
+    notes = []
     caught = _caught_ooms(trace)
     if caught:
         where = ", ".join(f"{e:,}" for e in caught[:5]) + (" …" if len(caught) > 5 else "")

@@ -21,6 +21,25 @@ __all__ = ["CATEGORIES", "C", "CategoryCurves", "classify"]  # the vocabulary li
 
 def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     """Category codes for the pre-existing allocations and for the trace's own, in Lifetimes order."""
+    pre_cat = _preexisting(ctx)
+    cat = _own(ctx)
+    # Gradient-sized blocks from before recording are optimizer state only if the optimizer did not
+    # make its state in the trace: where it did (at least STATE_MADE of the gradients' bytes), they
+    # are a copy of the weights the optimizer does not own (h5_gpt_varlen_ema's EMA weights).
+    state = pre_cat == C["optimizer_state"]
+    if state.any():
+        grads = int(_gradient_sizes(ctx).sum())
+        # State stays for good, made before the last step: what a misplaced optimizer phase keeps for
+        # a while, or the last step's gradients it holds to the end, is not it (heldout_embbag_adagrad
+        # without frames: 217 MB freed later, and the embedding's last 207 MB gradient).
+        made = (cat == C["optimizer_state"]) & (ctx.free >= ctx.n) & (ctx.step_at_alloc < len(ctx.seg.steps) - 1)
+        if grads and int(ctx.size[made].sum()) >= STATE_MADE * grads:
+            pre_cat[state] = C["other"]
+    return pre_cat, cat
+
+
+def _preexisting(ctx: Context) -> np.ndarray:
+    """Category codes of the blocks alive before the trace began, from their sizes and where they die."""
     life = ctx.timeline.lifetimes
     n = ctx.n
     pre = life.preexisting
@@ -35,7 +54,12 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     pre_cat[freed] = C["other"]
     pre_cat[freed & (fphase == P["zero_grad"])] = C["gradient"]
     pre_cat[freed & (fphase == P["backward"])] = C["activation"]
+    return pre_cat
 
+
+def _own(ctx: Context) -> np.ndarray:
+    """Category codes of the trace's own allocations, from the phase that made them and their lifetimes."""
+    n = ctx.n
     a, f = ctx.alloc, ctx.free
     pa = ctx.phase_at_alloc
     cat = np.full(len(a), C["other"], np.int8)
@@ -75,19 +99,7 @@ def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     cat[weight_moves(ctx.trace)[a]] = C["parameter"]
     # ... but never a math library's workspace, made by the first matmul wherever it runs
     cat[(cat == C["parameter"]) & ctx.made_by_workspace_getter(a)] = C["other"]
-    # Gradient-sized blocks from before recording are optimizer state only if the optimizer did not
-    # make its state in the trace: where it did (at least STATE_MADE of the gradients' bytes), they
-    # are a copy of the weights the optimizer does not own (h5_gpt_varlen_ema's EMA weights).
-    state = pre_cat == C["optimizer_state"]
-    if state.any():
-        grads = int(_gradient_sizes(ctx).sum())
-        # State stays for good, made before the last step: what a misplaced optimizer phase keeps for
-        # a while, or the last step's gradients it holds to the end, is not it (heldout_embbag_adagrad
-        # without frames: 217 MB freed later, and the embedding's last 207 MB gradient).
-        made = (cat == C["optimizer_state"]) & (f >= n) & (s_at < len(ctx.seg.steps) - 1)
-        if grads and int(ctx.size[made].sum()) >= STATE_MADE * grads:
-            pre_cat[state] = C["other"]
-    return pre_cat, cat
+    return cat
 
 
 def _batch(ctx: Context, other: np.ndarray, fwd_starts: np.ndarray) -> np.ndarray:
