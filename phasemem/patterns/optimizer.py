@@ -238,52 +238,58 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         temp = idx[ctx.free[idx] <= o1]
         temp = temp[~compiling[ctx.alloc[temp]]]
         if len(temp) >= 2:
-            delta = np.zeros(o1 - o0 + 2, dtype=np.int64)
-            np.add.at(delta, ctx.alloc[temp] - o0, ctx.size[temp])
-            np.add.at(delta, ctx.free[temp] - o0, -ctx.size[temp])
-            live = np.cumsum(delta)
-            p = o0 + int(np.argmax(live))
-            peak = int(live.max())
-            at_peak = temp[(ctx.alloc[temp] <= p) & (ctx.free[temp] > p)]
-            # The flagpole is the last sizeable temporary up there, not a scalar made after it.
-            at_peak = at_peak[ctx.size[at_peak] >= 0.1 * ctx.size[at_peak].max()] if len(at_peak) else temp[-1:]
-            pole = at_peak[np.argmax(ctx.alloc[at_peak])]
-            pole_bytes = int(ctx.size[pole])
-            mine = own_code(ctx)
-            if mine:
-                advice = (f" This optimizer is your own code ({mine.rsplit('/', 1)[-1]}); torch.optim's fused "
-                          f"implementations (e.g. AdamW(fused=True)) update in place and allocate no temporaries.")
-            elif cls in _FUSABLE:
-                advice = (" Pass fused=True to the optimizer: the fused kernel updates in place and allocates no "
-                          "temporaries.")
-            else:
-                advice = " A fused implementation, where one exists for this optimizer, avoids them."
-            first, last = int(ctx.alloc[temp].min()), int(ctx.free[temp].max())
-            pole_text = "for the division just before" if cls in _DIVIDING else "made just before"
-            # torch.optim's updates make per-parameter intermediates; one's own may make anything
-            # (h10_shampoo_subclass: eigh's workspaces and inverse roots of its preconditioners)
-            # the example is the class's own: SGD makes no sqrt (h11_resnet50_amp_cl: weight decay, Nesterov)
-            example = {"SGD": " (e.g. the gradient plus weight decay, Nesterov's look-ahead)"}.get(
-                cls or "", " (e.g. sqrt(exp_avg_sq))" if cls in _DIVIDING else "")
-            how = ("" if mine else
-                   f"a foreach update makes per-parameter intermediates for all parameters layer by layer{example}, "
-                   f"a for-loop update one parameter's at a time; ")
-            out.append(Pattern(
-                kind="optimizer_temporaries", step=step, phase="optimizer", start_event=first, end_event=last,
-                peak_event=p, bytes=peak,
-                explanation=(
-                    f"The update's temporaries, the 'temple with a flagpole': {how}"
-                    f"here up to {format_bytes(peak)} at once. The "
-                    f"flagpole on top ({format_bytes(pole_bytes)}) is the last temporary, {pole_text} the update "
-                    f"is applied.{advice}"
-                ),
-                details={"count": int(len(temp)), "flagpole_bytes": pole_bytes, "optimizer": cls,
-                         "own_code": mine},
-                members=tuple(temp.tolist()),
-            ))
+            out.append(_temporaries(ctx, step, temp, cls, o0, o1))
     if ctx.optimizer_in_backward(step):
         out = _one_update_per_step(out)
     return out
+
+
+def _temporaries(ctx: Context, step: int, temp: np.ndarray, cls: str | None, o0: int, o1: int) -> Pattern:
+    """The 'temple with a flagpole' of the optimizer run from event ``o0`` to ``o1``: its temporaries
+    ``temp`` (at least two)."""
+    delta = np.zeros(o1 - o0 + 2, dtype=np.int64)
+    np.add.at(delta, ctx.alloc[temp] - o0, ctx.size[temp])
+    np.add.at(delta, ctx.free[temp] - o0, -ctx.size[temp])
+    live = np.cumsum(delta)
+    p = o0 + int(np.argmax(live))
+    peak = int(live.max())
+    at_peak = temp[(ctx.alloc[temp] <= p) & (ctx.free[temp] > p)]
+    # The flagpole is the last sizeable temporary up there, not a scalar made after it.
+    at_peak = at_peak[ctx.size[at_peak] >= 0.1 * ctx.size[at_peak].max()] if len(at_peak) else temp[-1:]
+    pole = at_peak[np.argmax(ctx.alloc[at_peak])]
+    pole_bytes = int(ctx.size[pole])
+    mine = own_code(ctx)
+    if mine:
+        advice = (f" This optimizer is your own code ({mine.rsplit('/', 1)[-1]}); torch.optim's fused "
+                  f"implementations (e.g. AdamW(fused=True)) update in place and allocate no temporaries.")
+    elif cls in _FUSABLE:
+        advice = (" Pass fused=True to the optimizer: the fused kernel updates in place and allocates no "
+                  "temporaries.")
+    else:
+        advice = " A fused implementation, where one exists for this optimizer, avoids them."
+    first, last = int(ctx.alloc[temp].min()), int(ctx.free[temp].max())
+    pole_text = "for the division just before" if cls in _DIVIDING else "made just before"
+    # torch.optim's updates make per-parameter intermediates; one's own may make anything
+    # (h10_shampoo_subclass: eigh's workspaces and inverse roots of its preconditioners)
+    # the example is the class's own: SGD makes no sqrt (h11_resnet50_amp_cl: weight decay, Nesterov)
+    example = {"SGD": " (e.g. the gradient plus weight decay, Nesterov's look-ahead)"}.get(
+        cls or "", " (e.g. sqrt(exp_avg_sq))" if cls in _DIVIDING else "")
+    how = ("" if mine else
+           f"a foreach update makes per-parameter intermediates for all parameters layer by layer{example}, "
+           f"a for-loop update one parameter's at a time; ")
+    return Pattern(
+        kind="optimizer_temporaries", step=step, phase="optimizer", start_event=first, end_event=last,
+        peak_event=p, bytes=peak,
+        explanation=(
+            f"The update's temporaries, the 'temple with a flagpole': {how}"
+            f"here up to {format_bytes(peak)} at once. The "
+            f"flagpole on top ({format_bytes(pole_bytes)}) is the last temporary, {pole_text} the update "
+            f"is applied.{advice}"
+        ),
+        details={"count": int(len(temp)), "flagpole_bytes": pole_bytes, "optimizer": cls,
+                 "own_code": mine},
+        members=tuple(temp.tolist()),
+    )
 
 
 def _one_update_per_step(found: list[Pattern]) -> list[Pattern]:

@@ -135,6 +135,20 @@ class Stack:
         return self.drawn_top() + self.folded
 
 
+def _folded(keys: np.ndarray, size: np.ndarray, first: np.ndarray, stop: np.ndarray, S: int):
+    """(keys, bytes per key and column) of the allocations not drawn one by one, summed per key."""
+    folded_keys = np.unique(keys)
+    # One difference array per key: row r gains a folded allocation's size from its first column to
+    # its stop (the spare last column takes the stops at S).
+    # (bincount, not np.add.at, which is several times slower; byte sums stay exact below 2**53.)
+    F = len(folded_keys)
+    row = np.searchsorted(folded_keys, keys) * (S + 1)
+    w = size.astype(np.float64)
+    d = (np.bincount(row + first, weights=w, minlength=F * (S + 1))
+         - np.bincount(row + stop, weights=w, minlength=F * (S + 1)))
+    return folded_keys, np.cumsum(np.rint(d).astype(np.int64).reshape(F, S + 1), axis=1)[:, :S]
+
+
 def stack(life, cols: Columns, n: int, max_bands: int = 2000, base_key=None) -> Stack:
     """Stack ``Lifetimes`` over the sampled columns, the ``max_bands`` largest drawn one by one.
 
@@ -174,16 +188,7 @@ def stack(life, cols: Columns, n: int, max_bands: int = 2000, base_key=None) -> 
     rest[cand] = False
 
     keys = np.zeros(len(size), np.int64) if base_key is None else np.asarray(base_key, dtype=np.int64)
-    folded_keys = np.unique(keys[rest])
-    # One difference array per key: row r gains a folded allocation's size from its first column to
-    # its stop (the spare last column takes the stops at S).
-    # (bincount, not np.add.at, which is several times slower; byte sums stay exact below 2**53.)
-    F = len(folded_keys)
-    row = np.searchsorted(folded_keys, keys[rest]) * (S + 1)
-    w = size[rest].astype(np.float64)
-    d = (np.bincount(row + first[rest], weights=w, minlength=F * (S + 1))
-         - np.bincount(row + stop[rest], weights=w, minlength=F * (S + 1)))
-    folded_parts = np.cumsum(np.rint(d).astype(np.int64).reshape(F, S + 1), axis=1)[:, :S]
+    folded_keys, folded_parts = _folded(keys[rest], size[rest], first[rest], stop[rest], S)
     folded = folded_parts.sum(axis=0) if len(folded_keys) else np.zeros(S, np.int64)
 
     base_keys = np.unique(keys[constant])
