@@ -13,9 +13,6 @@ Example:
 """
 from __future__ import annotations
 
-import glob
-import os
-import re
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -25,6 +22,7 @@ from .breakdown import peak_breakdown, shape_at
 from .errors import PhasememError
 from .output import Written
 from .parallel import DDP_ROLES, FSDP2_ROLES, ROLE_NAMES, backward_ends, role_bytes, roles
+from .rank_files import rank_files, rank_of_name
 from .report import Report
 from .units import format_bytes
 from .vocab import CATEGORY_NAMES, PHASES
@@ -38,11 +36,6 @@ LANE_COLUMNS = 64
 MIN_EXCESS_SHARE = 0.01
 #: Per-rank columns in the text table up to this many ranks; past it only max, min and spread.
 TABLE_RANKS = 8
-SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.xz", ".pkl.xz", ".pickle.gz", ".pkl.gz", ".npz")
-#: In a folder, an out-of-memory dump beside the rank's recording (``oom_rank<r>.pickle.xz``, what the
-#: trainer callbacks write, phasemem/integrations) is another recording of that rank: left out.
-OOM_PREFIX = "oom_"
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
 
 
 @dataclass
@@ -366,41 +359,6 @@ def _parallel_line(s: RankSummary) -> str:
     return head + f"{told} (by {s.evidence}): " + ", ".join(parts)
 
 
-# ---- from files --------------------------------------------------------------------------------------
-
-def rank_files(sources) -> list[str]:
-    """The snapshot files of ``sources``: a folder (its snapshots), a glob, a file, or a list of them,
-    ordered by the rank number in their names.
-
-    Example:
-        >>> rank_files("mem/")
-        ['mem/rank0.pickle.xz', 'mem/rank1.pickle.xz']
-    """
-    items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    found: list[str] = []
-    for item in map(os.fspath, items):
-        if os.path.isdir(item):
-            inside = [os.path.join(item, f) for f in os.listdir(item)
-                      if f.lower().endswith(SNAPSHOT_SUFFIXES) and not f.startswith(OOM_PREFIX)]
-            if not inside:
-                raise PhasememError(f"{item}: no snapshot in this folder (files ending "
-                                    f"{', '.join(SNAPSHOT_SUFFIXES)}); run.save(folder) writes rank<r>.pickle.xz")
-            found += inside
-        elif os.path.exists(item):
-            found.append(item)
-        elif glob.has_magic(item) and glob.glob(item):
-            found += [f for f in glob.glob(item) if os.path.isfile(f)]
-        else:
-            raise PhasememError(f"{item}: no such file, folder or matching files; give the folder run.save wrote")
-    unique = list(dict.fromkeys(found))
-    return sorted(unique, key=lambda f: (_rank_of_name(f) is None, _rank_of_name(f) or 0, f))
-
-
-def _rank_of_name(path: str) -> int | None:
-    m = _RANK_IN_NAME.search(os.path.basename(path))
-    return int(m.group(1)) if m else None
-
-
 def each_rank(paths: list[str], **analyze_options):
     """``(path, report, summary)`` per file, one at a time (a report holds its whole trace: only its
     summary is kept). ``analyze_options`` go to ``phasemem.analyze``.
@@ -411,7 +369,7 @@ def each_rank(paths: list[str], **analyze_options):
     for path in paths:
         report = analyze(path, **analyze_options)
         meta = report.trace.meta if report.trace is not None else {}
-        yield path, report, summarize(report, name=path, rank=meta.get("rank", _rank_of_name(path)))
+        yield path, report, summarize(report, name=path, rank=meta.get("rank", rank_of_name(path)))
 
 
 def analyze_ranks(sources, **analyze_options) -> RunReport:
