@@ -267,20 +267,12 @@ def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern |
     if not len(bwd):
         return None
     bwd, starts, stops = _checkpoint_runs(ctx, bwd)
-    if len(starts) < MIN_RUNS:
-        return None
-    first, last, per_block = _span(ctx, bwd, starts, stops, b1)
-    count = len(starts)
-    return _ripples(
-        ctx, step, first, last, per_block,
+    return _told_runs(ctx, step, bwd, starts, stops, b1, "frames", 1.0, lambda count, per_block: (
         f"Activation checkpointing at work: backward re-runs the forward of each checkpointed block before "
         f"differentiating it, {count} times here, allocating about {format_bytes(per_block)} per block and freeing "
         f"it as backward moves on (the stack frames show torch.utils.checkpoint's recompute; what a block saved "
         f"in forward, e.g. under a selective policy, is not made again). This trades compute for memory; "
-        f"checkpoint fewer blocks if memory allows, to run faster.",
-        np.concatenate([bwd[a:b] for a, b in zip(starts, stops)]),
-        {"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True, "evidence": "frames",
-         "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in zip(starts, stops)]})
+        f"checkpoint fewer blocks if memory allows, to run faster."))
 
 
 #: Confidence of the ripples told by compiled RNG replays alone: the replays prove that forward ops run
@@ -295,26 +287,30 @@ def _from_rng_replays(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Patt
     (fixtures/fsdp2: 6 runs of 5, one per checkpointed block, the attention's output and logsumexp)."""
     if not len(bwd):
         return None
-    mask = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]
-    if not mask.any():
-        return None
-    starts, stops = _runs(mask, 0)
-    if len(starts) < MIN_RUNS:
-        return None
-    first, last, per_block = _span(ctx, bwd, starts, stops, b1)
-    count = len(starts)
-    return _ripples(
-        ctx, step, first, last, per_block,
+    starts, stops = _runs(ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]], 0)
+    return _told_runs(ctx, step, bwd, starts, stops, b1, "rng_replay", RNG_REPLAY_CONFIDENCE, lambda count, per_block: (
         f"The forward runs again inside the compiled backward: torch.compile replays the forward's random ops "
         f"with the RNG state the forward saved (torch/_prims/rng_prims.py), {count} times here — activation "
         f"checkpointing under torch.compile, each checkpointed region recomputed inside the backward graph. Only "
         f"those ops' blocks are told apart, about {format_bytes(per_block)} per region; the rest of each "
         f"recompute is fused in the graph and carries no frame that says so. This trades compute for memory; "
-        f"checkpoint fewer blocks if memory allows, to run faster.",
+        f"checkpoint fewer blocks if memory allows, to run faster."))
+
+
+def _told_runs(ctx: Context, step: int, bwd: np.ndarray, starts, stops, b1: int, evidence: str, confidence: float,
+               words) -> Pattern | None:
+    """The ripples of the runs ``bwd[starts[i]:stops[i]]`` that frames told apart (at least MIN_RUNS),
+    worded by ``words(count, bytes per run)``."""
+    if len(starts) < MIN_RUNS:
+        return None
+    first, last, per_block = _span(ctx, bwd, starts, stops, b1)
+    count = len(starts)
+    return _ripples(
+        ctx, step, first, last, per_block, words(count, per_block),
         np.concatenate([bwd[a:b] for a, b in zip(starts, stops)]),
-        {"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True, "evidence": "rng_replay",
+        {"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True, "evidence": evidence,
          "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in zip(starts, stops)]},
-        confidence=RNG_REPLAY_CONFIDENCE)
+        confidence=confidence)
 
 
 def _recompute_calls(ctx: Context, bwd: np.ndarray):
