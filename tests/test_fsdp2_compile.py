@@ -245,3 +245,21 @@ def test_report_names_the_recompute_in_the_compiled_backward():
         # the blocks told apart are the attention's output and logsumexp of each block, as the raw trace shows
         out, lse = m["batch"] * m["seq"] * m["d_model"] * 2, m["batch"] * m["heads"] * m["seq"] * 4
         assert all(out + lse <= p.bytes < out + lse + 1024 for p in found)
+
+
+def test_the_report_says_its_parameters_hold_more_than_the_programs():
+    """The categories cannot tell fused AdamW's moments (made before recording, the shards' sizes) from
+    the shards; where instrument() counted the program's parameters, the single report says the
+    parameter category holds more than them, by how much (from the raw meta), and a plain recording
+    (no count) says nothing it cannot know."""
+    import phasemem
+    from phasemem.units import format_bytes
+
+    m = _meta()
+    report = phasemem.analyze(str(INSTRUMENT))
+    said = [n for n in report.notes if n.startswith("the parameters at the peak")]
+    assert len(said) == 1
+    excess = report.by_category["parameter"] - m["param_bytes_fp32"]
+    assert excess > 0.05 * m["param_bytes_fp32"]
+    assert format_bytes(m["param_bytes_fp32"]) in said[0] and format_bytes(excess) in said[0]
+    assert not [n for n in phasemem.analyze(str(PLAIN)).notes if n.startswith("the parameters at the peak")]
