@@ -9,12 +9,14 @@ than predicting a saving of zero. docs/what-if.md compares each prediction with 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 from .analysis import Analysis
 from .model import Pattern, WhatIf
 from .replay import Replayed, changed_points, points, replay
+from .scaling import BATCH_FACTORS, CONSTANT, LINEAR, QUADRATIC, SEQ_FACTORS, Growth, growth
 from .sizes import in_sorted
 from .units import format_bytes
 from .vocab import C, P, PHASES
@@ -22,15 +24,18 @@ from .vocab import C, P, PHASES
 #: Token chunks a chunked cross-entropy works through one at a time (Liger's fused linear
 #: cross-entropy and fixtures/record_pairs.py's chunked_ce use 4-8); the vocabulary-sized blocks shrink by it.
 CE_CHUNKS = 4
-#: A chunk's working set, in units of the largest vocabulary-sized block (the fp32 logits): its fp32 logits
-#: and their gradient (softmax minus one-hot). fixtures/pairs/chunked_ce measured 0.85 of two (1.31 GB
-#: above forward's end for a 3.07 GB block over 4 chunks); the remaining difference is the head's
-#: weight gradient made in forward.
+#: A chunk's working set, in units of one chunk's fp32 logits: the logits and one full-size working copy
+#: (logsumexp's exp, or the softmax that becomes their gradient). Read off fixtures/pairs/chunked_ce:
+#: each chunk's 786 MiB of fp32 logits beside a second 786 MiB block, nothing larger.
 CHUNK_WORKING_SET = 2
+#: Besides the chunks, a fused linear cross-entropy holds the head weight's gradient in fp32 (one
+#: block of the weight's size, from the loss to backward) and, while the loss runs, the weight cast to
+#: the logits' precision (half of it): fixtures/pairs/chunked_ce's 147.4 and 73.7 MiB.
+HEAD_GRAD_SHARE, HEAD_CAST_SHARE = 1.0, 0.5
+#: Activation checkpointing's default granularity: every block (1); 2 checkpoints every other block.
+CKPT_EVERY = 1
 #: 8-bit optimizer state (bitsandbytes' AdamW8bit) keeps 1 byte per number where torch keeps 4.
 STATE_FACTOR = 0.25
-#: Half the batch: what scales with the tokens halves.
-BATCH_FACTOR = 0.5
 #: A layer period must repeat this share of the saved activations' sizes (a transformer's blocks are
 #: identical; 0.9 leaves room for the first block's extra casts).
 PERIOD_MATCH = 0.9
@@ -45,6 +50,7 @@ class _Change:
     explanation: str
     assumptions: list[str] = field(default_factory=list)
     added: tuple = ()  # extra blocks: (alloc events, free events, sizes)
+    added_kind: np.ndarray | None = None  # how each added block grows with the tokens (scaling.LINEAR default)
 
 
 def replays(an: Analysis, patterns: list[Pattern]) -> list[tuple[str, Replayed | str]]:
@@ -55,7 +61,7 @@ def replays(an: Analysis, patterns: list[Pattern]) -> list[tuple[str, Replayed |
     out = []
     base = None
     ooms = sorted(an.trace.oom_device_free)
-    for name, remedy in REMEDIES.items():
+    for name, remedy in {**REMEDIES, **SCALINGS}.items():
         change = remedy(facts) if n else "the trace has no events"
         if isinstance(change, str):
             out.append((name, change))
@@ -175,6 +181,16 @@ class _Facts:
         self.free_order = np.argsort(self.free, kind="stable")
         self.free_sorted = self.free[self.free_order]
         self._members: dict[tuple, np.ndarray] = {}
+        self._growth: Growth | None = None
+
+    def growth(self) -> Growth:
+        """How each block grows with the tokens (scaling.growth), once per trace."""
+        if self._growth is None:
+            vocab = np.zeros(len(self.size), bool)
+            vocab[_vocab(self)] = True
+            self._growth = growth(self.an.trace, self.alloc, self.free, self.size, self.phase_alloc,
+                                  self.phase_free, _batch_dependent(self), vocab)
+        return self._growth
 
     def runs(self, step: int, phase: str) -> tuple[np.ndarray, np.ndarray]:
         """(first events, last events) of the step's runs of a phase, in event order."""
@@ -224,20 +240,24 @@ def _vocab(f: _Facts) -> np.ndarray:
     return f.members("logits", "softmax_spike", "logits_release")
 
 
-def _chunked_cross_entropy(f: _Facts):
+def _chunked_cross_entropy(f: _Facts, chunks: int = CE_CHUNKS):
     vocab = _vocab(f)
     if not len(vocab):
         return ("no logits found: no vocabulary-sized output read by a softmax or cross-entropy in this trace (a loss "
                 "such as logits.sum() makes no such shape)")
-    ch = f.change(f"The loss is computed over {CE_CHUNKS} chunks of the tokens, one at a time, its gradient with it "
+    head = int(f.an.facts.param_sizes.max()) if len(f.an.facts.param_sizes) else 0
+    ch = f.change(f"The loss is computed over {chunks} chunks of the tokens, one at a time, its gradient with it "
                   f"(a fused linear cross-entropy): the {len(vocab)} vocabulary-sized blocks (logits, fp32 copies, "
-                  f"softmax, gradients) never exist whole; while the loss runs, one chunk's fp32 logits and their "
-                  f"gradient do, and nothing vocabulary-sized is kept for backward.",
-                  f"{CE_CHUNKS} chunks (whatif.CE_CHUNKS)",
-                  f"a chunk's working set is {CHUNK_WORKING_SET} of the largest vocabulary-sized block, over the chunks",
-                  "the gradients of the hidden states and of the head's weight, made in forward by such a loss, "
-                  "are not added (a few hundred MiB for a GPT-2-sized head)")
-    added = ([], [], [])
+                  f"softmax, gradients) never exist whole; while the loss runs, one chunk's fp32 logits and a working "
+                  f"copy of them do, with the head weight's gradient in fp32 ({format_bytes(head)}) kept until "
+                  f"backward; nothing vocabulary-sized is kept for backward.",
+                  f"{chunks} chunks",
+                  f"a chunk's working set is {CHUNK_WORKING_SET} x one chunk of the fp32 logits (the largest "
+                  f"vocabulary-sized block / {chunks})",
+                  "the head weight is the largest parameter block; its fp32 gradient is held from the loss to "
+                  "backward and its half-precision cast while the loss runs",
+                  "the gradient of the hidden states (batch x sequence x width, small beside the logits) is not added")
+    added: tuple[list, list, list, list] = ([], [], [], [])
     per_step: dict[int, list] = {}
     for p in f.patterns:
         if p.members and p.kind in ("logits", "softmax_spike", "logits_release"):
@@ -249,11 +269,16 @@ def _chunked_cross_entropy(f: _Facts):
         loss, bwd = loss[loss > first], bwd[bwd > first]
         last = int(bwd[0]) - 1 if len(bwd) else int(min(f.free[mine].max(), f.n - 1))
         start = int(loss[0]) if len(loss) and loss[0] <= last else first + 1
-        added[0].append(start)
-        added[1].append(max(last, start))
-        added[2].append(CHUNK_WORKING_SET * int(f.size[mine].max()) // CE_CHUNKS)
+        last = max(last, start)
+        for size, kind in ((CHUNK_WORKING_SET * int(f.size[mine].max()) // chunks, LINEAR),
+                           (int(HEAD_GRAD_SHARE * head), CONSTANT), (int(HEAD_CAST_SHARE * head), CONSTANT)):
+            added[0].append(start)
+            added[1].append(last)
+            added[2].append(size)
+            added[3].append(kind)
     ch.size[vocab] = 0
-    ch.added = tuple(np.asarray(x, np.int64) for x in added)
+    ch.added = tuple(np.asarray(x, np.int64) for x in added[:3])
+    ch.added_kind = np.asarray(added[3], np.int8)
     return ch
 
 
@@ -306,15 +331,25 @@ def _batch_dependent(f: _Facts) -> np.ndarray:
     return out
 
 
-def _half_batch(f: _Facts):
-    scaled = _batch_dependent(f)
+def _scale(f: _Facts, batch: float = 1.0, seq: float = 1.0):
+    g = f.growth()
+    scaled = g.kind != CONSTANT
     if not scaled.any():
-        return "no block made in forward or backward scales with the batch here"
-    ch = f.change(f"Half the batch: the {int(scaled.sum())} blocks that scale with the tokens (activations, "
-                  f"per-token temporaries, logits, inputs) halve; parameters, gradients and optimizer state stay.",
-                  "blocks of a parameter's size are weights' copies (bf16 casts) and do not scale",
-                  "the allocator's rounding (512 B, 2 MiB for large blocks) is ignored")
-    ch.size[scaled] = f.size[scaled] // 2
+        return "no block made in forward or backward scales with the tokens here"
+    if seq != 1 and not g.sequence_known:
+        return g.evidence
+    quad = int((g.kind == QUADRATIC).sum())
+    if batch != 1:
+        text = (f"The batch x {batch:g}: the {int(scaled.sum())} blocks that hold per-token values (activations, "
+                f"per-token temporaries, logits, inputs) x {batch:g}; parameters, gradients and optimizer state stay.")
+    else:
+        text = (f"The sequence x {seq:g}: {int(scaled.sum()) - quad} per-token blocks x {seq:g}"
+                + (f", {quad} attention-score blocks (batch x heads x T x T) x {seq * seq:g}" if quad else "")
+                + "; parameters, gradients and optimizer state stay.")
+    ch = f.change(text, "blocks of a parameter's size are weights' copies (bf16 casts) and do not scale",
+                  "the allocator's rounding (512 B, 2 MiB for large blocks) is ignored",
+                  *([g.evidence] if seq != 1 else []))
+    ch.size = np.round(f.size * g.factor(batch, seq)).astype(np.int64)
     return ch
 
 
@@ -344,7 +379,7 @@ def _layer_period(sizes: np.ndarray, seen: dict | None = None) -> int | None:
     return found
 
 
-def _activation_checkpointing(f: _Facts):
+def _activation_checkpointing(f: _Facts, every: int = CKPT_EVERY):
     if f.members("checkpoint_recompute").size:
         return "backward recomputes forward's tensors already (checkpoint_recompute)"
     if f.members("forward_rerun").size:
@@ -352,7 +387,8 @@ def _activation_checkpointing(f: _Facts):
     vocab = np.zeros(len(f.size), bool)
     vocab[_vocab(f)] = True
     saved = (f.phase_alloc == P["forward"]) & (f.phase_free == P["backward"]) & (f.cat == C["activation"]) & ~vocab
-    ch = f.change("Activation checkpointing of every repeated block: forward keeps only each block's input; "
+    which = "every repeated block" if every == 1 else f"every {every}th repeated block (the first, then every {every})"
+    ch = f.change(f"Activation checkpointing of {which}: forward keeps only a checkpointed block's input; "
                   "backward recomputes one block at a time.",
                   "a block's input is its saved tensor of the most common size (the residual stream)",
                   "recompute holds one block's saved activations through backward (the ripples' height)")
@@ -370,6 +406,7 @@ def _activation_checkpointing(f: _Facts):
         first_kept = np.argmax(f.size[body] == keep_size, axis=1)
         drop = np.ones(body.shape, bool)
         drop[np.arange(blocks), first_kept] = False
+        drop[np.arange(blocks) % every != 0] = False  # blocks left unchecked keep what they save
         ch.size[body[drop]] = 0
         bwd, bwd_last = f.runs(s, "backward")
         if len(bwd):
@@ -390,6 +427,8 @@ REMEDIES = {
     "bf16_logits": _bf16_logits,
     "zero_grad_before_forward": _zero_grad_before_forward,
     "activation_checkpointing": _activation_checkpointing,
-    "half_batch": _half_batch,
     "smaller_optimizer_state": _smaller_optimizer_state,
 }
+#: The scalings, replayed as the remedies are (issue 30): batch_x0.5 ... seq_x4.
+SCALINGS = {**{f"batch_x{b:g}": partial(_scale, batch=b) for b in BATCH_FACTORS},
+            **{f"seq_x{q:g}": partial(_scale, seq=q) for q in SEQ_FACTORS}}

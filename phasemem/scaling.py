@@ -1,0 +1,150 @@
+"""Which blocks grow with the batch and with the sequence, and how fast: what ``batch_xF`` and
+``seq_xF`` replay, and what ``fits`` solves for.
+
+A block made in forward, loss or backward (or an input) that is not a weight, a gradient, optimizer
+state, a weight-sized copy or a workspace holds per-token values: it grows linearly with the batch
+and with the sequence. Attention scores computed without a fused kernel (batch x heads x T x T) grow
+with the square of the sequence. Sizes alone cannot tell them apart (a ViT with 6 heads over 256
+patches has scores exactly as wide as its 4 x 384 MLP), so they are told by what made them:
+
+- frames that name an attention function (Hugging Face's ``eager_attention_forward``, torch's
+  ``multi_head_attention_forward``, a file ``attention.py``): their blocks of a size that no block
+  made outside them has;
+- without such frames, the softmax's upcast under autocast: an fp32 block twice the size of the
+  half-precision temporary made just before it (the scaled scores, freed within forward). A
+  LayerNorm's upcast of a half-precision residual stream reads the same sizes, but its input is
+  saved for backward, not freed in forward.
+
+Backward's blocks of those sizes are quadratic where they come in a run with one of a size only
+attention makes (softmax's backward in fp32).
+
+Example:
+    >>> g = growth(trace, alloc, free, size, phase_alloc, phase_free, token, exclude)
+    >>> g.quadratic.sum(), g.evidence
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .infer.frames import per_stack
+from .trace import Trace
+from .vocab import P
+
+#: Words in a Python frame's function name, or its file's name, that say attention is computed
+#: there (transformers' eager_attention_forward, torch's multi_head_attention_forward, timm's
+#: layers/attention.py, diffusers' attention_processor.py).
+ATTENTION_WORDS = ("attention", "attn")
+#: Batch and sequence factors the report replays (issue 30): named batch_x0.5 ... seq_x4.
+BATCH_FACTORS = (0.5, 2, 4)
+SEQ_FACTORS = (2, 4)
+#: The softmax's upcast must be seen at least this often (once per layer) to be taken for attention.
+MIN_REPEATS = 2
+#: Codes of ``Growth.kind``.
+CONSTANT, LINEAR, QUADRATIC = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Growth:
+    """How every block (Lifetimes order) grows with the tokens: CONSTANT, LINEAR or QUADRATIC (in
+    the sequence; every token-sized block is linear in the batch)."""
+
+    kind: np.ndarray  # int8 per block
+    evidence: str  # how the quadratic blocks were told, or why none were
+    sequence_known: bool  # False: nothing in the trace can tell whether attention scores are materialised
+
+    def factor(self, batch: float = 1.0, seq: float = 1.0) -> np.ndarray:
+        """Per block, the factor its size is multiplied by."""
+        f = np.ones(len(self.kind))
+        f[self.kind == LINEAR] = batch * seq
+        f[self.kind == QUADRATIC] = batch * seq * seq
+        return f
+
+
+def _runs_with(order: np.ndarray, size: np.ndarray, sizes: set, marked: np.ndarray) -> np.ndarray:
+    """Of the blocks ``order`` (in allocation order), those in a run of consecutive blocks whose
+    sizes are all in ``sizes`` and which holds a ``marked`` one (a bool per block of ``order``)."""
+    if not len(order) or not sizes:
+        return np.zeros(0, np.int64)
+    inq = np.isin(size[order], list(sizes))
+    start = inq & ~np.concatenate([[False], inq[:-1]])
+    rid = np.cumsum(start)
+    rid[~inq] = 0
+    good = np.unique(rid[marked & inq])
+    return order[np.isin(rid, good[good > 0]) & inq]
+
+
+def _softmax_in_attention(trace: Trace) -> np.ndarray:
+    """Per stack id: made by torch's softmax called inside a function named for attention
+    (transformers' eager_attention_forward: ``softmax(scores, dtype=float32)``)."""
+    def of(frames):
+        py = [(fn.replace("\\", "/"), name) for fn, _, name in frames if fn.endswith(".py")]
+        if not py or py[0][1] != "softmax" or "/torch/" not in py[0][0]:
+            return False
+        return any(any(w in name.lower() or w in fn.rsplit("/", 1)[-1].lower() for w in ATTENTION_WORDS)
+                   for fn, name in py[1:])
+
+    return per_stack(trace, of)
+
+
+def _softmax_runs(fwd: np.ndarray, size: np.ndarray, phase_free: np.ndarray) -> np.ndarray:
+    """Forward's blocks (``fwd`` in allocation order) in runs around a softmax under autocast: a
+    block of 2X kept for backward (the fp32 probabilities), X made right after it (their half-precision
+    copy for the next matmul), and before it a temporary of X or 2X freed within forward (the scaled
+    scores, or their fp32 copy). A residual add of a half-precision branch to an fp32 stream is
+    followed by a LayerNorm's fp32 output, not by a half-size block; a LayerNorm's fp32 output is
+    freed in forward, not kept (fixtures/pairs/base: neither matches)."""
+    s = size[fwd]
+    mid = np.arange(1, len(fwd) - 1)
+    x = s[mid + 1]
+    hit = mid[(s[mid] == 2 * x) & (x > 0) & (phase_free[fwd[mid]] == P["backward"])
+              & ((s[mid - 1] == x) | (s[mid - 1] == 2 * x)) & (phase_free[fwd[mid - 1]] == P["forward"])]
+    # a layer stack repeats it: one match is no attention
+    if len(hit) < MIN_REPEATS:
+        return np.zeros(0, np.int64)
+    marked = np.zeros(len(fwd), bool)
+    marked[hit] = True
+    twice = set(np.unique(s[hit]).tolist())
+    return _runs_with(fwd, size, twice | {v // 2 for v in twice}, marked)
+
+
+def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, phase_alloc: np.ndarray,
+           phase_free: np.ndarray, token: np.ndarray, exclude: np.ndarray) -> Growth:
+    """``token``: per block, does it hold per-token values (whatif's batch-dependent blocks);
+    ``exclude``: blocks that are per-token but never attention (the logits and their copies)."""
+    kind = np.where(token, LINEAR, CONSTANT).astype(np.int8)
+    cand = token & ~exclude
+    fwd = np.flatnonzero(cand & (phase_alloc == P["forward"]))
+    fwd = fwd[np.argsort(alloc[fwd], kind="stable")]
+    bwd = np.flatnonzero(cand & (phase_alloc == P["backward"]))
+    bwd = bwd[np.argsort(alloc[bwd], kind="stable")]
+    quad_fwd = np.zeros(0, np.int64)
+    evidence = ""
+    has_frames = bool(len(fwd)) and bool((trace.stack[alloc[fwd]] >= 0).any())
+    if has_frames:
+        seed = _softmax_in_attention(trace)[trace.stack[alloc[fwd]]]
+        if seed.any():
+            probs = set(np.unique(size[fwd[seed]]).tolist())
+            quad_fwd = _runs_with(fwd, size, probs | {v // 2 for v in probs}, seed)
+            evidence = ("attention scores told by the frames: torch's softmax called inside a function named for "
+                        "attention, and the blocks of its size (or half) made around it")
+    if not len(quad_fwd) and len(fwd) > 2:
+        quad_fwd = _softmax_runs(fwd, size, phase_free)
+        if len(quad_fwd):
+            evidence = ("attention scores told by the softmax's upcast (no frames name an attention function): "
+                        "an fp32 block kept for backward, twice the size of the half-precision copy made right "
+                        "after it and of the temporary made right before it")
+    if len(quad_fwd):
+        kind[quad_fwd] = QUADRATIC
+        qsizes = set(np.unique(size[quad_fwd]).tolist())
+        linear_sizes = set(np.unique(size[fwd[kind[fwd] == LINEAR]]).tolist())
+        only = np.isin(size[bwd], list(qsizes - linear_sizes))
+        kind[_runs_with(bwd, size, qsizes, only)] = QUADRATIC
+        return Growth(kind, evidence, True)
+    if has_frames:
+        return Growth(kind, "no attention scores seen: no frame names an attention function and no softmax "
+                            "upcast is seen, so every per-token block is taken to grow linearly with the "
+                            "sequence (true with a fused attention kernel: SDPA, flash)", True)
+    return Growth(kind, "the trace has no frames and no softmax upcast is seen: whether attention scores "
+                        "(quadratic in the sequence) are materialised cannot be told", False)
