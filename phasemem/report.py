@@ -141,6 +141,21 @@ class Report:
         """The patterns of one kind, in trace order."""
         return [p for p in self.patterns if p.kind == kind]
 
+    def fits(self, budget):
+        """The largest batch and sequence factors predicted to fit in ``budget`` (bytes, or "80GiB"),
+        with the allocator's reserve, and the remedies that would let the next factor fit
+        (``phasemem.fits``).
+
+            >>> print(report.fits("80GiB"))
+        """
+        from .budgets import parse_size
+        from .errors import PhasememError
+        from .fits import fits
+
+        if self.analysis is None or self.live is not None:
+            raise PhasememError("what fits is solved from an allocation history; this report has none" + RECORD_HINT)
+        return fits(self.analysis, self.patterns, parse_size(budget))
+
     def to_json(self, path) -> None:
         """Write ``to_dict()`` as JSON, atomically."""
         atomic_write(path, self.json_writer())

@@ -264,11 +264,15 @@ def _chunked_cross_entropy(f: _Facts, chunks: int = CE_CHUNKS):
             per_step.setdefault(p.step, []).append(np.asarray(p.members, np.int64))
     for s, parts in sorted(per_step.items()):
         mine = np.unique(np.concatenate(parts)) + f.n_pre
-        first = int(f.alloc[mine].min())
-        loss, bwd = f.runs(s, "loss")[0], f.runs(s, "backward")[0]
-        loss, bwd = loss[loss > first], bwd[bwd > first]
+        made = np.sort(f.alloc[mine])
+        first = int(made[0])
+        bwd = f.runs(s, "backward")[0]
+        bwd = bwd[bwd > first]
         last = int(bwd[0]) - 1 if len(bwd) else int(min(f.free[mine].max(), f.n - 1))
-        start = int(loss[0]) if len(loss) and loss[0] <= last else first + 1
+        # the chunks run where the loss made its own vocabulary-sized blocks (the fp32 copy, log-softmax):
+        # after the logits, and after whatever ran between forward and the loss (a zero_grad's frees)
+        after = made[(made > first) & (made <= last)]
+        start = int(after[0]) if len(after) else first + 1
         last = max(last, start)
         for size, kind in ((CHUNK_WORKING_SET * int(f.size[mine].max()) // chunks, LINEAR),
                            (int(HEAD_GRAD_SHARE * head), CONSTANT), (int(HEAD_CAST_SHARE * head), CONSTANT)):
