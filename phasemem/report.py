@@ -352,8 +352,9 @@ def format_what_if(r: Report) -> str:
     lines = [f"what-if (the trace replayed with each remedy; peak now {format_bytes(r.peak_bytes)}):"]
     for w in r.what_if:
         if w.applies:
-            lines.append(f"  {w.remedy:<26} peak {format_bytes(w.predicted_peak_bytes):>11}  saves "
-                         f"{format_bytes(w.saves_bytes):>11}  peak then in {w.new_peak_phase}")
+            verb = "saves" if w.saves_bytes >= 0 else "adds "  # a larger batch or sequence adds
+            lines.append(f"  {w.remedy:<26} peak {format_bytes(w.predicted_peak_bytes):>11}  {verb} "
+                         f"{format_bytes(abs(w.saves_bytes)):>11}  peak then in {w.new_peak_phase}")
             lines.append(f"      {w.explanation} Assumes: {'; '.join(w.assumptions)}.")
         else:
             lines.append(f"  {w.remedy:<26} does not apply: {w.explanation}")

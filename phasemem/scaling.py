@@ -62,17 +62,14 @@ class Growth:
         return f
 
 
-def _runs_with(order: np.ndarray, size: np.ndarray, sizes: set, marked: np.ndarray) -> np.ndarray:
-    """Of the blocks ``order`` (in allocation order), those in a run of consecutive blocks whose
-    sizes are all in ``sizes`` and which holds a ``marked`` one (a bool per block of ``order``)."""
-    if not len(order) or not sizes:
-        return np.zeros(0, np.int64)
-    inq = np.isin(size[order], list(sizes))
-    start = inq & ~np.concatenate([[False], inq[:-1]])
-    rid = np.cumsum(start)
-    rid[~inq] = 0
-    good = np.unique(rid[marked & inq])
-    return order[np.isin(rid, good[good > 0]) & inq]
+def _named_attention(frames) -> bool:
+    return any(any(w in name.lower() or w in fn.replace("\\", "/").rsplit("/", 1)[-1].lower() for w in ATTENTION_WORDS)
+               for fn, _, name in frames if fn.endswith(".py"))
+
+
+def _attention_stacks(trace: Trace) -> np.ndarray:
+    """Per stack id: a Python frame is a function (or file) named for attention."""
+    return per_stack(trace, _named_attention)
 
 
 def _softmax_in_attention(trace: Trace) -> np.ndarray:
@@ -82,8 +79,7 @@ def _softmax_in_attention(trace: Trace) -> np.ndarray:
         py = [(fn.replace("\\", "/"), name) for fn, _, name in frames if fn.endswith(".py")]
         if not py or py[0][1] != "softmax" or "/torch/" not in py[0][0]:
             return False
-        return any(any(w in name.lower() or w in fn.rsplit("/", 1)[-1].lower() for w in ATTENTION_WORDS)
-                   for fn, name in py[1:])
+        return _named_attention(frames[1:])
 
     return per_stack(trace, of)
 
@@ -103,10 +99,17 @@ def _softmax_runs(fwd: np.ndarray, size: np.ndarray, phase_free: np.ndarray) -> 
     # a layer stack repeats it: one match is no attention
     if len(hit) < MIN_REPEATS:
         return np.zeros(0, np.int64)
-    marked = np.zeros(len(fwd), bool)
-    marked[hit] = True
-    twice = set(np.unique(s[hit]).tolist())
-    return _runs_with(fwd, size, twice | {v // 2 for v in twice}, marked)
+    keep = np.zeros(len(fwd), bool)
+    keep[hit] = True
+    keep[hit + 1] = True
+    temp = phase_free[fwd] == P["forward"]
+    for h in hit:  # the scores' temporaries before the probabilities: the scaled, masked, upcast copies
+        x = s[h + 1]
+        j = h - 1
+        while j >= 0 and temp[j] and s[j] in (x, 2 * x):
+            keep[j] = True
+            j -= 1
+    return fwd[keep]
 
 
 def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, phase_alloc: np.ndarray,
@@ -123,12 +126,14 @@ def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, 
     evidence = ""
     has_frames = bool(len(fwd)) and bool((trace.stack[alloc[fwd]] >= 0).any())
     if has_frames:
-        seed = _softmax_in_attention(trace)[trace.stack[alloc[fwd]]]
+        stacks = trace.stack[alloc[fwd]]
+        seed = _softmax_in_attention(trace)[stacks]
         if seed.any():
             probs = set(np.unique(size[fwd[seed]]).tolist())
-            quad_fwd = _runs_with(fwd, size, probs | {v // 2 for v in probs}, seed)
+            inside = _attention_stacks(trace)[stacks]
+            quad_fwd = fwd[inside & np.isin(size[fwd], list(probs | {v // 2 for v in probs}))]
             evidence = ("attention scores told by the frames: torch's softmax called inside a function named for "
-                        "attention, and the blocks of its size (or half) made around it")
+                        "attention; the blocks made inside that function of the probabilities' size or half of it")
     if not len(quad_fwd) and len(fwd) > 2:
         quad_fwd = _softmax_runs(fwd, size, phase_free)
         if len(quad_fwd):
@@ -139,8 +144,8 @@ def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, 
         kind[quad_fwd] = QUADRATIC
         qsizes = set(np.unique(size[quad_fwd]).tolist())
         linear_sizes = set(np.unique(size[fwd[kind[fwd] == LINEAR]]).tolist())
-        only = np.isin(size[bwd], list(qsizes - linear_sizes))
-        kind[_runs_with(bwd, size, qsizes, only)] = QUADRATIC
+        # backward has no frames to tell them: a size only attention makes in forward says it
+        kind[bwd[np.isin(size[bwd], list(qsizes - linear_sizes))]] = QUADRATIC
         return Growth(kind, evidence, True)
     if has_frames:
         return Growth(kind, "no attention scores seen: no frame names an attention function and no softmax "
