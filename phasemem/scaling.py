@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .infer.frames import per_stack
+from .infer.frames import COMPILED_FILES, per_stack
 from .trace import Trace
 from .vocab import P
 
@@ -39,6 +39,9 @@ ATTENTION_WORDS = ("attention", "attn")
 #: Batch and sequence factors the report replays (issue 30): named batch_x0.5 ... seq_x4.
 BATCH_FACTORS = (0.5, 2, 4)
 SEQ_FACTORS = (2, 4)
+#: A forward whose per-token blocks come from a compiled graph at least this often is read as compiled:
+#: inductor may replace an eager attention by a fused kernel, and its frames do not say which op made a block.
+COMPILED_SHARE = 0.5
 #: The softmax's upcast must be seen at least this often (once per layer) to be taken for attention.
 MIN_REPEATS = 2
 #: Codes of ``Growth.kind``.
@@ -60,6 +63,11 @@ class Growth:
         f[self.kind == LINEAR] = batch * seq
         f[self.kind == QUADRATIC] = batch * seq * seq
         return f
+
+
+def compiled(trace: Trace) -> np.ndarray:
+    """Per stack id (``per_stack``): a frame is inside torch.compile's machinery (infer.frames.COMPILED_FILES)."""
+    return per_stack(trace, lambda fr: any(part in fn.replace("\\", "/") for fn, _, _ in fr for part in COMPILED_FILES))
 
 
 def _named_attention(frames) -> bool:
@@ -125,6 +133,10 @@ def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, 
     quad_fwd = np.zeros(0, np.int64)
     evidence = ""
     has_frames = bool(len(fwd)) and bool((trace.stack[alloc[fwd]] >= 0).any())
+    if has_frames and compiled(trace)[trace.stack[alloc[fwd]]].mean() >= COMPILED_SHARE:
+        return Growth(kind, "the forward runs as a compiled graph (torch.compile): its frames do not say which op "
+                            "made a block, and inductor may fuse an attention, so whether attention scores "
+                            "(quadratic in the sequence) are materialised cannot be told", False)
     if has_frames:
         stacks = trace.stack[alloc[fwd]]
         seed = _softmax_in_attention(trace)[stacks]

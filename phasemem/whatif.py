@@ -16,7 +16,8 @@ import numpy as np
 from .analysis import Analysis
 from .model import Pattern, WhatIf
 from .replay import Replayed, changed_points, points, replay
-from .scaling import BATCH_FACTORS, CONSTANT, LINEAR, QUADRATIC, SEQ_FACTORS, Growth, growth
+from .scaling import (BATCH_FACTORS, COMPILED_SHARE, CONSTANT, LINEAR, QUADRATIC, SEQ_FACTORS, Growth, compiled,
+                      growth)
 from .sizes import in_sorted
 from .units import format_bytes
 from .vocab import C, P, PHASES
@@ -240,11 +241,24 @@ def _vocab(f: _Facts) -> np.ndarray:
     return f.members("logits", "softmax_spike", "logits_release")
 
 
+def _loss_compiled(f: _Facts, vocab: np.ndarray) -> str | None:
+    """Why a logits remedy cannot be replayed: the loss's own vocabulary-sized blocks (those after the
+    first) were made inside a compiled graph, which may fuse the loss; None when it runs eagerly."""
+    later = vocab[np.argsort(f.alloc[vocab])][1:]
+    if len(later) and compiled(f.an.trace)[f.an.trace.stack[f.alloc[later]]].mean() >= COMPILED_SHARE:
+        return ("the loss runs inside a compiled graph (torch.compile): it may be fused there, and what a "
+                "chunked or half-precision loss would change in it cannot be told from the trace")
+    return None
+
+
 def _chunked_cross_entropy(f: _Facts, chunks: int = CE_CHUNKS):
     vocab = _vocab(f)
     if not len(vocab):
         return ("no logits found: no vocabulary-sized output read by a softmax or cross-entropy in this trace (a loss "
                 "such as logits.sum() makes no such shape)")
+    why = _loss_compiled(f, vocab)
+    if why:
+        return why
     head = int(f.an.facts.param_sizes.max()) if len(f.an.facts.param_sizes) else 0
     ch = f.change(f"The loss is computed over {chunks} chunks of the tokens, one at a time, its gradient with it "
                   f"(a fused linear cross-entropy): the {len(vocab)} vocabulary-sized blocks (logits, fp32 copies, "
@@ -291,15 +305,23 @@ def _bf16_logits(f: _Facts):
     if not len(vocab):
         return ("no logits found: no vocabulary-sized output read by a softmax or cross-entropy in this trace (a loss "
                 "such as logits.sum() makes no such shape)")
+    why = _loss_compiled(f, vocab)
+    if why:
+        return why
     small = int(f.size[vocab].min())
     wide = vocab[f.size[vocab] >= 2 * small]
     if not len(wide) or len(wide) == len(vocab):
         return ("the vocabulary-sized blocks all have one width: no fp32 upcast of bf16/fp16 logits is seen "
                 "(the model computes its logits in fp32, or never in half precision)")
-    ch = f.change(f"The loss reads the half-precision logits without an fp32 copy: the {len(wide)} "
-                  f"fp32 vocabulary-sized blocks are half as large.",
+    # the upcast copy itself is a temporary the loss reads once (freed before backward): without it,
+    # the loss reads the half-precision logits and nothing takes its place
+    copy = wide[(f.phase_alloc[wide] != P["backward"]) & (f.phase_free[wide] != P["backward"])]
+    ch = f.change(f"The loss reads the half-precision logits without an fp32 copy: the {len(copy)} fp32 copies "
+                  f"(made and freed before backward) are not made, the other {len(wide) - len(copy)} fp32 "
+                  f"vocabulary-sized blocks (log-softmax, gradients) are half as large.",
                   "the loss runs outside autocast: inside it, cross_entropy upcasts to fp32 by itself")
     ch.size[wide] = f.size[wide] // 2
+    ch.size[copy] = 0
     return ch
 
 

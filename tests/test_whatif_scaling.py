@@ -222,3 +222,15 @@ def test_a_linear_block_of_the_scores_size_next_to_them_stays_linear():
         # forward holds no backward block: its peak is exact whatever backward's sizes say
         forward_peak = naive_peak(L, seq=2, phase="forward")
         assert w.predicted_phase_peaks["forward"] == forward_peak
+
+
+def test_a_compiled_forward_gives_no_sequence_prediction():
+    """fixtures/gpt_compiled: torch.compile(gpt); its frames are inductor's, which may fuse an attention."""
+    from conftest import FIXTURES
+
+    r = phasemem.analyze(str(FIXTURES / "gpt_compiled.pkl.xz"))
+    w = {x.remedy: x for x in r.what_if}
+    assert w["batch_x2"].applies
+    assert not w["seq_x2"].applies and "compiled graph" in w["seq_x2"].explanation
+    fx = r.fits(4 * r.peak_bytes)
+    assert fx.batch.applies and not fx.sequence.applies and "compiled graph" in fx.sequence.why[0]
