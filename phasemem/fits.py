@@ -23,6 +23,7 @@ from .analysis import Analysis
 from .model import Pattern
 from .replay import points
 from .scaling import CONSTANT, LINEAR, QUADRATIC
+from .trace import A
 from .units import format_bytes
 from .whatif import REMEDIES, _Change, _Facts
 
@@ -45,6 +46,7 @@ class Fit:
     axis: str
     applies: bool
     largest_factor: float | None = None  # predicted peak x reserve stays within the budget
+    largest_factor_fragmented: float | None = None  # with only the fragmentation seen at the peak
     largest_factor_allocated: float | None = None  # the allocated peak alone within the budget
     largest_listed: float | None = None  # the largest of FACTOR_GRID up to largest_factor
     next_factor: float | None = None  # the next of FACTOR_GRID above it
@@ -61,7 +63,8 @@ class Fits:
 
     budget_bytes: int
     peak_bytes: int
-    reserve_ratio: float
+    reserve_ratio: float  # reserved over allocated at the peak: what the budget is read against
+    fragmentation_ratio: float  # (allocated + free bytes inside segments that hold live blocks) / allocated
     batch: Fit
     sequence: Fit
 
@@ -82,9 +85,10 @@ def fits(an: Analysis, patterns: list[Pattern], budget: int) -> Fits:
     peak = int(an.timeline.level.max()) if len(an.trace) else 0
     if not len(an.trace):
         no = Fit("batch", False, why=["the trace has no events"])
-        return Fits(budget, 0, 1.0, no, Fit("sequence", False, why=["the trace has no events"]))
+        return Fits(budget, 0, 1.0, 1.0, no, Fit("sequence", False, why=["the trace has no events"]))
     f = _Facts(an, patterns)
     reserve = _reserve(an, peak)
+    frag = min(reserve, fragmentation(an))
     g = f.growth()
     names = _applicable(f)
     out = []
@@ -95,8 +99,8 @@ def fits(an: Analysis, patterns: list[Pattern], budget: int) -> Fits:
         if axis == "sequence" and not g.sequence_known:
             out.append(Fit(axis, False, why=[g.evidence]))
             continue
-        out.append(_solve(f, axis, budget, reserve, names))
-    return Fits(budget, peak, reserve, out[0], out[1])
+        out.append(_solve(f, axis, budget, reserve, frag, names))
+    return Fits(budget, peak, reserve, frag, out[0], out[1])
 
 
 def predict(an: Analysis, patterns: list[Pattern], remedies: dict[str, dict] | None = None,
@@ -125,6 +129,34 @@ def _reserve(an: Analysis, peak: int) -> float:
     """Reserved over allocated where the trace peaks (both at their highest), at least 1."""
     reserved = int(an.timeline.reserved_after.max()) if len(an.timeline.reserved_after) else 0
     return max(1.0, reserved / peak) if peak and reserved else 1.0
+
+
+def fragmentation(an: Analysis) -> float:
+    """At the peak: (allocated + the free bytes inside segments that hold a live block) / allocated.
+    Those bytes cannot be given back; a segment with no live block can (a capped allocator frees its
+    cached segments before it fails). Only segments made inside the trace are seen (the weights',
+    made before, are packed). 1.0 where the trace has no segment events."""
+    tr, life = an.trace, an.timeline.lifetimes
+    level = an.timeline.level
+    pk = int(np.argmax(level))
+    ev = np.flatnonzero(np.isin(tr.action, [A["segment_alloc"], A["segment_free"]]) & (np.arange(len(tr)) <= pk))
+    segs: dict[int, int] = {}
+    for e in ev:  # segments come and go a few hundred times: a dict is simplest
+        if tr.action[e] == A["segment_alloc"]:
+            segs[int(tr.addr[e])] = int(tr.size[e])
+        else:
+            segs.pop(int(tr.addr[e]), None)
+    if not segs or not level[pk]:
+        return 1.0
+    starts = np.array(sorted(segs), np.int64)
+    sizes = np.array([segs[a] for a in starts], np.int64)
+    live = (life.alloc_event >= 0) & (life.alloc_event <= pk) & (life.free_event > pk)
+    addr, size = tr.addr[life.alloc_event[live]], life.size[live]
+    k = np.searchsorted(starts, addr, "right") - 1
+    inside = (k >= 0) & (addr < starts[np.maximum(k, 0)] + sizes[np.maximum(k, 0)])
+    used = np.bincount(k[inside], weights=size[inside], minlength=len(starts))
+    held = used > 0
+    return float((level[pk] + (sizes[held] - used[held]).sum()) / level[pk])
 
 
 def _applicable(f: _Facts) -> dict[str, _Change]:
@@ -175,7 +207,7 @@ def _at(c, lin, quad, factor: float) -> int:
     return int((c + factor * lin + factor * factor * quad).max())
 
 
-def _solve(f: _Facts, axis: str, budget: int, reserve: float, remedies: dict[str, _Change]) -> Fit:
+def _solve(f: _Facts, axis: str, budget: int, reserve: float, frag: float, remedies: dict[str, _Change]) -> Fit:
     def curve(changes):
         c, lin, quad = _parts(f, changes)
         return (c, lin + quad, np.zeros_like(quad)) if axis == "batch" else (c, lin, quad)
@@ -183,7 +215,8 @@ def _solve(f: _Facts, axis: str, budget: int, reserve: float, remedies: dict[str
     base = curve([])
     best = _largest(*base, budget / reserve)
     loose = _largest(*base, budget)
-    fit = Fit(axis, True, largest_factor=round(best, 3), largest_factor_allocated=round(loose, 3))
+    fit = Fit(axis, True, largest_factor=round(best, 3), largest_factor_fragmented=round(_largest(*base, budget / frag), 3),
+              largest_factor_allocated=round(loose, 3))
     listed = [x for x in FACTOR_GRID if x <= best]
     fit.largest_listed = listed[-1] if listed else None
     nxt = next((x for x in FACTOR_GRID if x > best), None)
@@ -193,7 +226,7 @@ def _solve(f: _Facts, axis: str, budget: int, reserve: float, remedies: dict[str
         found = _remedies_for(curve, remedies, nxt, budget / reserve)
         if found is not None:
             fit.next_fits_with, fit.largest_factor_with = found[0], round(found[1], 3)
-    fit.confidence, fit.why = _confidence(f, axis, reserve, best, loose)
+    fit.confidence, fit.why = _confidence(f, axis, reserve, frag, best, fit.largest_factor_fragmented, loose)
     return fit
 
 
@@ -213,11 +246,13 @@ def _remedies_for(curve, remedies: dict[str, _Change], target: float, room: floa
     return None
 
 
-def _confidence(f: _Facts, axis: str, reserve: float, best: float, loose: float) -> tuple[str, list[str]]:
+def _confidence(f: _Facts, axis: str, reserve: float, frag: float, best: float, mid: float,
+                loose: float) -> tuple[str, list[str]]:
     why = [f"the trace reserved {reserve:.2f}x what it allocated at its peak; the budget is checked against the "
-           f"predicted peak x {reserve:.2f}. Under a cap the allocator frees cached blocks before it fails, so "
-           f"the real limit lies between factor {best:.2f} (with that reserve) and {loose:.2f} (the allocated "
-           f"peak alone)",
+           f"predicted peak x {reserve:.2f}. Under a cap the allocator frees its unused cached segments before it "
+           f"fails, and only the free space inside segments holding live blocks ({frag:.2f}x at the peak) stays: "
+           f"the real limit lies between factor {best:.2f} (with the reserve), {mid:.2f} (with that fragmentation) "
+           f"and {loose:.2f} (the allocated peak alone)",
            f"the replay's predictions were within {CHECKED_ERROR:.0%} of real runs on the model families of "
            f"docs/what-if.md"]
     level = 2
@@ -237,13 +272,14 @@ def _confidence(f: _Facts, axis: str, reserve: float, best: float, loose: float)
 
 def format_fits(fx: Fits) -> str:
     lines = [f"what fits in {format_bytes(fx.budget_bytes)} (peak now {format_bytes(fx.peak_bytes)}, "
-             f"reserve {fx.reserve_ratio:.2f}x):"]
+             f"reserve {fx.reserve_ratio:.2f}x, fragmentation {fx.fragmentation_ratio:.2f}x):"]
     for fit in (fx.batch, fx.sequence):
         if not fit.applies:
             lines.append(f"  {fit.axis}: cannot tell: {fit.why[0]}")
             continue
-        lines.append(f"  {fit.axis}: up to x{fit.largest_factor:g} predicted to fit (x{fit.largest_factor_allocated:g} "
-                     f"without the reserve); confidence {fit.confidence}")
+        lines.append(f"  {fit.axis}: up to x{fit.largest_factor:g} predicted to fit (x{fit.largest_factor_fragmented:g} "
+                     f"with fragmentation only, x{fit.largest_factor_allocated:g} without any reserve); "
+                     f"confidence {fit.confidence}")
         if fit.next_factor is not None:
             need = (f"fits with {' + '.join(fit.next_fits_with)} (up to x{fit.largest_factor_with:g})"
                     if fit.next_fits_with else "no remedy phasemem knows makes it fit")
