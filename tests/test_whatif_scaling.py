@@ -234,3 +234,26 @@ def test_a_compiled_forward_gives_no_sequence_prediction():
     assert not w["seq_x2"].applies and "compiled graph" in w["seq_x2"].explanation
     fx = r.fits(4 * r.peak_bytes)
     assert fx.batch.applies and not fx.sequence.applies and "compiled graph" in fx.sequence.why[0]
+
+
+def test_fragmentation_counts_free_space_only_in_segments_holding_live_blocks():
+    """Two 20 MiB segments at the peak: one holds a live 6 MiB block (14 MiB it cannot give back), the
+    other only freed blocks (a capped allocator releases it). Ratio = (allocated + 14 MiB) / allocated."""
+    from phasemem.fits import fragmentation
+
+    L = gpt_like("none", steps=1)
+    seg_a, seg_b = 1 << 40, (1 << 40) + (64 << 20)
+    ev = [{"action": "segment_alloc", "addr": seg_a, "size": 20 * MiB, "stream": 0, "time_us": 1, "frames": []},
+          {"action": "segment_alloc", "addr": seg_b, "size": 20 * MiB, "stream": 0, "time_us": 2, "frames": []},
+          {"action": "alloc", "addr": seg_a, "size": 6 * MiB, "stream": 0, "time_us": 3, "frames": []},
+          {"action": "alloc", "addr": seg_b, "size": 9 * MiB, "stream": 0, "time_us": 4, "frames": []},
+          {"action": "free_completed", "addr": seg_b, "size": 9 * MiB, "stream": 0, "time_us": 5, "frames": []}]
+    snap = L.snapshot()
+    end = dict(ev[2], action="free_completed", time_us=10 ** 9)
+    snap["device_traces"][0] = ev + snap["device_traces"][0] + [end]  # the 6 MiB block lives through the peak
+    r = phasemem.analyze(snap)
+    assert r.peak_bytes == naive_peak(L) + 6 * MiB
+    assert fragmentation(r.analysis) == pytest.approx((r.peak_bytes + 14 * MiB) / r.peak_bytes)
+    # the budget is read against reserved over allocated, the larger: the fragmentation bound lies between
+    fit = r.fits(3 * r.peak_bytes).batch
+    assert fit.largest_factor <= fit.largest_factor_fragmented <= fit.largest_factor_allocated
