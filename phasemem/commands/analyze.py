@@ -47,7 +47,6 @@ def run(args) -> int:
     from ..analyze import analyze
     from ..budgets import parse_budgets
     from ..render import visible_range
-    from ..report import format_what_if
     from ..steps import parse_steps
 
     budgets = parse_budgets(args.fail_if, absolute=True)  # one that does not parse fails now, not as a pass
@@ -77,15 +76,25 @@ def run(args) -> int:
         outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **picture_kwargs(args))))
         if json_path:
             outputs.append((json_path, r.json_writer()))
-    print("\n\n".join(str(r) + (("\n\n" + format_what_if(r)) if args.what_if else "")
-                        + (("\n\n" + str(r.fits(args.fits))) if args.fits is not None and r.live is None else "")
-                        for r in reports))
+    print("\n\n".join("\n\n".join(_sections(r, args)) for r in reports))
     broken = _over_budget(budgets, reports, every)  # a budget that cannot be checked fails before writing
     write_all(outputs)  # all of them or none
     print(f"\nwrote {', '.join(p for p, _ in outputs)}")
     for line in broken:
         print(f"phasemem: {line}", file=sys.stderr)
     return EXIT_OVER_BUDGET if broken else 0
+
+
+def _sections(r, args) -> list[str]:
+    """The report, then what --what-if and --fits asked for."""
+    from ..report import format_what_if
+
+    out = [str(r)]
+    if args.what_if:
+        out.append(format_what_if(r))
+    if args.fits is not None:
+        out.append(str(r.fits(args.fits)) if r.live is None else "what fits: nothing to solve (no allocation history)")
+    return out
 
 
 def _over_budget(budgets, reports, every: bool) -> list[str]:
