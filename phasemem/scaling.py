@@ -7,20 +7,22 @@ and with the sequence. Attention scores computed without a fused kernel (batch x
 with the square of the sequence. Sizes alone cannot tell them apart (a ViT with 6 heads over 256
 patches has scores exactly as wide as its 4 x 384 MLP), so they are told by what made them:
 
-- frames that name an attention function (Hugging Face's ``eager_attention_forward``, torch's
-  ``multi_head_attention_forward``, a file ``attention.py``): their blocks of a size that no block
-  made outside them has;
-- without such frames, the softmax's upcast under autocast: an fp32 block twice the size of the
-  half-precision temporary made just before it (the scaled scores, freed within forward). A
-  LayerNorm's upcast of a half-precision residual stream reads the same sizes, but its input is
-  saved for backward, not freed in forward.
+- frames: torch's ``softmax`` called inside a function (or file) named for attention (transformers'
+  ``eager_attention_forward``, torch's ``multi_head_attention_forward``, timm's ``attention.py``): the
+  blocks made inside that function of the probabilities' size or half of it;
+- without such frames, the softmax's upcast under autocast: fp32 probabilities kept for backward,
+  twice the size of the half-precision copy made right after them and of the temporary made right
+  before (the scaled scores or their fp32 copy), once per layer. A half-precision branch added to an
+  fp32 residual stream reads the same sizes but is followed by a LayerNorm's fp32 output; a
+  LayerNorm's fp32 output is freed within forward, not kept.
 
-Backward's blocks of those sizes are quadratic where they come in a run with one of a size only
-attention makes (softmax's backward in fp32).
+Backward has no frames: its blocks are quadratic where their size is one only attention makes in
+forward. A compiled forward (torch.compile) says neither, and no frames with no upcast neither:
+then the sequence's growth cannot be told.
 
 Example:
     >>> g = growth(trace, alloc, free, size, phase_alloc, phase_free, token, exclude)
-    >>> g.quadratic.sum(), g.evidence
+    >>> (g.kind == QUADRATIC).sum(), g.evidence, g.factor(batch=2)
 """
 from __future__ import annotations
 
@@ -160,8 +162,8 @@ def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, 
         kind[bwd[np.isin(size[bwd], list(qsizes - linear_sizes))]] = QUADRATIC
         return Growth(kind, evidence, True)
     if has_frames:
-        return Growth(kind, "no attention scores seen: no frame names an attention function and no softmax "
-                            "upcast is seen, so every per-token block is taken to grow linearly with the "
+        return Growth(kind, "no attention scores seen: no softmax inside a function named for attention and no "
+                            "softmax upcast, so every per-token block is taken to grow linearly with the "
                             "sequence (true with a fused attention kernel: SDPA, flash)", True)
     return Growth(kind, "the trace has no frames and no softmax upcast is seen: whether attention scores "
                         "(quadratic in the sequence) are materialised cannot be told", False)
