@@ -164,3 +164,23 @@ def test_peak_decomposition_sums_exactly_on_the_shared_traces_shared(path):
     b = report.peak
     assert sum(b.by_category.values()) == b.bytes == report.peak_bytes
     assert sum(b.by_shape.values()) + sum(b.rest_by_category.values()) == b.bytes
+
+
+# fixtures/oom's 2B loops also ran uncapped (meta "uncapped": their max_memory_allocated): batch x 2 of
+# fixtures/pairs/base, alone and with the remedy that the OOM post-mortem names.
+UNCAPPED = {"oom_base": ({}, "batch x2"), "oom_fix_chunked_ce": ({"chunked_cross_entropy": {"chunks": 4}}, "+ chunked"),
+            "oom_fix_ckpt": ({"activation_checkpointing": {"every": 1}}, "+ checkpointing")}
+
+
+@pytest.mark.parametrize("run", sorted(UNCAPPED))
+def test_batch_x2_predicted_from_the_base_matches_the_uncapped_2b_run(base, run):
+    from phasemem.fits import predict
+
+    path = OOM / f"{run}.json"
+    if not path.exists():
+        pytest.skip("fixtures/oom not recorded")
+    measured = json.loads(path.read_text())["uncapped"]["peak_allocated"]
+    got = predict(base.analysis, base.patterns, UNCAPPED[run][0], batch=2)
+    assert abs(got - measured) <= WITHIN * measured
+    if not UNCAPPED[run][0]:
+        assert got == {w.remedy: w for w in base.what_if}["batch_x2"].predicted_peak_bytes
