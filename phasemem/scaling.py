@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .infer.frames import COMPILED_FILES, per_stack
+from .infer.frames import per_stack
 from .trace import Trace
 from .vocab import P
 
@@ -41,6 +41,10 @@ ATTENTION_WORDS = ("attention", "attn")
 #: Batch and sequence factors the report replays (issue 30): named batch_x0.5 ... seq_x4.
 BATCH_FACTORS = (0.5, 2, 4)
 SEQ_FACTORS = (2, 4)
+#: Frames of a compiled graph running: inductor's output code and its generated file. Not torch/_dynamo/
+#: alone: transformers and checkpoint wrap eager functions in torch._dynamo.disable, whose ``_fn`` frame
+#: is in every allocation of fixtures/llama_hf_ckpt_bf16 (an eager model).
+GRAPH_FILES = ("torch/_inductor/", "/torchinductor_")
 #: A forward whose per-token blocks come from a compiled graph at least this often is read as compiled:
 #: inductor may replace an eager attention by a fused kernel, and its frames do not say which op made a block.
 COMPILED_SHARE = 0.5
@@ -68,8 +72,8 @@ class Growth:
 
 
 def compiled(trace: Trace) -> np.ndarray:
-    """Per stack id (``per_stack``): a frame is inside torch.compile's machinery (infer.frames.COMPILED_FILES)."""
-    return per_stack(trace, lambda fr: any(part in fn.replace("\\", "/") for fn, _, _ in fr for part in COMPILED_FILES))
+    """Per stack id (``per_stack``): a frame is a compiled graph's (GRAPH_FILES)."""
+    return per_stack(trace, lambda fr: any(part in fn.replace("\\", "/") for fn, _, _ in fr for part in GRAPH_FILES))
 
 
 def _named_attention(frames) -> bool:

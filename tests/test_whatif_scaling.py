@@ -234,6 +234,9 @@ def test_a_compiled_forward_gives_no_sequence_prediction():
     assert not w["seq_x2"].applies and "compiled graph" in w["seq_x2"].explanation
     fx = r.fits(4 * r.peak_bytes)
     assert fx.batch.applies and not fx.sequence.applies and "compiled graph" in fx.sequence.why[0]
+    # an eager model whose frames pass through torch._dynamo.disable wrappers (transformers, checkpoint)
+    eager = phasemem.analyze(str(FIXTURES / "llama_hf_ckpt_bf16.pkl.xz"))
+    assert {x.remedy: x for x in eager.what_if}["seq_x2"].applies
 
 
 def test_fragmentation_counts_free_space_only_in_segments_holding_live_blocks():
