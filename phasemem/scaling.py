@@ -7,8 +7,9 @@ and with the sequence. Attention scores computed without a fused kernel (batch x
 with the square of the sequence. Sizes alone cannot tell them apart (a ViT with 6 heads over 256
 patches has scores exactly as wide as its 4 x 384 MLP), so they are told by what made them:
 
-- frames: torch's ``softmax`` called inside a function (or file) named for attention (transformers'
-  ``eager_attention_forward``, torch's ``multi_head_attention_forward``, timm's ``attention.py``): the
+- frames: a ``softmax`` (torch's or the program's own) called inside a function (or file) named for
+  attention (transformers' ``eager_attention_forward``, torch's ``multi_head_attention_forward``,
+  timm's ``attention.py``, a hand-written ``scaled_dot_product_attention``): the
   blocks made inside that function of the probabilities' size or half of it;
 - without such frames, the softmax's upcast under autocast: fp32 probabilities kept for backward,
   twice the size of the half-precision copy made right after them and of the temporary made right
@@ -21,7 +22,7 @@ forward. A compiled forward (torch.compile) says neither, and no frames with no 
 then the sequence's growth cannot be told.
 
 Example:
-    >>> g = growth(trace, alloc, free, size, phase_alloc, phase_free, token, exclude)
+    >>> g = growth(trace, alloc, free, size, phase_alloc, phase_free, step, token, exclude)
     >>> (g.kind == QUADRATIC).sum(), g.evidence, g.factor(batch=2)
 """
 from __future__ import annotations
@@ -87,31 +88,54 @@ def _attention_stacks(trace: Trace) -> np.ndarray:
 
 
 def _softmax_in_attention(trace: Trace) -> np.ndarray:
-    """Per stack id: made by torch's softmax called inside a function named for attention
-    (transformers' eager_attention_forward: ``softmax(scores, dtype=float32)``)."""
+    """Per stack id: made by a softmax (torch's, or the program's own: ../shared/wild/magma27_cs336's
+    ``nn_utils.softmax``) called inside a function named for attention (transformers'
+    eager_attention_forward: ``softmax(scores, dtype=float32)``; cs336's scaled_dot_product_attention)."""
     def of(frames):
         py = [(fn.replace("\\", "/"), name) for fn, _, name in frames if fn.endswith(".py")]
-        if not py or py[0][1] != "softmax" or "/torch/" not in py[0][0]:
+        if not py or "softmax" not in py[0][1].lower():
             return False
         return _named_attention(frames[1:])
 
     return per_stack(trace, of)
 
 
-def _softmax_runs(fwd: np.ndarray, size: np.ndarray, phase_free: np.ndarray) -> np.ndarray:
-    """Forward's blocks (``fwd`` in allocation order) in runs around a softmax under autocast: a
-    block of 2X kept for backward (the fp32 probabilities), X made right after it (their half-precision
-    copy for the next matmul), and before it a temporary of X or 2X freed within forward (the scaled
-    scores, or their fp32 copy). A residual add of a half-precision branch to an fp32 stream is
-    followed by a LayerNorm's fp32 output, not by a half-size block; a LayerNorm's fp32 output is
-    freed in forward, not kept (fixtures/pairs/base: neither matches)."""
+def _not_torch_op(trace: Trace) -> np.ndarray:
+    """Per stack id: the innermost Python frame is no torch function but softmax (a ReLU, a BatchNorm
+    or a Linear of torch's reads the sizes of a softmax's upcast: h11_pgd_adversarial, heldout_embbag)."""
+    def of(frames):
+        py = [(fn.replace("\\", "/"), name) for fn, _, name in frames if fn.endswith(".py")]
+        return not py or "/torch/" not in py[0][0] or py[0][1] == "softmax"
+
+    return per_stack(trace, of, none=True)
+
+
+def _softmax_runs(trace: Trace, fwd: np.ndarray, alloc: np.ndarray, size: np.ndarray, phase_free: np.ndarray,
+                  step: np.ndarray) -> np.ndarray:
+    """Forward's blocks (``fwd`` in allocation order) around a softmax under autocast: a block of 2X
+    kept for backward (the fp32 probabilities: the step's largest per-token forward block) made by no
+    torch function but softmax, X made right
+    after it (their half-precision copy for the next matmul), and before it a temporary of X or 2X
+    freed within forward (the scaled scores, or their fp32 copy); at least MIN_REPEATS times in one
+    step (a layer stack). A half-precision branch added to an fp32 residual stream is followed by a
+    LayerNorm's fp32 output, not by a half-size block; a LayerNorm's fp32 output is freed in forward,
+    not kept (fixtures/pairs/base and every SDPA trace here: no match)."""
     s = size[fwd]
     mid = np.arange(1, len(fwd) - 1)
     x = s[mid + 1]
     hit = mid[(s[mid] == 2 * x) & (x > 0) & (phase_free[fwd[mid]] == P["backward"])
               & ((s[mid - 1] == x) | (s[mid - 1] == 2 * x)) & (phase_free[fwd[mid - 1]] == P["forward"])]
-    # a layer stack repeats it: one match is no attention
-    if len(hit) < MIN_REPEATS:
+    hit = hit[_not_torch_op(trace)[trace.stack[alloc[fwd[hit]]]]]
+    # the probabilities are the forward's largest per-token blocks once T >= 2 x the head width (fp32
+    # B·H·T² against a bf16 MLP of 4 x width); a rotary embedding's halves read 2X/X too, but beside
+    # larger MLP blocks (../shared/wild/magma27_cs336)
+    top = np.zeros(int(step.max()) + 2, np.int64)
+    np.maximum.at(top, step[fwd] + 1, s)
+    hit = hit[s[hit] >= top[step[fwd[hit]] + 1]]
+    # a layer stack repeats it within a step: one per step is no attention (CLIP's logits, heldout3)
+    steps, counts = np.unique(step[fwd[hit]], return_counts=True)
+    hit = hit[np.isin(step[fwd[hit]], steps[counts >= MIN_REPEATS])]
+    if not len(hit):
         return np.zeros(0, np.int64)
     keep = np.zeros(len(fwd), bool)
     keep[hit] = True
@@ -127,9 +151,10 @@ def _softmax_runs(fwd: np.ndarray, size: np.ndarray, phase_free: np.ndarray) -> 
 
 
 def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, phase_alloc: np.ndarray,
-           phase_free: np.ndarray, token: np.ndarray, exclude: np.ndarray) -> Growth:
-    """``token``: per block, does it hold per-token values (whatif's batch-dependent blocks);
-    ``exclude``: blocks that are per-token but never attention (the logits and their copies)."""
+           phase_free: np.ndarray, step: np.ndarray, token: np.ndarray, exclude: np.ndarray) -> Growth:
+    """Per block (Lifetimes order): its alloc and free events, size, phases, step (-1 before the
+    trace); ``token``: does it hold per-token values (whatif's batch-dependent blocks); ``exclude``:
+    blocks that are per-token but never attention (the logits and their copies)."""
     kind = np.where(token, LINEAR, CONSTANT).astype(np.int8)
     cand = token & ~exclude
     fwd = np.flatnonzero(cand & (phase_alloc == P["forward"]))
@@ -150,10 +175,10 @@ def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, 
             probs = set(np.unique(size[fwd[seed]]).tolist())
             inside = _attention_stacks(trace)[stacks]
             quad_fwd = fwd[inside & np.isin(size[fwd], list(probs | {v // 2 for v in probs}))]
-            evidence = ("attention scores told by the frames: torch's softmax called inside a function named for "
+            evidence = ("attention scores told by the frames: a softmax called inside a function named for "
                         "attention; the blocks made inside that function of the probabilities' size or half of it")
     if not len(quad_fwd) and len(fwd) > 2:
-        quad_fwd = _softmax_runs(fwd, size, phase_free)
+        quad_fwd = _softmax_runs(trace, fwd, alloc, size, phase_free, step)
         if len(quad_fwd):
             evidence = ("attention scores told by the softmax's upcast (no frames name an attention function): "
                         "an fp32 block kept for backward, twice the size of the half-precision copy made right "

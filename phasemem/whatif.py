@@ -189,8 +189,9 @@ class _Facts:
         if self._growth is None:
             vocab = np.zeros(len(self.size), bool)
             vocab[_vocab(self)] = True
+            step = np.where(self.alloc >= 0, self.an.step_of[np.maximum(self.alloc, 0)], -1)
             self._growth = growth(self.an.trace, self.alloc, self.free, self.size, self.phase_alloc,
-                                  self.phase_free, _batch_dependent(self), vocab)
+                                  self.phase_free, step, _batch_dependent(self), vocab)
         return self._growth
 
     def runs(self, step: int, phase: str) -> tuple[np.ndarray, np.ndarray]:

@@ -260,3 +260,30 @@ def test_fragmentation_counts_free_space_only_in_segments_holding_live_blocks():
     # the budget is read against reserved over allocated, the larger: the fragmentation bound lies between
     fit = r.fits(3 * r.peak_bytes).batch
     assert fit.largest_factor <= fit.largest_factor_fragmented <= fit.largest_factor_allocated
+
+
+def test_a_hand_written_attention_is_told_by_its_frames_shared():
+    """../shared/wild/magma27_cs336 (CS336's LM: its own scaled_dot_product_attention and softmax, fp32,
+    no upcast): the scores are quadratic; its rotary halves (2X beside X) and its MLP, as large as the
+    scores, are not."""
+    from conftest import FIXTURES
+
+    path = FIXTURES.parent.parent / "shared" / "wild" / "magma27_cs336.pickle"
+    if not path.exists():
+        pytest.skip("no ../shared/wild")
+    r = phasemem.analyze(str(path))
+    w = {x.remedy: x for x in r.what_if}
+    assert "told by the frames" in " ".join(w["seq_x2"].assumptions)
+    assert w["seq_x2"].predicted_peak_bytes > w["batch_x2"].predicted_peak_bytes
+
+
+@pytest.mark.parametrize("name", ["heldout11/h11_pgd_adversarial", "heldout/heldout_embbag_adagrad",
+                                  "heldout3/heldout3_clip_infonce", "pairs/base", "llama_hf", "vit_adamw"])
+def test_no_attention_scores_where_there_are_none(name):
+    """A ReLU after a BatchNorm, an MLP's halving Linear, CLIP's one batch x batch softmax per step, and
+    SDPA models read like a softmax's upcast by their sizes alone: none is attention."""
+    from conftest import FIXTURES
+
+    r = phasemem.analyze(str(FIXTURES / f"{name}.pkl.xz"))
+    w = {x.remedy: x for x in r.what_if}
+    assert w["seq_x2"].applies and w["seq_x2"].predicted_peak_bytes == w["batch_x2"].predicted_peak_bytes
