@@ -37,6 +37,13 @@ HEAD_GRAD_SHARE, HEAD_CAST_SHARE = 1.0, 0.5
 CKPT_EVERY = 1
 #: 8-bit optimizer state (bitsandbytes' AdamW8bit) keeps 1 byte per number where torch keeps 4.
 STATE_FACTOR = 0.25
+#: A block of a weight's gradient's size (or half: its bf16 cast) is a weight's copy when made at most
+#: this many times per such gradient (autocast's forward cast and backward's half-precision weight
+#: gradient, once per step each, and one to spare); made more often it holds per-token values
+#: (fixtures/pairs2/gpt: 6 MiB is the position table's size and every bf16 activation of 4,096 tokens).
+#: Before, any block of a pre-existing block's size was a copy: cuBLAS's 32 MiB workspace made
+#: fixtures/pairs2/llama's 32 MiB attention scores constant.
+COPIES_PER_WEIGHT = 3
 #: A layer period must repeat this share of the saved activations' sizes (a transformer's blocks are
 #: identical; 0.9 leaves room for the first block's extra casts).
 PERIOD_MATCH = 0.9
@@ -347,13 +354,36 @@ def _zero_grad_before_forward(f: _Facts):
     return ch
 
 
+def _weight_copies(f: _Facts, candidates: np.ndarray) -> np.ndarray:
+    """Of ``candidates`` (a mask), the weights' copies: blocks of a gradient's size or half of it (a
+    bf16 cast) made no more than COPIES_PER_WEIGHT times per gradient of that size. Without gradients
+    in the trace, blocks of a pre-existing block's size (the weights and whatever else was there)."""
+    grads = np.flatnonzero((f.cat == C["gradient"]) & (f.alloc >= 0))
+    if not len(grads):
+        return candidates & in_sorted(f.size, np.unique(f.an.facts.param_sizes))
+    gs, gn = np.unique(f.size[grads], return_counts=True)
+    ws, wn = np.unique(np.concatenate([gs, gs // 2]), return_counts=False), None
+    wn = np.zeros(len(ws), np.int64)
+    np.add.at(wn, np.searchsorted(ws, gs), gn)
+    np.add.at(wn, np.searchsorted(ws, gs // 2), gn)
+    idx = np.flatnonzero(candidates)
+    pos = np.searchsorted(ws, f.size[idx])
+    hit = (pos < len(ws)) & (ws[np.minimum(pos, len(ws) - 1)] == f.size[idx])
+    made = np.zeros(len(ws), np.int64)
+    np.add.at(made, pos[hit], 1)
+    copies = made <= COPIES_PER_WEIGHT * wn
+    out = np.zeros(len(f.size), bool)
+    out[idx[hit][copies[pos[hit]]]] = True
+    return out
+
+
 def _batch_dependent(f: _Facts) -> np.ndarray:
     """Blocks that scale with the tokens: made in forward, loss or backward, or an input; not the
-    weights, their gradients, the optimizer's state, weight-sized copies, or one-off workspaces."""
+    weights, their gradients, the optimizer's state, the weights' copies, or one-off workspaces."""
     made = np.isin(f.phase_alloc, [P["forward"], P["loss"], P["backward"]]) | (f.cat == C["input"])
     kept = np.isin(f.cat, [C["parameter"], C["gradient"], C["optimizer_state"]])
-    weight_sized = in_sorted(f.size, np.unique(f.an.facts.param_sizes))
-    out = made & ~kept & ~weight_sized & (f.alloc >= 0)
+    out = made & ~kept & (f.alloc >= 0)
+    out &= ~_weight_copies(f, out)
     out[f.members("workspace", "gradients")] = False
     return out
 
@@ -406,6 +436,25 @@ def _layer_period(sizes: np.ndarray, seen: dict | None = None) -> int | None:
     return found
 
 
+def _layer_rows(sizes: np.ndarray, period: int) -> tuple[int, int]:
+    """(first, count) of the whole repeated blocks among a step's saved sizes: the offset whose rows
+    of ``period`` end with the size saved just before the first (each block's output is the next
+    block's input: fixtures/pairs2/vit's 24 MiB residual), then whose rows repeat the first most
+    often (the embedding's blocks before them, the head's after them, are no layer)."""
+    best = None
+    for o in range(period):
+        rows = (len(sizes) - o) // period
+        if rows < MIN_BLOCKS:
+            continue
+        body = sizes[o:o + rows * period].reshape(rows, period)
+        # the chain first: the last block's output may not be saved (a mean pool before the head), so
+        # the chained offset can repeat one row fewer (fixtures/pairs2/vit)
+        key = (bool(o) and body[0, -1] == sizes[o - 1], int((body == body[0]).all(axis=1).sum()), -o)
+        if best is None or key > best[0]:
+            best = (key, o, rows)
+    return (best[1], best[2]) if best else (0, len(sizes) // period)
+
+
 def _activation_checkpointing(f: _Facts, every: int = CKPT_EVERY):
     if f.members("checkpoint_recompute").size:
         return "backward recomputes forward's tensors already (checkpoint_recompute)"
@@ -417,33 +466,45 @@ def _activation_checkpointing(f: _Facts, every: int = CKPT_EVERY):
     which = "every repeated block" if every == 1 else f"every {every}th repeated block (the first, then every {every})"
     ch = f.change(f"Activation checkpointing of {which}: forward keeps only a checkpointed block's input; "
                   "backward recomputes one block at a time.",
-                  "a block's input is its saved tensor of the most common size (the residual stream)",
-                  "recompute holds one block's saved activations through backward (the ripples' height)")
-    added, steps, periods = ([], [], []), 0, {}
+                  "a block's input is the previous block's output: the saved tensor of each repeated block with the "
+                  "size of the one saved just before the first block (the embedding's output); else its most "
+                  "common size",
+                  "backward makes a checkpointed block's tensors again just before it frees the first of them, "
+                  "and frees each where the trace freed it (the ripples)")
+    added, kinds, steps, periods = ([], [], []), [], 0, {}
     for s, (a, b, _) in enumerate(f.an.segmentation.steps):
         idx = f.made_in(a, b)
         idx = idx[saved[idx]]
         period = _layer_period(f.size[idx], periods) if len(idx) >= 2 * MIN_BLOCKS else None
         if period is None:
             continue
-        blocks = len(idx) // period
-        body = idx[:blocks * period].reshape(blocks, period)
-        sizes, counts = np.unique(f.size[body[0]], return_counts=True)
-        keep_size = sizes[np.argmax(counts)]
-        first_kept = np.argmax(f.size[body] == keep_size, axis=1)
+        start, blocks = _layer_rows(f.size[idx], period)
+        body = idx[start:start + blocks * period].reshape(blocks, period)
+        before = int(f.size[idx[start - 1]]) if start else -1
+        same = np.flatnonzero(f.size[body[0]] == before)
+        if len(same):  # each block's output, the next one's input: what a checkpoint keeps
+            keep = np.full(blocks, same[-1])
+        else:
+            sizes, counts = np.unique(f.size[body[0]], return_counts=True)
+            keep = np.argmax(f.size[body] == sizes[np.argmax(counts)], axis=1)
         drop = np.ones(body.shape, bool)
-        drop[np.arange(blocks), first_kept] = False
+        drop[np.arange(blocks), keep] = False
         drop[np.arange(blocks) % every != 0] = False  # blocks left unchecked keep what they save
         ch.size[body[drop]] = 0
-        bwd, bwd_last = f.runs(s, "backward")
-        if len(bwd):
-            added[0].append(int(bwd[0]))
-            added[1].append(int(bwd_last[-1]))
-            added[2].append(int(f.size[body[0]].sum()))
+        # the recompute: a checkpointed block's tensors are made again when backward reaches it (just
+        # before the first of them is freed) and freed where they were; one block at a time
+        for row, gone in zip(body, drop):
+            if gone.any():
+                again = row[gone]
+                added[0].append(np.full(len(again), max(int(f.free[row].min()) - 1, 0)))
+                added[1].append(f.free[again])
+                added[2].append(f.size[again])
+                kinds.append(f.growth().kind[again])  # a score made again grows as the score did
         steps += 1
     if not steps:
         return "no stack of repeated blocks among the saved activations: nothing to checkpoint by block"
-    ch.added = tuple(np.asarray(x, np.int64) for x in added)
+    ch.added = tuple(np.concatenate(x).astype(np.int64) if x else np.zeros(0, np.int64) for x in added)
+    ch.added_kind = np.concatenate(kinds).astype(np.int8) if kinds else np.zeros(0, np.int8)
     return ch
 
 
