@@ -37,13 +37,14 @@ HEAD_GRAD_SHARE, HEAD_CAST_SHARE = 1.0, 0.5
 CKPT_EVERY = 1
 #: 8-bit optimizer state (bitsandbytes' AdamW8bit) keeps 1 byte per number where torch keeps 4.
 STATE_FACTOR = 0.25
-#: A block of a weight's gradient's size (or half: its bf16 cast) is a weight's copy when made at most
-#: this many times per such gradient (autocast's forward cast and backward's half-precision weight
-#: gradient, once per step each, and one to spare); made more often it holds per-token values
-#: (fixtures/pairs2/gpt: 6 MiB is the position table's size and every bf16 activation of 4,096 tokens).
-#: Before, any block of a pre-existing block's size was a copy: cuBLAS's 32 MiB workspace made
-#: fixtures/pairs2/llama's 32 MiB attention scores constant.
-COPIES_PER_WEIGHT = 3
+#: A block of half a weight's gradient's size is the weight's half-precision copy when made at most
+#: this many times per such gradient: autocast's cast in forward and the half-precision weight gradient
+#: in backward, once per step each. Made more often, that size also holds per-token values: at B 2,
+#: fixtures' GPT's 4.5 MiB is both the MLP weights' bf16 casts and its qkv outputs, and the replay
+#: scales them all (over-predicting, never under). Before, any block of a pre-existing block's size was
+#: a copy: cuBLAS's 32 MiB workspace made fixtures/pairs2/llama's 32 MiB attention scores constant,
+#: and at B 2 llama's 2.75 MiB MLP activations were its MLP weights' size (-3.4 % at batch x7).
+COPIES_PER_WEIGHT = 2
 #: A layer period must repeat this share of the saved activations' sizes (a transformer's blocks are
 #: identical; 0.9 leaves room for the first block's extra casts).
 PERIOD_MATCH = 0.9
@@ -355,25 +356,31 @@ def _zero_grad_before_forward(f: _Facts):
 
 
 def _weight_copies(f: _Facts, candidates: np.ndarray) -> np.ndarray:
-    """Of ``candidates`` (a mask), the weights' copies: blocks of a gradient's size or half of it (a
-    bf16 cast) made no more than COPIES_PER_WEIGHT times per gradient of that size. Without gradients
-    in the trace, blocks of a pre-existing block's size (the weights and whatever else was there)."""
+    """Of ``candidates`` (a mask), the weights' half-precision copies: blocks of half a gradient's size
+    made no more than COPIES_PER_WEIGHT times per gradient of that size (autocast's cast in forward,
+    the half-precision weight gradient in backward). A block of a gradient's own size is no copy:
+    nothing makes one per step but the gradient itself. Without gradients in the trace, blocks of a
+    pre-existing block's size (the weights and whatever else was there)."""
     grads = np.flatnonzero((f.cat == C["gradient"]) & (f.alloc >= 0))
     if not len(grads):
         return candidates & in_sorted(f.size, np.unique(f.an.facts.param_sizes))
-    gs, gn = np.unique(f.size[grads], return_counts=True)
-    ws, wn = np.unique(np.concatenate([gs, gs // 2]), return_counts=False), None
-    wn = np.zeros(len(ws), np.int64)
-    np.add.at(wn, np.searchsorted(ws, gs), gn)
-    np.add.at(wn, np.searchsorted(ws, gs // 2), gn)
+    half, n = np.unique(f.size[grads] // 2, return_counts=True)
     idx = np.flatnonzero(candidates)
-    pos = np.searchsorted(ws, f.size[idx])
-    hit = (pos < len(ws)) & (ws[np.minimum(pos, len(ws) - 1)] == f.size[idx])
-    made = np.zeros(len(ws), np.int64)
-    np.add.at(made, pos[hit], 1)
-    copies = made <= COPIES_PER_WEIGHT * wn
+    pos = np.minimum(np.searchsorted(half, f.size[idx]), len(half) - 1)
+    hit = half[pos] == f.size[idx]
+    made = np.bincount(pos[hit], minlength=len(half))
     out = np.zeros(len(f.size), bool)
-    out[idx[hit][copies[pos[hit]]]] = True
+    idx, pos = idx[hit], pos[hit]
+    alone = (made <= COPIES_PER_WEIGHT * n)[pos]
+    out[idx[alone]] = True
+    # a size that per-token blocks share: in forward, a cast is followed by more of its op's blocks (the
+    # input's or bias's cast, the output: the same stack); the op's output ends the op. Backward's
+    # half-precision weight gradients have no frames to tell them: they are taken as per-token
+    mixed = idx[~alone & (f.phase_alloc[idx] == P["forward"])]
+    ev = f.alloc[mixed]
+    stack = f.an.trace.stack
+    nxt = np.minimum(ev + 1, f.n - 1)
+    out[mixed[(stack[ev] >= 0) & (stack[nxt] == stack[ev]) & (nxt > ev)]] = True
     return out
 
 
