@@ -1,0 +1,105 @@
+"""Predictions from each family's base trace against the runs that really applied the remedy or the
+scale (fixtures/pairs2, recorded on the H200 by fixtures/record_pairs2.py; issue 30). The measured
+peak is what each run's program read from ``torch.cuda.max_memory_allocated`` (its JSON), never
+phasemem's own reading of that run's trace.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+import phasemem
+from phasemem.fits import predict
+from conftest import FIXTURES
+
+PAIRS2 = FIXTURES / "pairs2"
+#: The target of issue 30: within 5 % of the measured peak, on every remedy and on batch x2 / x4 and seq x2.
+WITHIN = 0.05
+#: run -> (remedies with their settings, batch factor, sequence factor): what the real run changed
+RUNS = {
+    "fused": ({"fused_optimizer": {}}, 1, 1),
+    "zero_grad_before": ({"zero_grad_before_forward": {}}, 1, 1),
+    "chunked_ce_2": ({"chunked_cross_entropy": {"chunks": 2}}, 1, 1),
+    "chunked_ce_8": ({"chunked_cross_entropy": {"chunks": 8}}, 1, 1),
+    "bf16_logits": ({"bf16_logits": {}}, 1, 1),
+    "ckpt_1": ({"activation_checkpointing": {"every": 1}}, 1, 1),
+    "ckpt_2": ({"activation_checkpointing": {"every": 2}}, 1, 1),
+    "batch_x0.5": ({}, 0.5, 1),
+    "batch_x2": ({}, 2, 1),
+    "batch_x4": ({}, 4, 1),
+    "seq_x2": ({}, 1, 2),
+    "seq_x4": ({}, 1, 4),
+    "batch_x2+ckpt_1": ({"activation_checkpointing": {"every": 1}}, 2, 1),
+    "batch_x2+chunked_ce_8": ({"chunked_cross_entropy": {"chunks": 8}}, 2, 1),
+    "seq_x2+ckpt_1": ({"activation_checkpointing": {"every": 1}}, 1, 2),
+}
+CASES = sorted((p.name.split("__")[0], p.name.split("__")[1][:-len(".pkl.xz")]) for p in PAIRS2.glob("*__*.pkl.xz")
+               if not p.name.endswith("__base.pkl.xz"))
+_BASES: dict = {}
+
+
+def base(family: str):
+    if family not in _BASES:
+        _BASES[family] = phasemem.analyze(str(PAIRS2 / f"{family}__base.pkl.xz"))
+    return _BASES[family]
+
+
+def measured(family: str, run: str) -> int:
+    return json.loads((PAIRS2 / f"{family}__{run}.json").read_text())["peak_allocated"]
+
+
+@pytest.mark.parametrize("family,run", CASES or [("missing", "missing")], ids=lambda x: x)
+def test_prediction_from_the_base_is_within_5_percent_of_the_real_run(family, run):
+    if not CASES:
+        pytest.skip("fixtures/pairs2 not recorded")
+    remedies, b, q = RUNS[run]
+    got = predict(base(family).analysis, base(family).patterns, remedies, batch=b, seq=q)
+    assert isinstance(got, int), got
+    assert abs(got - measured(family, run)) <= WITHIN * measured(family, run)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt", "vit"])
+def test_the_reports_scale_entries_are_the_same_predictions(family):
+    if not CASES:
+        pytest.skip("fixtures/pairs2 not recorded")
+    r = base(family)
+    w = {x.remedy: x for x in r.what_if}
+    for name in ("batch_x0.5", "batch_x2", "batch_x4", "seq_x2", "seq_x4"):
+        remedies, b, q = RUNS[name]
+        assert w[name].applies and w[name].predicted_peak_bytes == predict(r.analysis, r.patterns, batch=b, seq=q)
+        assert set(w[name].predicted_phase_peaks) >= {"forward", "backward", "optimizer"}
+
+
+def test_how_attention_grows_is_told_per_family():
+    """Llama (eager, transformers' frames), the ViT (its own softmax under autocast: the upcast) grow
+    quadratically in the sequence; the GPT (SDPA, flash) linearly: seq x2 costs what batch x2 costs."""
+    if not CASES:
+        pytest.skip("fixtures/pairs2 not recorded")
+    told = {f: " ".join({x.remedy: x for x in base(f).what_if}["seq_x2"].assumptions) for f in ("llama", "gpt", "vit")}
+    assert "told by the frames" in told["llama"]
+    assert "upcast" in told["vit"]
+    assert "no attention scores seen" in told["gpt"]
+    w = {x.remedy: x for x in base("gpt").what_if}
+    assert w["seq_x2"].predicted_peak_bytes == w["batch_x2"].predicted_peak_bytes
+    # measured: the GPT's seq x2 and batch x2 runs peak within 0.1 % of each other
+    assert abs(measured("gpt", "seq_x2") - measured("gpt", "batch_x2")) <= 0.001 * measured("gpt", "batch_x2")
+
+
+def test_the_vit_has_no_logits_and_says_so():
+    if not CASES:
+        pytest.skip("fixtures/pairs2 not recorded")
+    w = {x.remedy: x for x in base("vit").what_if}
+    for name in ("chunked_cross_entropy", "bf16_logits"):
+        assert not w[name].applies and w[name].predicted_peak_bytes is None and "no logits" in w[name].explanation
+
+
+@pytest.mark.parametrize("family,run,remedy", [("llama", "chunked_ce_2", "chunked_cross_entropy"),
+                                               ("gpt", "bf16_logits", "bf16_logits"),
+                                               ("vit", "ckpt_1", "activation_checkpointing"),
+                                               ("llama", "ckpt_2", "activation_checkpointing"),
+                                               ("gpt", "fused", "fused_optimizer")])
+def test_a_remedy_already_applied_does_not_apply_again(family, run, remedy):
+    if not CASES:
+        pytest.skip("fixtures/pairs2 not recorded")
+    w = {x.remedy: x for x in phasemem.analyze(str(PAIRS2 / f"{family}__{run}.pkl.xz")).what_if}[remedy]
+    assert not w.applies, w.explanation
