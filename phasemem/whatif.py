@@ -29,6 +29,11 @@ CE_CHUNKS = 4
 #: (logsumexp's exp, or the softmax that becomes their gradient). Read off fixtures/pairs/chunked_ce:
 #: each chunk's 786 MiB of fp32 logits beside a second 786 MiB block, nothing larger.
 CHUNK_WORKING_SET = 2
+#: ... or, when the chunk is small beside the head, what is alive while the chunk's share of the head's
+#: weight gradient is made: the chunk's fp32 logits and their half-precision gradient (1.5 chunks),
+#: the product in half precision, then in fp32 (1.5 x the weight): fixtures/pairs2/gpt's chunked_ce_8
+#: peaks there (98 + 49 + 74 + 147 MiB), its chunked_ce_2 at the logsumexp (2 x 393 MiB).
+CHUNK_WITH_GRAD, WEIGHT_GRAD_PRODUCT = 1.5, 1.5
 #: Besides the chunks, a fused linear cross-entropy holds the head weight's gradient in fp32 (one
 #: block of the weight's size, from the loss to backward) and, while the loss runs, the weight cast to
 #: the logits' precision (half of it): fixtures/pairs/chunked_ce's 147.4 and 73.7 MiB.
@@ -276,7 +281,8 @@ def _chunked_cross_entropy(f: _Facts, chunks: int = CE_CHUNKS):
                   f"backward; nothing vocabulary-sized is kept for backward.",
                   f"{chunks} chunks",
                   f"a chunk's working set is {CHUNK_WORKING_SET} x one chunk of the fp32 logits (the largest "
-                  f"vocabulary-sized block / {chunks})",
+                  f"vocabulary-sized block / {chunks}), or, if more, {CHUNK_WITH_GRAD:g} chunks beside "
+                  f"{WEIGHT_GRAD_PRODUCT:g} x the head weight (its gradient's share, half precision then fp32)",
                   "the head weight is the largest parameter block; its fp32 gradient is held from the loss to "
                   "backward and its half-precision cast while the loss runs",
                   "the gradient of the hidden states (batch x sequence x width, small beside the logits) is not added")
@@ -297,10 +303,17 @@ def _chunked_cross_entropy(f: _Facts, chunks: int = CE_CHUNKS):
         after = made[(made > first) & (made <= last)]
         start = int(after[0]) if len(after) else first + 1
         last = max(last, start)
-        for size, kind in ((CHUNK_WORKING_SET * int(f.size[mine].max()) // chunks, LINEAR),
-                           (int(HEAD_GRAD_SHARE * head), CONSTANT), (int(HEAD_CAST_SHARE * head), CONSTANT)):
-            added[0].append(start)
-            added[1].append(last)
+        chunk = int(f.size[mine].max()) // chunks  # one chunk of the fp32 logits
+        mid = (start + last + 1) // 2
+        # the two moments of a chunk, one after the other within the loss, so that the replay takes the
+        # larger at any batch: the logsumexp's copy, then the weight gradient's share
+        for a0, a1, size, kind in ((start, max(mid - 1, start), CHUNK_WORKING_SET * chunk, LINEAR),
+                                   (mid, last, int(CHUNK_WITH_GRAD * chunk), LINEAR),
+                                   (mid, last, int(WEIGHT_GRAD_PRODUCT * head), CONSTANT),
+                                   (start, last, int(HEAD_GRAD_SHARE * head), CONSTANT),
+                                   (start, last, int(HEAD_CAST_SHARE * head), CONSTANT)):
+            added[0].append(a0)
+            added[1].append(a1)
             added[2].append(size)
             added[3].append(kind)
     ch.size[vocab] = 0
