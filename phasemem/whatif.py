@@ -44,11 +44,12 @@ CKPT_EVERY = 1
 STATE_FACTOR = 0.25
 #: A block of half a weight's gradient's size is the weight's half-precision copy when made at most
 #: this many times per such gradient: autocast's cast in forward and the half-precision weight gradient
-#: in backward, once per step each. Made more often, that size also holds per-token values: at B 2,
-#: fixtures' GPT's 4.5 MiB is both the MLP weights' bf16 casts and its qkv outputs, and the replay
-#: scales them all (over-predicting, never under). Before, any block of a pre-existing block's size was
-#: a copy: cuBLAS's 32 MiB workspace made fixtures/pairs2/llama's 32 MiB attention scores constant,
-#: and at B 2 llama's 2.75 MiB MLP activations were its MLP weights' size (-3.4 % at batch x7).
+#: in backward, once per step each. Made more often, that size also holds per-token values (at B 2,
+#: fixtures/capacity's GPT's 4.5 MiB is both its MLP weights' bf16 casts and its qkv outputs): then a
+#: forward block followed by more of its op's blocks is the cast, the rest scale. Before, any block of
+#: a pre-existing block's size was a copy: cuBLAS's 32 MiB workspace made fixtures/pairs2/llama's 32 MiB
+#: attention scores constant (seq x4 -12 %), and at B 2 llama's 2.75 MiB MLP activations were its MLP
+#: weights' size (-3.4 % at batch x7).
 COPIES_PER_WEIGHT = 2
 #: A layer period must repeat this share of the saved activations' sizes (a transformer's blocks are
 #: identical; 0.9 leaves room for the first block's extra casts).
@@ -369,31 +370,40 @@ def _zero_grad_before_forward(f: _Facts):
 
 
 def _weight_copies(f: _Facts, candidates: np.ndarray) -> np.ndarray:
-    """Of ``candidates`` (a mask), the weights' half-precision copies: blocks of half a gradient's size
-    made no more than COPIES_PER_WEIGHT times per gradient of that size (autocast's cast in forward,
-    the half-precision weight gradient in backward). A block of a gradient's own size is no copy:
-    nothing makes one per step but the gradient itself. Without gradients in the trace, blocks of a
-    pre-existing block's size (the weights and whatever else was there)."""
+    """Of ``candidates`` (a mask), the weights' copies, which do not grow with the tokens. Of a
+    gradient's own size: in backward, a weight gradient's partial sum (a tied weight's), where made no
+    more often than the gradients of that size (more is per-token: B 2 llama's 2.75 MiB); in forward, a weight's fp32 copy (MAML's fast weights) where more of its op's blocks follow it or the
+    trace has no frames. Of half a gradient's size (a bf16 cast in forward, the bf16 weight gradient in
+    backward): all of them where they are made at most COPIES_PER_WEIGHT times per gradient; where
+    per-token blocks share the size, those of forward followed by more of their op's blocks. Without
+    gradients in the trace, blocks of a pre-existing block's size (the weights and what else was there)."""
     grads = np.flatnonzero((f.cat == C["gradient"]) & (f.alloc >= 0))
     if not len(grads):
         return candidates & in_sorted(f.size, np.unique(f.an.facts.param_sizes))
-    half, n = np.unique(f.size[grads] // 2, return_counts=True)
     idx = np.flatnonzero(candidates)
-    pos = np.minimum(np.searchsorted(half, f.size[idx]), len(half) - 1)
-    hit = half[pos] == f.size[idx]
-    made = np.bincount(pos[hit], minlength=len(half))
-    out = np.zeros(len(f.size), bool)
-    idx, pos = idx[hit], pos[hit]
-    alone = (made <= COPIES_PER_WEIGHT * n)[pos]
-    out[idx[alone]] = True
-    # a size that per-token blocks share: in forward, a cast is followed by more of its op's blocks (the
-    # input's or bias's cast, the output: the same stack); the op's output ends the op. Backward's
-    # half-precision weight gradients have no frames to tell them: they are taken as per-token
-    mixed = idx[~alone & (f.phase_alloc[idx] == P["forward"])]
-    ev = f.alloc[mixed]
-    stack = f.an.trace.stack
+    stack, ev = f.an.trace.stack, f.alloc[idx]
     nxt = np.minimum(ev + 1, f.n - 1)
-    out[mixed[(stack[ev] >= 0) & (stack[nxt] == stack[ev]) & (nxt > ev)]] = True
+    framed = stack[ev] >= 0
+    # a cast or a copy is followed by more of its op's blocks (the input's or bias's cast, the output:
+    # the same stack); the op's output ends the op
+    same_op = framed & (stack[nxt] == stack[ev]) & (nxt > ev)
+    fwd = f.phase_alloc[idx] == P["forward"]
+    out = np.zeros(len(f.size), bool)
+    gs, gn = np.unique(f.size[grads], return_counts=True)
+    gpos = np.minimum(np.searchsorted(gs, f.size[idx]), len(gs) - 1)
+    eq = gs[gpos] == f.size[idx]
+    # backward: one partial sum per gradient and step at most (a tied head's); more is per-token
+    made_bwd = np.bincount(gpos[eq & ~fwd], minlength=len(gs))
+    out[idx[eq & ~fwd & (made_bwd <= gn)[gpos]]] = True
+    # forward: a weight's fp32 copy cannot be told from a per-token block of its size by the frames (a
+    # rotary line makes several per-token blocks in a row): only where the trace has none
+    out[idx[eq & fwd & ~framed]] = True
+    half, n = np.unique(f.size[grads] // 2, return_counts=True)
+    pos = np.minimum(np.searchsorted(half, f.size[idx]), len(half) - 1)
+    hit = (half[pos] == f.size[idx]) & ~eq
+    made = np.bincount(pos[hit], minlength=len(half))
+    alone = hit & (made <= COPIES_PER_WEIGHT * n)[pos]
+    out[idx[alone | (hit & fwd & same_op)]] = True
     return out
 
 
