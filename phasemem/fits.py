@@ -20,6 +20,7 @@ from itertools import combinations
 import numpy as np
 
 from .analysis import Analysis
+from .errors import PhasememError
 from .model import Pattern
 from .replay import points
 from .scaling import CONSTANT, LINEAR, QUADRATIC
@@ -81,7 +82,7 @@ def fits(an: Analysis, patterns: list[Pattern], budget: int) -> Fits:
     factor fit."""
     budget = int(budget)
     if budget <= 0:
-        raise ValueError(f"budget {budget} B: give a positive size")
+        raise PhasememError(f"a budget of {budget} B: give the card's memory, such as 80GiB")
     peak = int(an.timeline.level.max()) if len(an.trace) else 0
     if not len(an.trace):
         no = Fit("batch", False, why=["the trace has no events"])

@@ -209,6 +209,8 @@ def test_fits_cli_prints_the_answer(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "what fits in 64.00 MiB" in out and "batch: up to x" in out and "sequence: up to x" in out
     assert main(["analyze", str(path), "--fits", "lots", "-o", str(tmp_path / "m.png")]) == 2
+    assert main(["analyze", str(path), "--fits", "0GiB", "-o", str(tmp_path / "m.png")]) == 2
+    assert "80GiB" in capsys.readouterr().err
 
 
 def test_a_linear_block_of_the_scores_size_next_to_them_stays_linear():
