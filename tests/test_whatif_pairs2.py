@@ -139,3 +139,20 @@ def test_capped_runs_are_predicted_from_a_batch_of_2(family):
         # only: an older replay said 14, this one says 13)
         size = [run["batch"] if axis == "batch" else run["seq"] for run in runs]
         assert all(not run["oom"] for run, n in zip(runs, size) if n <= largest), (axis, largest)
+
+
+def test_fits_says_how_sure_it_is_and_why():
+    """The same trace with its markers stripped: phases inferred, so less sure, and it says so."""
+    if not CASES:
+        pytest.skip("fixtures/pairs2 not recorded")
+    from conftest import load_snapshot
+
+    snap = load_snapshot(PAIRS2 / "llama__base.pkl.xz")
+    budget = 3 * base("llama").peak_bytes
+    marked = base("llama").fits(budget).batch
+    snap["external_annotations"] = []
+    inferred = phasemem.analyze(snap).fits(budget).batch
+    order = ["low", "medium", "high"]
+    assert order.index(inferred.confidence) < order.index(marked.confidence)
+    assert any("inferred" in w for w in inferred.why) and not any("inferred" in w for w in marked.why)
+    assert any("reserved" in w for w in marked.why)
