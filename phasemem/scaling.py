@@ -151,10 +151,12 @@ def _softmax_runs(trace: Trace, fwd: np.ndarray, alloc: np.ndarray, size: np.nda
 
 
 def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, phase_alloc: np.ndarray,
-           phase_free: np.ndarray, step: np.ndarray, token: np.ndarray, exclude: np.ndarray) -> Growth:
+           phase_free: np.ndarray, step: np.ndarray, token: np.ndarray, exclude: np.ndarray,
+           recompute: bool = False) -> Growth:
     """Per block (Lifetimes order): its alloc and free events, size, phases, step (-1 before the
     trace); ``token``: does it hold per-token values (whatif's batch-dependent blocks); ``exclude``:
-    blocks that are per-token but never attention (the logits and their copies)."""
+    blocks that are per-token but never attention (the logits and their copies); ``recompute``: the
+    trace shows a checkpoint's recompute (fixtures/pairs2/vit__ckpt_1 keeps no probabilities in forward)."""
     kind = np.where(token, LINEAR, CONSTANT).astype(np.int8)
     cand = token & ~exclude
     fwd = np.flatnonzero(cand & (phase_alloc == P["forward"]))
@@ -190,6 +192,15 @@ def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, 
         # backward has no frames to tell them: a size only attention makes in forward says it
         kind[bwd[np.isin(size[bwd], list(qsizes - linear_sizes))]] = QUADRATIC
         return Growth(kind, evidence, True)
+    if has_frames and _attention_stacks(trace)[trace.stack[alloc[fwd]]].any():
+        return Growth(kind, "no attention scores: frames name an attention function that makes no softmax (a "
+                            "fused kernel: transformers' sdpa_attention_forward, torch's SDPA), so every "
+                            "per-token block grows linearly with the sequence", True)
+    if recompute:
+        return Growth(kind, "the forward is checkpointed and no attention scores are seen: what a checkpointed "
+                            "attention keeps is made again in backward, where the softmax's upcast is not looked "
+                            "for, so whether scores (quadratic in the sequence) are materialised cannot be told",
+                      False)
     if has_frames:
         return Growth(kind, "no attention scores seen: no softmax inside a function named for attention and no "
                             "softmax upcast, so every per-token block is taken to grow linearly with the "

@@ -204,8 +204,9 @@ class _Facts:
             vocab = np.zeros(len(self.size), bool)
             vocab[_vocab(self)] = True
             step = np.where(self.alloc >= 0, self.an.step_of[np.maximum(self.alloc, 0)], -1)
+            recompute = bool(len(self.members("checkpoint_recompute", "forward_rerun")))
             self._growth = growth(self.an.trace, self.alloc, self.free, self.size, self.phase_alloc,
-                                  self.phase_free, step, _batch_dependent(self), vocab)
+                                  self.phase_free, step, _batch_dependent(self), vocab, recompute)
         return self._growth
 
     def runs(self, step: int, phase: str) -> tuple[np.ndarray, np.ndarray]:

@@ -156,3 +156,15 @@ def test_fits_says_how_sure_it_is_and_why():
     assert order.index(inferred.confidence) < order.index(marked.confidence)
     assert any("inferred" in w for w in inferred.why) and not any("inferred" in w for w in marked.why)
     assert any("reserved" in w for w in marked.why)
+
+
+def test_a_fully_checkpointed_forward_without_attention_evidence_cannot_tell_the_sequence():
+    """vit__ckpt_1 keeps no probabilities in forward (backward makes them again): no claim of linear growth."""
+    if not CASES:
+        pytest.skip("fixtures/pairs2 not recorded")
+    w = {x.remedy: x for x in phasemem.analyze(str(PAIRS2 / "vit__ckpt_1.pkl.xz")).what_if}
+    assert w["batch_x2"].applies
+    assert not w["seq_x2"].applies and "checkpointed" in w["seq_x2"].explanation
+    # frames naming a fused attention say linear, checkpointed or not (transformers' sdpa_attention_forward)
+    r = phasemem.analyze(str(FIXTURES / "llama_hf_ckpt_bf16.pkl.xz"))
+    assert "fused kernel" in " ".join({x.remedy: x for x in r.what_if}["seq_x2"].assumptions)
