@@ -18,6 +18,7 @@ from .model import Pattern, WhatIf
 from .replay import Replayed, changed_points, points, replay
 from .scaling import (BATCH_FACTORS, COMPILED_SHARE, CONSTANT, LINEAR, QUADRATIC, SEQ_FACTORS, Growth, compiled,
                       growth)
+from .infer.frames import per_stack
 from .sizes import in_sorted
 from .units import format_bytes
 from .vocab import C, P, PHASES
@@ -374,6 +375,15 @@ def _zero_grad_before_forward(f: _Facts):
     return ch
 
 
+def _in_torch_layer(trace) -> np.ndarray:
+    """Per stack id (``per_stack``): the innermost Python frame is torch's layer code (torch/nn/)."""
+    def of(frames):
+        py = [fn.replace("\\", "/") for fn, _, _ in frames if fn.endswith(".py")]
+        return bool(py) and "/torch/nn/" in py[0]
+
+    return per_stack(trace, of)
+
+
 def _weight_copies(f: _Facts, candidates: np.ndarray) -> np.ndarray:
     """Of ``candidates`` (a mask), the weights' copies, which do not grow with the tokens. Of a
     gradient's own size: in backward, a weight gradient's partial sum (a tied weight's), where made no
@@ -389,9 +399,10 @@ def _weight_copies(f: _Facts, candidates: np.ndarray) -> np.ndarray:
     stack, ev = f.an.trace.stack, f.alloc[idx]
     nxt = np.minimum(ev + 1, f.n - 1)
     framed = stack[ev] >= 0
-    # a cast or a copy is followed by more of its op's blocks (the input's or bias's cast, the output:
-    # the same stack); the op's output ends the op
-    same_op = framed & (stack[nxt] == stack[ev]) & (nxt > ev)
+    # a cast is followed by more of its op's blocks (the input's or bias's cast, the output: the same
+    # stack), and autocast casts weights inside torch's layers; a matmul on the program's own line
+    # copies its inputs the same way but casts no weight (capacity run 2's ViT: q and k, 0.75 MiB)
+    same_op = framed & (stack[nxt] == stack[ev]) & (nxt > ev) & _in_torch_layer(f.an.trace)[stack[ev]]
     fwd = f.phase_alloc[idx] == P["forward"]
     out = np.zeros(len(f.size), bool)
     gs, gn = np.unique(f.size[grads], return_counts=True)

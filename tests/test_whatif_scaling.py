@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.fits import FACTOR_GRID, predict
+from phasemem.fits import FACTOR_GRID, RESERVE_MARGIN, predict
 
 MiB = 1 << 20
 PARAMS = (3 * MiB + 3584, 5 * MiB + 1536)  # pre-existing weights (no per-token block has their size)
@@ -180,9 +180,11 @@ def test_fits_is_the_largest_factor_under_the_budget(attention, axis):
     r = phasemem.analyze(L.snapshot())
     budget = 3 * r.peak_bytes
     fit = getattr(r.fits(budget), axis)
-    want = largest(L, budget, axis)
+    # no segments in the trace: no reserve seen, but the answer keeps RESERVE_MARGIN more room
+    want = largest(L, budget / (1 + RESERVE_MARGIN), axis)
     assert fit.applies
     assert fit.largest_factor == pytest.approx(want, abs=2e-3)
+    assert fit.largest_factor_allocated == pytest.approx(largest(L, budget, axis), abs=2e-3)
     assert fit.largest_listed == max(x for x in FACTOR_GRID if x <= want)
     assert fit.next_factor == min(x for x in FACTOR_GRID if x > want)
     peak_next = naive_peak(L, batch=fit.next_factor) if axis == "batch" else naive_peak(L, seq=fit.next_factor)
