@@ -155,6 +155,21 @@ class Report(Written):
         """The patterns of one kind, in trace order."""
         return [p for p in self.patterns if p.kind == kind]
 
+    def fits(self, budget):
+        """The largest batch and sequence factors predicted to fit in ``budget`` (bytes, or "80GiB"),
+        with the allocator's reserve, and the remedies that would let the next factor fit
+        (``phasemem.fits``).
+
+            >>> print(report.fits("80GiB"))
+        """
+        from .budgets import parse_size
+        from .errors import PhasememError
+        from .fits import fits
+
+        if self.analysis is None or self.live is not None:
+            raise PhasememError("what fits is solved from an allocation history; this report has none" + RECORD_HINT)
+        return fits(self.analysis, self.patterns, parse_size(budget))
+
     def plot(self, **options):
         """The labeled picture as a matplotlib Figure (for notebooks)."""
         from .render import plot
@@ -334,8 +349,9 @@ def format_what_if(r: Report) -> str:
     lines = [f"what-if (the trace replayed with each remedy; peak now {format_bytes(r.peak_bytes)}):"]
     for w in r.what_if:
         if w.applies:
-            lines.append(f"  {w.remedy:<26} peak {format_bytes(w.predicted_peak_bytes):>11}  saves "
-                         f"{format_bytes(w.saves_bytes):>11}  peak then in {w.new_peak_phase}")
+            verb = "saves" if w.saves_bytes >= 0 else "adds "  # a larger batch or sequence adds
+            lines.append(f"  {w.remedy:<26} peak {format_bytes(w.predicted_peak_bytes):>11}  {verb} "
+                         f"{format_bytes(abs(w.saves_bytes)):>11}  peak then in {w.new_peak_phase}")
             lines.append(f"      {w.explanation} Assumes: {'; '.join(w.assumptions)}.")
         else:
             lines.append(f"  {w.remedy:<26} does not apply: {w.explanation}")

@@ -11,7 +11,7 @@ import pytest
 
 import phasemem
 from phasemem.replay import Replayed, changed_points, points, replay
-from phasemem.whatif import REMEDIES
+from phasemem.whatif import REMEDIES, SCALINGS
 from reference import replay as naive_replay
 from conftest import FIXTURES, load_snapshot
 
@@ -21,7 +21,7 @@ ALL = sorted(FIXTURES.rglob("*.pkl.xz"))
 
 # Which real run applies each remedy to fixtures/pairs/base (fixtures/record_pairs.py).
 REAL_RUN = {"fused_optimizer": "fused", "chunked_cross_entropy": "chunked_ce", "activation_checkpointing": "ckpt",
-            "half_batch": "half_batch", "zero_grad_before_forward": "zero_grad_before", "bf16_logits": "bf16_logits"}
+            "batch_x0.5": "half_batch", "zero_grad_before_forward": "zero_grad_before", "bf16_logits": "bf16_logits"}
 #: The target of issue 15: each prediction within 5 % of the peak the real run measured.
 WITHIN = 0.05
 
@@ -98,7 +98,7 @@ def test_prediction_from_the_base_trace_matches_the_real_run(base, remedy):
 
 
 def test_what_if_lists_every_remedy_ranked_and_the_rest_say_why(base):
-    assert {w.remedy for w in base.what_if} == set(REMEDIES)
+    assert {w.remedy for w in base.what_if} == set(REMEDIES) | set(SCALINGS)
     saves = [w.saves_bytes for w in base.what_if if w.applies]
     assert saves == sorted(saves, reverse=True)
     for w in base.what_if:
@@ -164,3 +164,23 @@ def test_peak_decomposition_sums_exactly_on_the_shared_traces_shared(path):
     b = report.peak
     assert sum(b.by_category.values()) == b.bytes == report.peak_bytes
     assert sum(b.by_shape.values()) + sum(b.rest_by_category.values()) == b.bytes
+
+
+# fixtures/oom's 2B loops also ran uncapped (meta "uncapped": their max_memory_allocated): batch x 2 of
+# fixtures/pairs/base, alone and with the remedy that the OOM post-mortem names.
+UNCAPPED = {"oom_base": ({}, "batch x2"), "oom_fix_chunked_ce": ({"chunked_cross_entropy": {"chunks": 4}}, "+ chunked"),
+            "oom_fix_ckpt": ({"activation_checkpointing": {"every": 1}}, "+ checkpointing")}
+
+
+@pytest.mark.parametrize("run", sorted(UNCAPPED))
+def test_batch_x2_predicted_from_the_base_matches_the_uncapped_2b_run(base, run):
+    from phasemem.fits import predict
+
+    path = OOM / f"{run}.json"
+    if not path.exists():
+        pytest.skip("fixtures/oom not recorded")
+    measured = json.loads(path.read_text())["uncapped"]["peak_allocated"]
+    got = predict(base.analysis, base.patterns, UNCAPPED[run][0], batch=2)
+    assert abs(got - measured) <= WITHIN * measured
+    if not UNCAPPED[run][0]:
+        assert got == {w.remedy: w for w in base.what_if}["batch_x2"].predicted_peak_bytes

@@ -36,6 +36,9 @@ def register(sub) -> None:
     a.add_argument("--what-if", dest="what_if", action="store_true",
                    help="also print what each remedy (fused optimizer, chunked cross-entropy, checkpointing, "
                         "half the batch, ...) would do to the peak, replayed on this trace, ranked by saving")
+    a.add_argument("--fits", metavar="BUDGET", default=None,
+                   help="also print the largest batch and sequence factors predicted to fit in BUDGET (80GiB: "
+                        "a card's memory), with the allocator's reserve, and the remedies that let the next fit")
     picture_options(a)
     a.set_defaults(run=run)
 
@@ -44,10 +47,13 @@ def run(args) -> int:
     from ..analyze import analyze
     from ..budgets import parse_budgets
     from ..render import visible_range
-    from ..report import format_what_if
     from ..steps import parse_steps
 
     budgets = parse_budgets(args.fail_if, absolute=True)  # one that does not parse fails now, not as a pass
+    if args.fits is not None:
+        from ..budgets import parse_size
+
+        parse_size(args.fits)  # a malformed size fails now, not after a long analysis
     check_outputs(args.output, args.json)
     parse_steps(args.zoom)  # a malformed range fails now, not after a long analysis
     if _several_ranks(args.snapshot):
@@ -70,13 +76,25 @@ def run(args) -> int:
         outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **picture_kwargs(args))))
         if json_path:
             outputs.append((json_path, r.json_writer()))
-    print("\n\n".join(str(r) + (("\n\n" + format_what_if(r)) if args.what_if else "") for r in reports))
+    print("\n\n".join("\n\n".join(_sections(r, args)) for r in reports))
     broken = _over_budget(budgets, reports, every)  # a budget that cannot be checked fails before writing
     write_all(outputs)  # all of them or none
     print(f"\nwrote {', '.join(p for p, _ in outputs)}")
     for line in broken:
         print(f"phasemem: {line}", file=sys.stderr)
     return EXIT_OVER_BUDGET if broken else 0
+
+
+def _sections(r, args) -> list[str]:
+    """The report, then what --what-if and --fits asked for."""
+    from ..report import format_what_if
+
+    out = [str(r)]
+    if args.what_if:
+        out.append(format_what_if(r))
+    if args.fits is not None:
+        out.append(str(r.fits(args.fits)) if r.live is None else "what fits: nothing to solve (no allocation history)")
+    return out
 
 
 def _over_budget(budgets, reports, every: bool) -> list[str]:
@@ -99,8 +117,9 @@ def _run_ranks(args, budgets) -> int:
     from ..errors import PhasememError
     from ..ranks import RunReport, each_rank, rank_files
 
-    if args.device == "all" or args.what_if:
-        raise PhasememError(f"{'--device all' if args.device == 'all' else '--what-if'} reads one snapshot; "
+    if args.device == "all" or args.what_if or args.fits is not None:
+        flag = "--device all" if args.device == "all" else "--what-if" if args.what_if else "--fits"
+        raise PhasememError(f"{flag} reads one snapshot; "
                             "with several ranks, run it on one rank's file")
     summaries, broken = [], []
     for path, report, summary in each_rank(rank_files(args.snapshot), device=args.device, trusted=args.trust,
