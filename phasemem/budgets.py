@@ -21,14 +21,10 @@ from .breakdown import peak_breakdown, shape_at, step_at
 from .comparison import Comparison, pct, signed
 from .errors import PhasememError
 from .report import Report
-from .units import format_bytes
+from .units import SIZE_VALUE, format_bytes, parse_size, unit_bytes  # noqa: F401 - parse_size stays importable from here
 from .vocab import CATEGORIES, KINDS, PHASES
 
-#: Units a size may carry: binary (KiB = 1024 B, as torch and the report count) and decimal (KB = 1000 B).
-UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-         "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _EXPR = re.compile(r"\s*([A-Za-z_]+)(?:\.([A-Za-z_]+))?\s*(>=|<=|>|<)\s*(.*?)\s*")
-_VALUE = re.compile(r"([+-])?\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(%|[A-Za-z]*)")
 _SYNTAX = ("write NAME>LIMIT: peak>20GiB, backward.peak>+512MiB, peak>+5%, activation>3GiB, logits>1GiB "
            "(NAME: peak, PHASE.peak, a category or a shape kind)")
 _OPS = {">": lambda v, lim: v > lim, ">=": lambda v, lim: v >= lim,
@@ -54,27 +50,6 @@ class Budget:
         return signed(int(self.limit)) if self.relative else format_bytes(self.limit)
 
 
-def parse_size(text) -> int:
-    """Bytes from ``"2 GiB"``, ``"512MiB"``, ``"1.5e9"``, ``"3 GB"`` or an int.
-
-    Example:
-        >>> parse_size("1.5 GiB"), parse_size("2GB"), parse_size(4096)
-        (1610612736, 2000000000, 4096)
-    """
-    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
-        return text
-    m = _VALUE.fullmatch(str(text).strip())
-    if m is None or m.group(1) or m.group(3) == "%":
-        raise PhasememError(f"{text!r}: give a size such as 2GiB, 512MiB, 3GB or a number of bytes")
-    return int(float(m.group(2)) * _unit(m.group(3), text))
-
-
-def _unit(unit: str, text) -> int:
-    if unit.lower() not in UNITS and unit:
-        raise PhasememError(f"{text!r}: unknown unit {unit!r}; use B, KiB, MiB, GiB, TiB (1024) or KB, MB, GB, TB (1000)")
-    return UNITS.get(unit.lower(), 1)
-
-
 def parse_budget(text: str) -> Budget:
     """A ``--fail-if`` expression as a Budget; a clear PhasememError for anything else.
 
@@ -90,12 +65,12 @@ def parse_budget(text: str) -> Budget:
         raise PhasememError(f"budget {text!r} does not parse: {_SYNTAX}")
     name, attr, op, value = m.group(1).lower(), (m.group(2) or "").lower(), m.group(3), m.group(4)
     target = _target(text, name, attr)
-    v = _VALUE.fullmatch(value)
+    v = SIZE_VALUE.fullmatch(value)
     if v is None:
         raise PhasememError(f"budget {text!r}: the limit {value!r} is not a size or a percentage: {_SYNTAX}")
     sign, number, unit = v.group(1), float(v.group(2)), v.group(3)
     percent = unit == "%"
-    limit = number if percent else number * _unit(unit, text)
+    limit = number if percent else number * unit_bytes(unit, text)
     if not math.isfinite(limit):
         raise PhasememError(f"budget {text!r}: the limit is not a finite number")
     return Budget(text=str(text).strip(), target=target, name=name, op=op,

@@ -162,7 +162,7 @@ class Report(Written):
 
             >>> print(report.fits("80GiB"))
         """
-        from .budgets import parse_size
+        from .units import parse_size
         from .errors import PhasememError
         from .fits import fits
 

@@ -1,4 +1,14 @@
-"""Human-readable byte sizes, shared by the report table and the picture."""
+"""Human-readable byte sizes, shared by the report table and the picture, and sizes read from text."""
+
+import re
+
+from .errors import PhasememError
+
+#: Units a size may carry: binary (KiB = 1024 B, as torch and the report count) and decimal (KB = 1000 B).
+UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+         "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+#: A size or a relative limit: an optional sign, a number, and % or a unit.
+SIZE_VALUE = re.compile(r"([+-])?\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(%|[A-Za-z]*)")
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -34,3 +44,24 @@ def pct(delta: int | None, base: int | None) -> str:
     if delta is None or not base:
         return "—"
     return f"{100.0 * delta / base:+.1f} %"
+
+
+def parse_size(text) -> int:
+    """Bytes from ``"2 GiB"``, ``"512MiB"``, ``"1.5e9"``, ``"3 GB"`` or an int.
+
+    Example:
+        >>> parse_size("1.5 GiB"), parse_size("2GB"), parse_size(4096)
+        (1610612736, 2000000000, 4096)
+    """
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    m = SIZE_VALUE.fullmatch(str(text).strip())
+    if m is None or m.group(1) or m.group(3) == "%":
+        raise PhasememError(f"{text!r}: give a size such as 2GiB, 512MiB, 3GB or a number of bytes")
+    return int(float(m.group(2)) * unit_bytes(m.group(3), text))
+
+
+def unit_bytes(unit: str, text) -> int:
+    if unit.lower() not in UNITS and unit:
+        raise PhasememError(f"{text!r}: unknown unit {unit!r}; use B, KiB, MiB, GiB, TiB (1024) or KB, MB, GB, TB (1000)")
+    return UNITS.get(unit.lower(), 1)

@@ -51,7 +51,7 @@ def run(args) -> int:
 
     budgets = parse_budgets(args.fail_if, absolute=True)  # one that does not parse fails now, not as a pass
     if args.fits is not None:
-        from ..budgets import parse_size
+        from ..units import parse_size
 
         parse_size(args.fits)  # a malformed size fails now, not after a long analysis
     check_outputs(args.output, args.json)
