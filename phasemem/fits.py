@@ -26,7 +26,7 @@ from .replay import points
 from .scaling import CONSTANT, LINEAR, QUADRATIC
 from .trace import A
 from .units import format_bytes
-from .whatif import REMEDIES, _Change, _Facts
+from .remedies import REMEDIES, Change, Facts
 
 #: Factors a user tries (the largest of them that fits is named, and the next one up is what the
 #: remedies are asked to make fit).
@@ -91,7 +91,7 @@ def fits(an: Analysis, patterns: list[Pattern], budget: int) -> Fits:
     if not len(an.trace):
         no = Fit("batch", False, why=["the trace has no events"])
         return Fits(budget, 0, 1.0, 1.0, no, Fit("sequence", False, why=["the trace has no events"]))
-    f = _Facts(an, patterns)
+    f = Facts(an, patterns)
     reserve = _reserve(an, peak)
     frag = min(reserve, fragmentation(an))
     g = f.growth()
@@ -116,7 +116,7 @@ def predict(an: Analysis, patterns: list[Pattern], remedies: dict[str, dict] | N
 
         >>> predict(report.analysis, report.patterns, {"activation_checkpointing": {"every": 2}}, batch=2)
     """
-    f = _Facts(an, patterns)
+    f = Facts(an, patterns)
     changes = []
     for name, settings in (remedies or {}).items():
         ch = REMEDIES[name](f, **settings)
@@ -164,7 +164,7 @@ def fragmentation(an: Analysis) -> float:
     return float((level[pk] + (sizes[held] - used[held]).sum()) / level[pk])
 
 
-def _applicable(f: _Facts) -> dict[str, _Change]:
+def _applicable(f: Facts) -> dict[str, Change]:
     out = {}
     for name, remedy in REMEDIES.items():
         ch = remedy(f)
@@ -173,7 +173,7 @@ def _applicable(f: _Facts) -> dict[str, _Change]:
     return out
 
 
-def _parts(f: _Facts, changes: list[_Change]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _parts(f: Facts, changes: list[Change]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The replayed points of the constant, linear and quadratic blocks once ``changes`` (remedies)
     are applied together: sizes multiplied by each one's ratio, frees the earliest, blocks added."""
     size = f.size.astype(np.float64)
@@ -212,7 +212,7 @@ def _at(c, lin, quad, factor: float) -> int:
     return int((c + factor * lin + factor * factor * quad).max())
 
 
-def _solve(f: _Facts, axis: str, budget: int, reserve: float, frag: float, remedies: dict[str, _Change]) -> Fit:
+def _solve(f: Facts, axis: str, budget: int, reserve: float, frag: float, remedies: dict[str, Change]) -> Fit:
     def curve(changes):
         c, lin, quad = _parts(f, changes)
         return (c, lin + quad, np.zeros_like(quad)) if axis == "batch" else (c, lin, quad)
@@ -236,7 +236,7 @@ def _solve(f: _Facts, axis: str, budget: int, reserve: float, frag: float, remed
     return fit
 
 
-def _remedies_for(curve, remedies: dict[str, _Change], target: float, room: float):
+def _remedies_for(curve, remedies: dict[str, Change], target: float, room: float):
     """The fewest remedies (then the most room) under which ``target`` fits: (names, largest factor)."""
     names = list(remedies)
     for k in range(1, min(MAX_COMBINATION, len(names)) + 1):
@@ -252,7 +252,7 @@ def _remedies_for(curve, remedies: dict[str, _Change], target: float, room: floa
     return None
 
 
-def _confidence(f: _Facts, axis: str, reserve: float, frag: float, best: float, mid: float,
+def _confidence(f: Facts, axis: str, reserve: float, frag: float, best: float, mid: float,
                 loose: float) -> tuple[str, list[str]]:
     why = [f"the trace reserved {reserve:.2f}x what it allocated at its peak; the budget is checked against the "
            f"predicted peak x {reserve:.2f}, {RESERVE_MARGIN:.0%} more for the reserve at another size. Under a cap the allocator frees its unused cached segments before it "

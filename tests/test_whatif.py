@@ -11,7 +11,7 @@ import pytest
 
 import phasemem
 from phasemem.replay import Replayed, changed_points, points, replay
-from phasemem.whatif import REMEDIES, SCALINGS
+from phasemem.remedies import REMEDIES, SCALINGS
 from reference import replay as naive_replay
 from conftest import FIXTURES, load_snapshot
 
