@@ -26,7 +26,8 @@ from .replay import points
 from .scaling import CONSTANT, LINEAR, QUADRATIC
 from .trace import A
 from .units import format_bytes
-from .remedies import REMEDIES, Change, Facts
+from .remedies import REMEDIES, block_growth
+from .remedy_facts import Change, Facts
 
 #: Factors a user tries (the largest of them that fits is named, and the next one up is what the
 #: remedies are asked to make fit).
@@ -94,7 +95,7 @@ def fits(an: Analysis, patterns: list[Pattern], budget: int) -> Fits:
     f = Facts(an, patterns)
     reserve = _reserve(an, peak)
     frag = min(reserve, fragmentation(an))
-    g = f.growth()
+    g = block_growth(f)
     names = _applicable(f)
     out = []
     for axis in ("batch", "sequence"):
@@ -123,7 +124,7 @@ def predict(an: Analysis, patterns: list[Pattern], remedies: dict[str, dict] | N
         if isinstance(ch, str):
             return f"{name}: {ch}"
         changes.append(ch)
-    g = f.growth()
+    g = block_growth(f)
     if seq != 1 and not g.sequence_known:
         return g.evidence
     c, lin, quad = _parts(f, changes)
@@ -191,7 +192,7 @@ def _parts(f: Facts, changes: list[Change]) -> tuple[np.ndarray, np.ndarray, np.
     alloc = np.concatenate([f.alloc, a_alloc])
     free = np.concatenate([free, a_free])
     size = np.concatenate([np.round(size).astype(np.int64), a_size])
-    kind = np.concatenate([f.growth().kind, a_kind.astype(np.int8)])
+    kind = np.concatenate([block_growth(f).kind, a_kind.astype(np.int8)])
     return tuple(points(f.n, alloc, free, np.where(kind == k, size, 0)) for k in (CONSTANT, LINEAR, QUADRATIC))
 
 
@@ -270,8 +271,8 @@ def _confidence(f: Facts, axis: str, reserve: float, frag: float, best: float, m
         why.append(f"the reserve ({reserve:.2f}x) is large: fragmentation may differ at another size")
         level -= 1
     if axis == "sequence":
-        why.append(f.growth().evidence)
-        if not (f.growth().kind == QUADRATIC).any():
+        why.append(block_growth(f).evidence)
+        if not (block_growth(f).kind == QUADRATIC).any():
             level -= 1  # linear growth is assumed from the absence of evidence, not seen
     return ("low", "medium", "high")[max(level, 0)], why
 

@@ -1,22 +1,19 @@
 """The remedies and scalings a what-if replays, each a function of what the trace shows.
 
-A remedy takes ``Facts`` (the trace's blocks, shapes and categories, read once) and returns a
-``Change`` -- blocks dropped, resized, re-timed or added -- or the reason it does not apply. Every
-threshold is read off a recorded pair (fixtures/pairs, fixtures/pairs2: docs/what-if.md).
-"""
+A remedy takes ``Facts`` (the trace's blocks, shapes and categories, read once) and returns a ``Change``
+(blocks dropped, resized, re-timed or added) or the reason it does not apply; every threshold is read off
+a recorded pair (fixtures/pairs, fixtures/pairs2: docs/what-if.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
-from .analysis import Analysis
-from .model import Pattern
 from .scaling import (BATCH_FACTORS, COMPILED_SHARE, CONSTANT, LINEAR, QUADRATIC, SEQ_FACTORS, Growth, compiled,
                       growth)
 from .infer.frames import per_stack
 from .sizes import in_sorted
+from .remedy_facts import Facts
 from .units import format_bytes
 from .vocab import C, P
 
@@ -56,85 +53,6 @@ COPIES_PER_WEIGHT = 2
 PERIOD_MATCH = 0.9
 #: Fewer repeated blocks than this are no stack of layers to checkpoint.
 MIN_BLOCKS = 2
-
-
-@dataclass
-class Change:
-    size: np.ndarray
-    free: np.ndarray
-    explanation: str
-    assumptions: list[str] = field(default_factory=list)
-    added: tuple = ()  # extra blocks: (alloc events, free events, sizes)
-    added_kind: np.ndarray | None = None  # how each added block grows with the tokens (scaling.LINEAR default)
-
-
-class Facts:
-    """What the remedies read: the blocks (Lifetimes order), their categories, the shapes' members."""
-
-    def __init__(self, an: Analysis, patterns: list[Pattern]):
-        self.an = an
-        life = an.timeline.lifetimes
-        self.n = len(an.trace)
-        self.n_pre = int(life.preexisting.sum())
-        self.alloc, self.free, self.size = life.alloc_event, life.free_event, life.size
-        self.cat = an.categories.codes
-        self.patterns = patterns
-        labels = an.labels
-        self.phase_alloc = np.where(self.alloc >= 0, labels[np.maximum(self.alloc, 0)], -1)
-        self.phase_free = np.where(self.free < self.n, labels[np.minimum(self.free, self.n - 1)], -1)
-
-        # Per step, its phase runs (facts' run arrays, grouped once: steps x runs would be quadratic).
-        fx = an.facts
-        self.run_order = np.argsort(fx.run_step, kind="stable")
-        steps = np.arange(len(an.segmentation.steps))
-        rs = fx.run_step[self.run_order]
-        self.run_lo, self.run_hi = np.searchsorted(rs, steps, "left"), np.searchsorted(rs, steps, "right")
-        self.free_order = np.argsort(self.free, kind="stable")
-        self.free_sorted = self.free[self.free_order]
-        self._members: dict[tuple, np.ndarray] = {}
-        self._growth: Growth | None = None
-
-    def growth(self) -> Growth:
-        """How each block grows with the tokens (scaling.growth), once per trace."""
-        if self._growth is None:
-            vocab = np.zeros(len(self.size), bool)
-            vocab[_vocab(self)] = True
-            step = np.where(self.alloc >= 0, self.an.step_of[np.maximum(self.alloc, 0)], -1)
-            recompute = bool(len(self.members("checkpoint_recompute", "forward_rerun")))
-            self._growth = growth(self.an.trace, self.alloc, self.free, self.size, self.phase_alloc,
-                                  self.phase_free, step, _batch_dependent(self), vocab, recompute)
-        return self._growth
-
-    def runs(self, step: int, phase: str) -> tuple[np.ndarray, np.ndarray]:
-        """(first events, last events) of the step's runs of a phase, in event order."""
-        fx = self.an.facts
-        k = self.run_order[self.run_lo[step]:self.run_hi[step]]
-        k = np.sort(k[fx.run_phase[k] == P[phase]])
-        return fx.run_first[k], fx.run_last[k]
-
-    def made_in(self, first: int, stop: int) -> np.ndarray:
-        """Allocations (Lifetimes order) the trace made at events first..stop-1."""
-        lo, hi = np.searchsorted(self.alloc[self.n_pre:], [first, stop])
-        return np.arange(self.n_pre + lo, self.n_pre + hi)
-
-    def freed_in(self, first: int, last: int) -> np.ndarray:
-        """Allocations freed at events first..last."""
-        lo, hi = np.searchsorted(self.free_sorted, [first, last + 1])
-        return self.free_order[lo:hi]
-
-    def members(self, *kinds: str) -> np.ndarray:
-        """The allocations (Lifetimes order) of every pattern of these kinds; asked by several remedies."""
-        if kinds not in self._members:
-            parts = [np.asarray(p.members, np.int64) for p in self.patterns if p.kind in kinds and p.members]
-            # a mask, not np.unique: the members of 4k steps' shapes are millions, and sorting them was 1.5 s
-            seen = np.zeros(len(self.size) - self.n_pre, bool)
-            if parts:
-                seen[np.concatenate(parts)] = True
-            self._members[kinds] = self.n_pre + np.flatnonzero(seen)
-        return self._members[kinds]
-
-    def change(self, explanation: str, *assumptions: str) -> Change:
-        return Change(self.size.copy(), self.free.copy(), explanation, list(assumptions))
 
 
 def _fused_optimizer(f: Facts):
@@ -329,8 +247,20 @@ def _batch_dependent(f: Facts) -> np.ndarray:
     return out
 
 
+def block_growth(f: Facts) -> Growth:
+    """How each block grows with the tokens (scaling.growth), once per trace."""
+    if f._growth is None:
+        vocab = np.zeros(len(f.size), bool)
+        vocab[_vocab(f)] = True
+        step = np.where(f.alloc >= 0, f.an.step_of[np.maximum(f.alloc, 0)], -1)
+        recompute = bool(len(f.members("checkpoint_recompute", "forward_rerun")))
+        f._growth = growth(f.an.trace, f.alloc, f.free, f.size, f.phase_alloc,
+                           f.phase_free, step, _batch_dependent(f), vocab, recompute)
+    return f._growth
+
+
 def _scale(f: Facts, batch: float = 1.0, seq: float = 1.0):
-    g = f.growth()
+    g = block_growth(f)
     scaled = g.kind != CONSTANT
     if not scaled.any():
         return "no block made in forward or backward scales with the tokens here"
@@ -447,7 +377,7 @@ def _activation_checkpointing(f: Facts, every: int = CKPT_EVERY):
                 added[0].append(np.full(len(again), max(int(f.free[row].min()) - 1, 0)))
                 added[1].append(f.free[again])
                 added[2].append(f.size[again])
-                kinds.append(f.growth().kind[again])  # a score made again grows as the score did
+                kinds.append(block_growth(f).kind[again])  # a score made again grows as the score did
         steps += 1
     if not steps:
         return "no stack of repeated blocks among the saved activations: nothing to checkpoint by block"

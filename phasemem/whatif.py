@@ -12,7 +12,8 @@ import numpy as np
 
 from .analysis import Analysis
 from .model import Pattern, WhatIf
-from .remedies import CE_CHUNKS, CHUNK_WORKING_SET, REMEDIES, SCALINGS, Facts
+from .remedies import CE_CHUNKS, CHUNK_WORKING_SET, REMEDIES, SCALINGS
+from .remedy_facts import Facts
 from .replay import Replayed, changed_points, points, replay
 from .vocab import P, PHASES
 
