@@ -71,22 +71,22 @@ def _vocab(f: Facts) -> np.ndarray:
     return f.members("logits", "softmax_spike", "logits_release")
 
 
-def _loss_compiled(f: Facts, vocab: np.ndarray) -> str | None:
-    """Why a logits remedy cannot be replayed: the loss's own vocabulary-sized blocks (those after the
-    first) were made inside a compiled graph, which may fuse the loss; None when it runs eagerly."""
+def _logits(f: Facts) -> tuple[np.ndarray, str | None]:
+    """(the vocabulary-sized blocks, None or why no logits remedy applies): none seen, or the loss's own
+    vocabulary-sized blocks (those after the first) made inside a compiled graph, which may fuse the loss."""
+    vocab = _vocab(f)
+    if not len(vocab):
+        return vocab, ("no logits found: no vocabulary-sized output read by a softmax or cross-entropy in this trace "
+                       "(a loss such as logits.sum() makes no such shape)")
     later = vocab[np.argsort(f.alloc[vocab])][1:]
     if len(later) and compiled(f.an.trace)[f.an.trace.stack[f.alloc[later]]].mean() >= COMPILED_SHARE:
-        return ("the loss runs inside a compiled graph (torch.compile): it may be fused there, and what a "
-                "chunked or half-precision loss would change in it cannot be told from the trace")
-    return None
+        return vocab, ("the loss runs inside a compiled graph (torch.compile): it may be fused there, and what a "
+                       "chunked or half-precision loss would change in it cannot be told from the trace")
+    return vocab, None
 
 
 def _chunked_cross_entropy(f: Facts, chunks: int = CE_CHUNKS):
-    vocab = _vocab(f)
-    if not len(vocab):
-        return ("no logits found: no vocabulary-sized output read by a softmax or cross-entropy in this trace (a loss "
-                "such as logits.sum() makes no such shape)")
-    why = _loss_compiled(f, vocab)
+    vocab, why = _logits(f)
     if why:
         return why
     head = int(f.an.facts.param_sizes.max()) if len(f.an.facts.param_sizes) else 0
@@ -143,11 +143,7 @@ def _chunked_cross_entropy(f: Facts, chunks: int = CE_CHUNKS):
 
 
 def _bf16_logits(f: Facts):
-    vocab = _vocab(f)
-    if not len(vocab):
-        return ("no logits found: no vocabulary-sized output read by a softmax or cross-entropy in this trace (a loss "
-                "such as logits.sum() makes no such shape)")
-    why = _loss_compiled(f, vocab)
+    vocab, why = _logits(f)
     if why:
         return why
     small = int(f.size[vocab].min())
