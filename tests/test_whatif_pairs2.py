@@ -4,6 +4,7 @@ peak is what each run's program read from ``torch.cuda.max_memory_allocated`` (i
 phasemem's own reading of that run's trace.
 """
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,27 +13,14 @@ import phasemem
 from phasemem.fits import predict
 from conftest import FIXTURES
 
+# run -> (remedies with their settings, batch factor, sequence factor): what the real run changed; the
+# table docs/eval_whatif.py prints docs/what-if.md's rows from, so the tests check the rows it shows
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+from eval_whatif import RUNS  # noqa: E402
+
 PAIRS2 = FIXTURES / "pairs2"
 #: The target of issue 30: within 5 % of the measured peak, on every remedy and on batch x2 / x4 and seq x2.
 WITHIN = 0.05
-#: run -> (remedies with their settings, batch factor, sequence factor): what the real run changed
-RUNS = {
-    "fused": ({"fused_optimizer": {}}, 1, 1),
-    "zero_grad_before": ({"zero_grad_before_forward": {}}, 1, 1),
-    "chunked_ce_2": ({"chunked_cross_entropy": {"chunks": 2}}, 1, 1),
-    "chunked_ce_8": ({"chunked_cross_entropy": {"chunks": 8}}, 1, 1),
-    "bf16_logits": ({"bf16_logits": {}}, 1, 1),
-    "ckpt_1": ({"activation_checkpointing": {"every": 1}}, 1, 1),
-    "ckpt_2": ({"activation_checkpointing": {"every": 2}}, 1, 1),
-    "batch_x0.5": ({}, 0.5, 1),
-    "batch_x2": ({}, 2, 1),
-    "batch_x4": ({}, 4, 1),
-    "seq_x2": ({}, 1, 2),
-    "seq_x4": ({}, 1, 4),
-    "batch_x2+ckpt_1": ({"activation_checkpointing": {"every": 1}}, 2, 1),
-    "batch_x2+chunked_ce_8": ({"chunked_cross_entropy": {"chunks": 8}}, 2, 1),
-    "seq_x2+ckpt_1": ({"activation_checkpointing": {"every": 1}}, 1, 2),
-}
 CASES = sorted((p.name.split("__")[0], p.name.split("__")[1][:-len(".pkl.xz")]) for p in PAIRS2.glob("*__*.pkl.xz")
                if not p.name.endswith("__base.pkl.xz"))
 _BASES: dict = {}
