@@ -1,4 +1,5 @@
-"""The pipeline: snapshot → trace → timeline → segmentation → report."""
+"""The pipeline, one way: read (the trace, or without history the live memory) → cut (the steps
+asked for) → analyse → report."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -13,7 +14,7 @@ from .patterns import detect as detect_patterns
 from .peak import breakdown
 from .report import INCOMPLETE_NOTE, Report
 from .read import Reading, read
-from .read.steps import StepIndex
+from .read.columnar import StepIndex
 from .segmentation import Segmentation
 from .spans import backward_resumed
 from .step_index import cut
@@ -46,8 +47,7 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
     """
     with no_gc():  # the analysis builds many small objects too; freed while the collector is paused
         got = read(snapshot, device, trusted=trusted, steps=steps, marker_prefix=marker_prefix)
-        if got.trace is None:  # no allocation history: what was alive when it was taken
-            return _live_report(got)
+        got = cut(got)  # the steps asked for, where a step index can cut them from a trace read whole
         report = _report(got)
         # An out-of-memory on another device is the first thing to say, with its step and phase there.
         theirs = [o for other in report.other_devices if other.ooms for o in _report(got.device(other.index)).ooms]
@@ -66,9 +66,10 @@ def _live_report(got: Reading) -> Report:
 
 
 def _report(got: Reading) -> Report:
-    """The report of what was read: of the steps asked for alone where they can be cut from the
-    trace (and the result checks), else of the whole trace."""
-    got = cut(got)
+    """The report of what was read: without history, of the live memory; of the steps asked for
+    alone where they were cut from the trace (and the result checks), else of the whole trace."""
+    if got.trace is None:  # no allocation history: what was alive when it was taken
+        return _live_report(got)
     if got.window is not None:
         report = _sliced(got.trace, *got.window, got.prefix)
         return report if report is not None else analyze_trace(got.whole(), marker_prefix=got.prefix)

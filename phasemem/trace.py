@@ -99,7 +99,7 @@ class Trace:
     #: so that work or an out-of-memory on another GPU is never silently left out.
     other_devices: list = field(default_factory=list)
     # Event 0 here is this event of the recorded trace: nonzero when only some steps were loaded
-    # (``phasemem.read.steps``); every index elsewhere in the Trace counts from here.
+    # (``phasemem.read.columnar``); every index elsewhere in the Trace counts from here.
     first_event: int = 0
     #: Addresses of the blocks alive when the snapshot was taken, made before the trace, whose
     #: allocation stack (``segments`` keeps it from an earlier recording of the process) passes

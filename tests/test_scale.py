@@ -5,6 +5,7 @@ import gzip
 import os
 import pickle
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,9 @@ from phasemem.read import trace as read_trace
 from phasemem.read.batched import _find_events, read_batched as _stream
 from phasemem.read.columnar import load_steps, read_index, save_trace
 from phasemem.read.snapshot import read_snapshot_file
-from phasemem.step_index import build_index
+from phasemem.segmentation import Segmentation, segment, segment_marked
+from phasemem.step_index import build_index, can_slice
+from phasemem.timeline import Timeline
 from phasemem.trace import Trace
 
 from conftest import fixture_paths, load_snapshot, prefix_of, shared_paths
@@ -264,6 +267,31 @@ def test_steps_analyse_only_those_steps_with_the_full_numbers(path, tmp_path):
         for part in (from_pickle, from_npz):
             assert_slice_matches(full, part)
         assert from_npz.to_dict() == from_pickle.to_dict()
+
+
+# ... and traces whose steps an OOM cut short, that start mid-step, skip updates, update inside backward
+EDGES = PATHS + sorted(ROOT.glob("fixtures/oom/*.pkl.xz")) + [
+    ROOT / "fixtures" / d / f"{name}.pkl.xz" for d, name in (
+        ("heldout6", "h6_optim_in_backward"), ("heldout8", "h8_mid_step_start"), ("heldout9", "h9_scaler_skips_first"),
+        ("heldout9", "h9_train_eval_interleaved"))]
+
+
+@pytest.mark.parametrize("path", EDGES, ids=ids)
+def test_the_step_index_segments_a_marked_trace_as_segment_does(path):
+    # the index is built from the marks alone (segment_marked), never from a whole segmentation
+    prefix = prefix_of(path)
+    trace = read_trace(path)
+    if not can_slice(trace, prefix):
+        pytest.skip("phases inferred: no step index is built from them")
+    tl = Timeline.from_trace(trace)
+    whole, marked = segment(trace, prefix, tl), segment_marked(trace, prefix, tl.lifetimes)
+    assert whole.steps, "a marked trace has steps"
+    for f in fields(Segmentation):
+        a, b = getattr(whole, f.name), getattr(marked, f.name)
+        if isinstance(a, np.ndarray):
+            assert np.array_equal(a, b), f.name
+        else:
+            assert a == b, f.name
 
 
 def test_slices_of_a_long_trace_equal_the_full_analysis(tmp_path):

@@ -9,31 +9,52 @@ outside this package knows which one it was.
                  └─ snapshot  pickle.load (only a snapshot's types) + Trace.from_snapshot: small
                               files, and events that bring frame dicts of their own
 
+A source without allocation history (only its segments, or a legacy recording's single entry) is
+read again for what was alive when it was taken (``snapshot.load_live``): ``Reading.live``.
+
 The Trace is the same whichever path read it (tests/test_decode.py, test_scale.py); only the cost
 differs (docs/performance.md, benchmarks/bench_forms.py).
 """
 from __future__ import annotations
 
 import os
-from typing import Any
-
-import numpy as np
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..errors import NoHistory, PhasememError
-from ..live import live_memory
-from ..trace import A, Trace, no_gc
+from ..live import LiveMemory
+from ..trace import Trace, no_gc
 from ..vocab import MARKER_PREFIX
 from . import columnar
 from .batched import read_batched
 from . import decoder
+from .columnar import StepIndex
 from .decoder import decode_trace
 from .decoder.layout import Unprofitable
-from .snapshot import load_snapshot, read_snapshot_file
-from .steps import Reading
+from .snapshot import has_history, load_live, load_snapshot, read_snapshot_file
 
-#: A trace with fewer memory events than this is a legacy recording's single entry (an action
-#: ``snapshot``, or one ``free_completed``: all seven such files in ../shared/wild), not a history.
-MIN_HISTORY = 2
+_ZIP = b"PK\x03\x04"  # the .npz save_trace writes is a zip, never a pickle
+
+
+@dataclass
+class Reading:
+    """What a source holds. ``trace``: its events (None without allocation history: then ``live``
+    is what was alive when it was taken, and ``live_events`` the entries of its device). ``prefix``:
+    the marker prefix its phases are read with; ``meta``: phasemem's metadata of a snapshot without
+    history. ``window``: (step index, first, last position) where only those steps were read
+    (``whole`` reads the rest); ``steps``: the steps still to cut from a trace read whole.
+    ``device(d)``: another device of the same source, read the same way."""
+
+    trace: Trace | None
+    prefix: str = MARKER_PREFIX
+    live: LiveMemory | None = None
+    live_events: int = 0
+    window: tuple[StepIndex, int, int] | None = None
+    whole: Callable[[], Trace] | None = None
+    steps: str | int | None = None
+    device: Callable[[int], "Reading"] | None = None
+    #: the snapshot's ``phasemem`` metadata, where the trace does not carry it (no history)
+    meta: dict | None = None
 
 
 def read(source: Any, device: int | None = None, *, trusted: bool = False, steps: str | int | None = None,
@@ -46,8 +67,9 @@ def read(source: Any, device: int | None = None, *, trusted: bool = False, steps
         >>> got = read("snapshot.pickle")
         >>> got.trace.size[:3], got.prefix
     """
-    if isinstance(source, (str, os.PathLike)) and columnar.is_columnar(source):
-        got = columnar.reading(os.fspath(source), device, marker_prefix, steps)
+    other = lambda d: read(source, d, trusted=trusted, marker_prefix=marker_prefix, live=False)  # noqa: E731
+    if is_columnar(source):
+        got = _read_columnar(os.fspath(source), device, marker_prefix, steps)
     else:
         try:
             t = trace(source, device, trusted=trusted)
@@ -57,20 +79,46 @@ def read(source: Any, device: int | None = None, *, trusted: bool = False, steps
             t = None
         prefix = marker_prefix or (str(t.meta.get("markers") or MARKER_PREFIX) if t is not None else MARKER_PREFIX)
         got = Reading(t, prefix, steps=steps)
-    got.device = lambda d: read(source, d, trusted=trusted, marker_prefix=marker_prefix, live=False)
-    if live and (got.trace is None or not has_history(got.trace)):
-        snap = load_snapshot(source, trusted=trusted, history=False)
-        return _live(snap, device, got.prefix)
+    if live and (got.trace is None or not has_history(got.trace)):  # what was alive when it was taken
+        mem, n_events, meta = load_live(source, device, trusted=trusted)
+        return Reading(None, got.prefix, live=mem, live_events=n_events, meta=meta)
+    got.device = other
     return got
 
 
-def _live(snap: dict, device: int | None, prefix: str) -> Reading:
-    """A snapshot without allocation history: what was alive when it was taken (phasemem.live)."""
-    live = live_memory(snap, device)
-    traces = snap.get("device_traces") or []
-    mine = traces[live.device] if live.device < len(traces) else None
-    meta = snap.get("phasemem") if isinstance(snap.get("phasemem"), dict) else {}
-    return Reading(None, prefix, live=live, live_events=len(mine) if isinstance(mine, list) else 0, meta=meta)
+def is_columnar(source: Any) -> bool:
+    """A path to the .npz ``columnar.save_trace`` writes (a zip, not a pickle)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    try:
+        with open(source, "rb") as f:
+            return f.read(4) == _ZIP
+    except OSError:
+        return False
+
+
+def _read_columnar(path: str, device: int | None, marker_prefix: str | None, steps) -> Reading:
+    """An .npz: with ``steps``, only theirs where the file's step index allows."""
+    doc = columnar.read_doc(path)  # phasemem convert's output: no unpickling
+    if device is not None and device != int(doc["device"]):
+        raise PhasememError(f"{path} holds device {doc['device']} only; convert the snapshot "
+                            f"again with --device {device}")
+    index_prefix = (doc.get("steps") or {}).get("prefix")
+    # the prefix the file was converted with is the one its step index knows
+    prefix = marker_prefix or index_prefix or str((doc.get("meta") or {}).get("markers") or MARKER_PREFIX)
+    whole = lambda: columnar.load_trace(path)  # noqa: E731
+    if steps is not None and index_prefix == prefix and doc["steps"]["exact"]:
+        index = columnar.read_index(path)
+        k0, k1 = index.positions(steps)
+        a, b = index.bounds(k0, k1)
+        if b > a:
+            with no_gc():
+                part = columnar.load_steps(path, index, k0, k1)
+            return Reading(part, prefix, window=(index, k0, k1), whole=whole)
+    with no_gc():
+        t = whole()
+    # the file's index says these steps cannot be sliced: no use building it again
+    return Reading(t, prefix, steps=None if index_prefix == prefix else steps)
 
 
 def trace(source: Any, device: int | None = None, *, trusted: bool = False) -> Trace:
@@ -82,8 +130,8 @@ def trace(source: Any, device: int | None = None, *, trusted: bool = False) -> T
     if not isinstance(source, (str, os.PathLike)):
         with no_gc():
             return Trace.from_snapshot(load_snapshot(source, trusted=trusted), device)
-    if columnar.is_columnar(source):
-        return columnar.reading(os.fspath(source), device, None, None).trace
+    if is_columnar(source):
+        return _read_columnar(os.fspath(source), device, None, None).trace
     return _read_pickle(os.fspath(source), device, trusted)
 
 
@@ -123,9 +171,3 @@ def _read_pickle_fast(where: str, device: int | None, trusted: bool) -> Trace | 
     except Exception:  # noqa: BLE001 - the ordinary reader says what is wrong, or reads it
         t = None
     return t
-
-
-def has_history(t: Trace) -> bool:
-    """Whether a trace holds an allocation history (MIN_HISTORY memory events or more)."""
-    memory = np.isin(t.action, [A["alloc"], A["free_requested"], A["free_completed"], A["free"]])
-    return int(memory.sum()) >= MIN_HISTORY

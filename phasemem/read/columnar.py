@@ -1,13 +1,28 @@
-"""The columnar trace saved to disk (.npz): analyse a huge snapshot again without unpickling it.
+"""The columnar trace saved to disk (.npz), and the step index that cuts some steps out of a trace.
 
 Unpickling a 10-million-event snapshot takes seconds and a gigabyte or more; the columnar form of
 the same trace is ~40 bytes an event and loads in a second. ``phasemem convert`` writes it;
 ``phasemem.analyze`` reads it like a snapshot. It holds only numbers and one JSON document, and is
-read with ``allow_pickle=False``: loading it runs no code.
+read with ``allow_pickle=False``: loading it runs no code. The members are stored uncompressed, so
+a range of one column is read straight from its offset in the file.
 
-It also holds a step index (``phasemem.read.steps``) for the marker prefix it was converted with, so
-``analyze --steps`` reads only those steps' events. The members are stored uncompressed, so a
-range of one column is read straight from its offset in the file.
+``phasemem analyze big.npz --steps 100-102`` should not read 10 million events to report three
+steps. A step index (``StepIndex``), built once from the whole trace (``phasemem.step_index``;
+``phasemem convert`` stores it in the file for the marker prefix it was converted with), says where
+each step's events are. Only those events are read (``load_steps``; ``slice_in_memory`` cuts them
+from a trace read whole); allocations alive when the first of them starts become allocations from
+before the trace, as a trace already treats memory from before recording (frees without an alloc,
+blocks in ``segments``): an allocation made earlier and freed inside the steps is a free without an
+alloc, one alive through them is a block alive throughout. Markers are kept up to the end of the
+last step: steps before the first read one then count as steps the trace lost, which numbers the
+steps as the full trace does.
+
+So every event's memory, phase and step, and every step's and phase's numbers, equal the full
+analysis's (``tests/test_scale.py``), with event indices counted from ``Trace.first_event``.
+Slicing is refused (``StepIndex.exact`` is False, and the whole trace is analysed) when phases are
+inferred rather than marked — inference reads the whole trace — or when the trace has frees whose
+size differs from their alloc's, or allocs that reuse a live address (a lost free): there a free
+seen without its alloc would count a different size than the full trace does.
 """
 from __future__ import annotations
 
@@ -15,14 +30,14 @@ import json
 import os
 import struct
 import zipfile
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import PhasememError
 from ..output import atomic_write
-from ..trace import Markers, Trace, no_gc
-from ..vocab import MARKER_PREFIX
-from .steps import Reading, StepIndex, slice_trace
+from ..steps import StepsError, parse_steps
+from ..trace import Markers, Trace
 
 FORMAT = "phasemem-trace/1"
 _ARRAYS = ("action", "addr", "size", "stream", "time_us", "stack", "live_blocks")
@@ -30,13 +45,82 @@ _EVENTS = ("action", "addr", "size", "stream", "time_us", "stack")
 _INDEX = ("first", "stop", "number", "complete", "t_end", "reserved_end", "cross")
 
 
-def is_columnar(path: str | os.PathLike) -> bool:
-    """An .npz written by ``save_trace`` (a zip, not a pickle)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"PK\x03\x04"
-    except OSError:
-        return False
+@dataclass
+class StepIndex:
+    """Where each step of a trace lies, for one marker prefix, and what slicing needs besides events."""
+
+    prefix: str
+    exact: bool  # slices give the full analysis's numbers
+    reason: str  # why not, when not
+    n_events: int
+    first: np.ndarray  # int64 per step: first event
+    stop: np.ndarray  # int64 per step: one past its last event
+    number: np.ndarray  # int64 per step: Step.number
+    complete: np.ndarray  # bool per step
+    t_end: np.ndarray  # int64 per step: µs its optimizer ended (BIG when it did not)
+    reserved_end: np.ndarray  # int64 per step: bytes reserved after its last event
+    # (k, 4) int64: alloc event (-1: from before the trace), free event (n_events: never), address
+    # and size of every allocation alive across some step's start: the only ones a slice can begin
+    # inside of.
+    cross: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def positions(self, spec: str) -> tuple[int, int]:
+        """The first and last position of the steps ``spec`` names ("3", "2-4", "2-", "-4"), by
+        ``Step.number``; raises the StepsError the picture would for steps the trace lacks."""
+
+        lo, hi = parse_steps(spec)
+        num = self.number
+        want = np.ones(len(num), dtype=bool)
+        if lo is not None:
+            want &= num >= lo
+        if hi is not None:
+            want &= num <= hi
+        hit = np.flatnonzero(want)
+        if not len(hit):
+            asked = str(spec).strip()
+            raise StepsError(f"steps={asked}: this report has steps {num[0]}..{num[-1]}" if len(num)
+                             else f"steps={asked}: this report has no steps")
+        return int(hit[0]), int(hit[-1])
+
+    def bounds(self, k0: int, k1: int) -> tuple[int, int]:
+        """Events [a, b) of the steps at positions k0..k1."""
+        return int(self.first[k0]), int(self.stop[k1])
+
+
+def slice_trace(skeleton: Trace, index: StepIndex, k0: int, k1: int, columns: dict) -> Trace:
+    """The trace of steps k0..k1 (positions in ``index``).
+
+    ``skeleton`` gives what is not per event (stacks, frames, markers, meta; its event columns are
+    not read), ``columns`` the six event columns of events [a, b) only.
+    """
+    a, b = index.bounds(k0, k1)
+    cross = index.cross
+    alive = cross[(cross[:, 0] < a) & (cross[:, 1] >= b)]
+    m = skeleton.markers
+    keep = int(np.searchsorted(m.time_us, index.t_end[k1], "right"))
+    return Trace(
+        device=skeleton.device,
+        stacks=skeleton.stacks,
+        frames=skeleton.frames,
+        markers=Markers(name=m.name[:keep], start=m.start[:keep], time_us=m.time_us[:keep]),
+        live_blocks=np.ascontiguousarray(alive[:, 2:4]),
+        live_workspaces=skeleton.live_workspaces,
+        oom_device_free={e - a: v for e, v in skeleton.oom_device_free.items() if a <= e < b},
+        reserved_at_snapshot=int(index.reserved_end[k1]),
+        n_devices=skeleton.n_devices,
+        meta=dict(skeleton.meta),
+        first_event=skeleton.first_event + a,
+        **columns,
+    )
+
+
+def slice_in_memory(trace: Trace, index: StepIndex, k0: int, k1: int) -> Trace:
+    a, b = index.bounds(k0, k1)
+    cols = {name: getattr(trace, name)[a:b] for name in ("action", "addr", "size", "stream", "time_us", "stack")}
+    return slice_trace(trace, index, k0, k1, cols)
 
 
 def save_trace(trace: Trace, path: str | os.PathLike, index: StepIndex | None = None) -> None:
@@ -67,30 +151,6 @@ def save_trace(trace: Trace, path: str | os.PathLike, index: StepIndex | None = 
             np.savez(f, **arrays)
 
     atomic_write(path, write)
-
-
-def reading(path: str, device: int | None, marker_prefix: str | None, steps) -> Reading:
-    """What ``phasemem.read.read`` returns for an .npz: with ``steps``, only theirs where its index allows."""
-    doc = read_doc(path)  # phasemem convert's output: no unpickling
-    if device is not None and device != int(doc["device"]):
-        raise PhasememError(f"{path} holds device {doc['device']} only; convert the snapshot "
-                            f"again with --device {device}")
-    index_prefix = (doc.get("steps") or {}).get("prefix")
-    # the prefix the file was converted with is the one its step index knows
-    prefix = marker_prefix or index_prefix or str((doc.get("meta") or {}).get("markers") or MARKER_PREFIX)
-    whole = lambda: load_trace(path)  # noqa: E731
-    if steps is not None and index_prefix == prefix and doc["steps"]["exact"]:
-        index = read_index(path)
-        k0, k1 = index.positions(steps)
-        a, b = index.bounds(k0, k1)
-        if b > a:
-            with no_gc():
-                part = load_steps(path, index, k0, k1)
-            return Reading(part, prefix, window=(index, k0, k1), whole=whole)
-    with no_gc():
-        t = whole()
-    # the file's index says these steps cannot be sliced: no use building it again
-    return Reading(t, prefix, steps=None if index_prefix == prefix else steps)
 
 
 def load_trace(path: str | os.PathLike) -> Trace:

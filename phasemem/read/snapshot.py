@@ -1,4 +1,5 @@
-"""Read a memory snapshot from a path or a dict, without trusting the file.
+"""Read a memory snapshot from a path or a dict, without trusting the file; what it holds: an
+allocation history (``has_history``), or only what was alive when it was taken (``load_live``).
 
 A snapshot is the dict ``torch.cuda.memory._snapshot()`` returns; ``_dump_snapshot`` pickles it.
 Unpickling runs code named in the file, so by default only the types a snapshot contains are
@@ -16,8 +17,15 @@ import pickle
 import zlib
 from typing import Any
 
+import numpy as np
+
 from ..errors import RECORD_HINT, NoHistory, PhasememError
-from ..trace import no_gc
+from ..live import LiveMemory, live_memory
+from ..trace import A, Trace, no_gc
+
+#: A trace with fewer memory events than this is a legacy recording's single entry (an action
+#: ``snapshot``, or one ``free_completed``: all seven such files in ../shared/wild), not a history.
+MIN_HISTORY = 2
 
 
 class _Version(str):
@@ -171,3 +179,24 @@ def load_snapshot(source: Any, *, trusted: bool = False, history: bool = True) -
     if isinstance(source, (str, os.PathLike)):
         return read_snapshot_file(source, trusted=trusted, history=history)
     return as_snapshot(source, history=history)
+
+
+def has_history(t: Trace) -> bool:
+    """Whether a trace holds an allocation history (MIN_HISTORY memory events or more)."""
+    memory = np.isin(t.action, [A["alloc"], A["free_requested"], A["free_completed"], A["free"]])
+    return int(memory.sum()) >= MIN_HISTORY
+
+
+def load_live(source: Any, device: int | None, *, trusted: bool = False) -> tuple[LiveMemory, int, dict]:
+    """A snapshot without allocation history: what was alive when it was taken (``phasemem.live``),
+    how many entries its device's trace holds, and phasemem's metadata ({} if none).
+
+    Example:
+        >>> live, n_events, meta = load_live("segments_only.pickle", None)
+    """
+    snap = load_snapshot(source, trusted=trusted, history=False)
+    live = live_memory(snap, device)
+    traces = snap.get("device_traces") or []
+    mine = traces[live.device] if live.device < len(traces) else None
+    meta = snap.get("phasemem") if isinstance(snap.get("phasemem"), dict) else {}
+    return live, len(mine) if isinstance(mine, list) else 0, meta

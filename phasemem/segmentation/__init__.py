@@ -1,13 +1,19 @@
 """Split a trace into steps and phases: every event's phase code and step.
 
-The parts, in the order ``segment`` uses them:
+``segment`` is one line of stages, each a module entered once:
 
-- ``markers.py``: phase intervals from ``record_function`` markers (phasemem's and PyTorch's
-  optimizer annotations), painted onto the events; the loss between a forward and its backward;
+- ``markers.py``: the marks (``find_marks``): phase intervals from ``record_function`` markers
+  (phasemem's and PyTorch's optimizer annotations), the loss between a forward and its backward,
+  painted onto the events; the outermost optimizer and forward ranges;
 - ``inferred.py``: phases inferred (``infer/``) where no marker placed them, and how sure they are;
-- ``steps_from_intervals.py``: steps that end where an optimizer range ends (or start at each forward);
-- ``steps_from_labels.py``: steps cut between the inferred backward passes, where no range was marked;
-- ``partial.py``: steps an out-of-memory error cut short, and an evaluation after the last step.
+- ``steps_from_labels.py`` (no optimizer range: steps cut between the inferred backward passes) or
+  ``steps_from_intervals.py`` (steps that end where an optimizer range ends, or start at each forward);
+- ``partial.py``: steps an out-of-memory error cut short (and, for the step stages, an evaluation
+  after the last step: no step);
+- ``inferred.py`` again: doubts about phases read from lifetimes alone.
+
+``segment_marked`` is the same line for a trace whose forward or backward is marked, without the
+inference: what a step index is built from (``phasemem.step_index``).
 """
 from __future__ import annotations
 
@@ -20,12 +26,12 @@ from ..timeline import Lifetimes, lifetimes_of
 from ..trace import Trace
 from ..vocab import MARKER_PREFIX
 from .inferred import find_doubts, infer_phases, lower_where_doubted
-from .markers import Interval, find_intervals, locate, loss_intervals, outermost, paint
+from .markers import Interval, find_marks
 from .partial import cut_by_oom
-from .steps_from_intervals import skipped_steps, steps_from_intervals
+from .steps_from_intervals import steps_from_intervals
 from .steps_from_labels import steps_from_labels
 
-__all__ = ["Segmentation", "segment", "step_at_time", "window_first"]
+__all__ = ["Segmentation", "segment", "segment_marked", "step_at_time", "window_first"]
 
 
 @dataclass
@@ -53,54 +59,62 @@ class Segmentation:
     doubts: list[str] = field(default_factory=list)
 
 
-def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None, lifetimes_given=None) -> Segmentation:
+def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segmentation:
     """Label every event with its phase and step; without forward/backward markers, infer them
-    (from frames, else from lifetimes, which needs ``timeline``). ``lifetimes_given``: the trace's
-    Lifetimes where there is no timeline (a step index reads only those).
+    (from frames, else from lifetimes, which needs ``timeline``).
 
     Example:
         >>> seg = segment(Trace.from_snapshot(snap))
         >>> PHASES[seg.labels[100]], seg.step_of[100]
     """
-    t = trace.time_us
-    n = len(trace)
+    n, first = len(trace), window_first(trace.meta)
 
     @functools.cache
     def lifetimes() -> Lifetimes:  # which block each free frees: built only where a rule below asks
-        if timeline is not None:
-            return timeline.lifetimes
-        return lifetimes_given if lifetimes_given is not None else lifetimes_of(trace)
+        return timeline.lifetimes if timeline is not None else lifetimes_of(trace)
 
-    intervals, sources = find_intervals(trace, prefix)
-    locate(intervals, t)
-    loss = loss_intervals(intervals, sources.get("forward", "markers"), t)
-    if loss:
-        sources["loss"] = loss[0].source
-    intervals = intervals + loss
-    labels = paint(intervals, n)
-
-    confidence = {ph: 1.0 for ph in sources}
-    marked = any(iv.source == "markers" and iv.phase in ("forward", "backward") for iv in intervals)
-    how, starts = None, None
-    if not marked and n:
+    marks = find_marks(trace, prefix)
+    labels, how, starts = marks.labels, None, None
+    sources, confidence = marks.sources, {ph: 1.0 for ph in marks.sources}
+    if not marks.marked and n:
         labels, how, starts = infer_phases(trace, timeline, labels, sources, confidence)
-    if not marked and n and not any(iv.phase == "optimizer" for iv in intervals):
+    if not marks.marked and n and not marks.optimizer:
         steps, numbers, ends = steps_from_labels(trace, labels, starts, lifetimes, inside=how == "frames")
+        skipped = []  # no optimizer range: none was skipped
     else:
         # only labels from markers or frames place a backward well enough to see an update inside it
-        steps, numbers, ends = steps_from_intervals(trace, intervals, labels, lifetimes,
-                                                    inside=marked or how == "frames")
+        steps, numbers, ends, skipped = steps_from_intervals(trace, marks, labels, lifetimes,
+                                                             inside=marks.marked or how == "frames")
     steps = cut_by_oom(trace, labels, steps)
     doubts = find_doubts(trace, timeline, labels, steps) if how == "lifetimes" else []
     lower_where_doubted(confidence, sources, doubts)
-    numbers = [window_first(trace.meta) + k for k in numbers]
     step_of = np.full(n, -1, dtype=np.int32)
     for k, (a, b, _) in enumerate(steps):
         step_of[a:b] = k
-    lost = [iv.t1 for iv in outermost([iv for iv in intervals if iv.phase == "optimizer"]) if iv.stop == 0]
-    return Segmentation(labels, step_of, steps, numbers, np.array(ends, dtype=np.int64), intervals, sources,
-                        confidence, max(lost) if lost else int(np.iinfo(np.int64).min),
-                        how if how in ("frames", "lifetimes") else None, skipped_steps(intervals, steps), doubts)
+    return Segmentation(labels, step_of, steps, [first + k for k in numbers], np.array(ends, dtype=np.int64),
+                        marks.intervals, sources, confidence, marks.t_lost,
+                        how if how in ("frames", "lifetimes") else None, [k for k in skipped if steps[k][2]], doubts)
+
+
+def segment_marked(trace: Trace, prefix: str, lifetimes: Lifetimes) -> Segmentation:
+    """``segment`` of a trace whose forward or backward markers are there, from its marks alone
+    (nothing is inferred there), with the trace's ``lifetimes`` given: what a step index is built
+    from. tests/test_segment_handbuilt.py checks that it is ``segment``'s answer.
+
+    Example:
+        >>> seg = segment_marked(trace, "phasemem::", lifetimes_of(trace))
+    """
+    n, first = len(trace), window_first(trace.meta)
+    marks = find_marks(trace, prefix)
+    steps, numbers, ends, skipped = steps_from_intervals(trace, marks, marks.labels, lambda: lifetimes,
+                                                         inside=marks.marked)
+    steps = cut_by_oom(trace, marks.labels, steps)
+    step_of = np.full(n, -1, dtype=np.int32)
+    for k, (a, b, _) in enumerate(steps):
+        step_of[a:b] = k
+    return Segmentation(marks.labels, step_of, steps, [first + k for k in numbers], np.array(ends, dtype=np.int64),
+                        marks.intervals, marks.sources, {ph: 1.0 for ph in marks.sources}, marks.t_lost,
+                        None, [k for k in skipped if steps[k][2]], [])
 
 
 def step_at_time(seg: Segmentation, t: int) -> int:

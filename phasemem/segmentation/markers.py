@@ -3,7 +3,8 @@
 Markers become time intervals; an event at time t belongs to an interval [START, END] when
 START <= t <= END. Intervals are painted onto the events in start order, outer before inner, so
 nested phases resolve to the innermost (Lightning runs forward and backward inside
-``optimizer.step(closure)``; the optimizer's own work is what is left).
+``optimizer.step(closure)``; the optimizer's own work is what is left). ``find_marks`` is the first
+stage of ``segment``: everything the later stages read of the marks, found once.
 """
 from __future__ import annotations
 
@@ -29,6 +30,43 @@ class Interval:
     source: str  # "markers" or "annotations"
     first: int = 0  # first event index inside (searchsorted)
     stop: int = 0  # one past the last event index inside
+
+
+@dataclass
+class Marks:
+    """What the marks say about a trace: every interval (the loss between a forward and its backward
+    included), where each phase's boundaries came from, the events painted with them, and the
+    outermost optimizer and forward ranges (a wrapper optimizer calling an inner one is one range)."""
+
+    intervals: list[Interval]
+    sources: dict[str, str]  # phase → "markers" or "annotations"
+    labels: np.ndarray  # int8 phase codes; 'other' where no interval lies
+    marked: bool  # phasemem's markers place forward or backward: nothing is inferred
+    optimizer: list[Interval]  # outermost optimizer ranges, in time order
+    forward: list[Interval]  # outermost forward ranges, in time order
+    t_lost: int  # µs: the end of the last optimizer range before the first event (steps the ring buffer lost)
+
+
+def find_marks(trace: Trace, prefix: str = MARKER_PREFIX) -> Marks:
+    """The marks of a trace, located on its events.
+
+    Example:
+        >>> marks = find_marks(trace, "phasemem::")
+        >>> marks.marked, [iv.stop for iv in marks.optimizer]
+    """
+    t = trace.time_us
+    intervals, sources = find_intervals(trace, prefix)
+    locate(intervals, t)
+    loss = loss_intervals(intervals, sources.get("forward", "markers"), t)
+    if loss:
+        sources["loss"] = loss[0].source
+    intervals = intervals + loss
+    opt = outermost([iv for iv in intervals if iv.phase == "optimizer"])
+    lost = [iv.t1 for iv in opt if iv.stop == 0]
+    return Marks(intervals, sources, paint(intervals, len(trace)),
+                 any(iv.source == "markers" and iv.phase in ("forward", "backward") for iv in intervals),
+                 opt, outermost([iv for iv in intervals if iv.phase == "forward"]),
+                 max(lost) if lost else int(np.iinfo(np.int64).min))
 
 
 def _pair(markers, wanted) -> list[tuple[str, int, int]]:

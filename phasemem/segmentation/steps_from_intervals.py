@@ -1,6 +1,6 @@
 """Steps from phase intervals: each ends where an optimizer range ends (markers or PyTorch's
 annotations), or, without one, each marked forward starts one; and the iterations whose update was
-skipped, split off."""
+skipped, split off. It reads the marks as ``markers.find_marks`` found them."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,16 +9,18 @@ from ..spans import phase_runs as runs
 from ..timeline import Lifetimes
 from ..trace import A, Trace
 from ..vocab import P
-from .markers import Interval, outermost
+from .markers import Interval, Marks
 from .partial import keeps_nothing
 
 
-def steps_from_intervals(trace: Trace, intervals: list[Interval], labels: np.ndarray, lifetimes,
-                         inside: bool = True) -> tuple[list, list, list]:
+def steps_from_intervals(trace: Trace, marks: Marks, labels: np.ndarray, lifetimes,
+                         inside: bool = True) -> tuple[list, list, list, list[int]]:
     """Steps end where an optimizer step ends; without an optimizer, each forward starts one; a
-    step whose update was skipped ends where the next zero_grad discards its gradients."""
+    step whose update was skipped ends where the next zero_grad discards its gradients. Returns the
+    steps (first event, stop event, complete), their numbers, the µs each ends at, and the
+    positions of the whole steps no optimizer range ends (``_skipped``)."""
     big, n = int(np.iinfo(np.int64).max), len(labels)
-    opt = outermost([iv for iv in intervals if iv.phase == "optimizer"])
+    opt = marks.optimizer
     if opt:
         # A step whose optimizer finished before the first recorded event was lost to the ring buffer.
         lost = sum(1 for iv in opt if iv.stop == 0)
@@ -26,7 +28,7 @@ def steps_from_intervals(trace: Trace, intervals: list[Interval], labels: np.nda
         bounds = [0] + [iv.stop for iv in kept]
         steps = [(bounds[k], bounds[k + 1], kept[k].t1 != big) for k in range(len(kept))]
         ends = [iv.t1 for iv in kept]
-        steps, ends = _split_skipped(trace, lifetimes, intervals, labels, steps, ends, bounds)
+        steps, ends = _split_skipped(trace, lifetimes, marks, labels, steps, ends, bounds)
         if steps and lost:
             steps[0] = (steps[0][0], steps[0][1], False)
         # A first step with no forward where every other has one began before the trace did
@@ -35,6 +37,7 @@ def steps_from_intervals(trace: Trace, intervals: list[Interval], labels: np.nda
             fwd = [bool((labels[a:b] == P["forward"]).any()) for a, b, _ in steps]
             if not fwd[0] and all(fwd[1:]):
                 steps[0] = (steps[0][0], steps[0][1], False)
+        skipped = _skipped(marks.intervals, steps)  # a step the trace cut short (below) is not whole
         tail = labels[bounds[-1]:]
         # Training work after the last optimizer step is a step the trace cut short; a zero_grad or
         # logging after it is not a step, nor the end of a backward whose optimizer ran inside it
@@ -47,19 +50,19 @@ def steps_from_intervals(trace: Trace, intervals: list[Interval], labels: np.nda
                 (tail == P["backward"]).any() or not keeps_nothing(trace, lifetimes, bounds[-1], n)):
             steps.append((bounds[-1], n, False))
             ends.append(big)
-        return steps, list(range(lost, lost + len(steps))), ends
-    fwd = outermost([iv for iv in intervals if iv.phase == "forward"])
+        return steps, list(range(lost, lost + len(steps))), ends, skipped
+    fwd = marks.forward
     if fwd:
         # Each forward starts a step; events before the first forward belong to the first step.
         starts = sorted({(iv.first, iv.t0) for iv in fwd if iv.first < n})[1:]
         starts = [(a, t0) for a, t0 in starts if a > 0]
         bounds = [0] + [a for a, _ in starts] + [n]
         steps = [(bounds[k], bounds[k + 1], True) for k in range(len(bounds) - 1)]
-        return steps, list(range(len(steps))), [t0 - 1 for _, t0 in starts] + [big]
-    return [(0, n, True)], [0], [big]
+        return steps, list(range(len(steps))), [t0 - 1 for _, t0 in starts] + [big], []
+    return [(0, n, True)], [0], [big], []  # no optimizer range: none skipped
 
 
-def _split_skipped(trace: Trace, lifetimes, intervals: list[Interval], labels: np.ndarray, steps: list,
+def _split_skipped(trace: Trace, lifetimes, marks: Marks, labels: np.ndarray, steps: list,
                    ends: list, bounds: list[int]) -> tuple[list, list]:
     """Split off the iterations that ran no optimizer update.
 
@@ -72,14 +75,14 @@ def _split_skipped(trace: Trace, lifetimes, intervals: list[Interval], labels: n
     made: a second optimizer's zero_grad that frees nothing of it (a GAN clearing the generator's
     gradients between the critic's backward and its own) is not the end of an iteration
     (h9_scaler_skips_first: 3 steps for 5 iterations, the first holding three, before)."""
-    outer = outermost([iv for iv in intervals if iv.phase == "optimizer"])
+    outer = marks.optimizer
     o_t0, o_t1 = np.array([o.t0 for o in outer], np.int64), np.array([o.t1 for o in outer], np.int64)
 
     def in_optimizer(iv):
         k = int(np.searchsorted(o_t0, iv.t0, "right")) - 1
         return k >= 0 and iv.t1 <= o_t1[k]
 
-    zg = [iv for iv in intervals if iv.phase == "zero_grad" and iv.stop > iv.first and not in_optimizer(iv)]
+    zg = [iv for iv in marks.intervals if iv.phase == "zero_grad" and iv.stop > iv.first and not in_optimizer(iv)]
     if not zg:
         return steps, ends
     first, last, code, _ = runs(labels, np.zeros(len(labels), np.int32))
@@ -181,7 +184,7 @@ def _one_per_step(opt: list[Interval], labels: np.ndarray, inside: bool = True) 
     return out + [opt[-1]]
 
 
-def skipped_steps(intervals: list[Interval], steps: list[tuple[int, int, bool]]) -> list[int]:
+def _skipped(intervals: list[Interval], steps: list[tuple[int, int, bool]]) -> list[int]:
     """Positions of the whole steps that no optimizer range ends (``_split_skipped`` made them)."""
     stops = np.sort([iv.stop for iv in intervals if iv.phase == "optimizer"])
     skipped = []
