@@ -291,3 +291,25 @@ def test_no_attention_scores_where_there_are_none(name):
     r = phasemem.analyze(str(FIXTURES / f"{name}.pkl.xz"))
     w = {x.remedy: x for x in r.what_if}
     assert w["seq_x2"].applies and w["seq_x2"].predicted_peak_bytes == w["batch_x2"].predicted_peak_bytes
+
+
+def test_json_carries_what_fits_on_a_real_trace(tmp_path):
+    """``--json`` with ``--fits`` holds the same answer as the printed one (``report.fits``), on a real
+    H200 trace; without ``--fits`` the JSON has no ``fits`` key."""
+    import json
+
+    from conftest import FIXTURES
+    from phasemem.cli import main
+
+    src = str(FIXTURES / "gpt_foreach.pkl.xz")
+    r = phasemem.analyze(src)
+    budget = 2 * r.peak_bytes
+    assert main(["analyze", src, "--fits", str(budget), "-o", str(tmp_path / "m.png"),
+                 "--json", str(tmp_path / "m.json")]) == 0
+    got = json.loads((tmp_path / "m.json").read_text())["fits"]
+    want = r.fits(budget)
+    assert got["budget_bytes"] == budget and got["peak_bytes"] == r.peak_bytes
+    assert got["batch"]["largest_factor"] == want.batch.largest_factor
+    assert got["sequence"]["applies"] == want.sequence.applies
+    assert main(["analyze", src, "-o", str(tmp_path / "n.png"), "--json", str(tmp_path / "n.json")]) == 0
+    assert "fits" not in json.loads((tmp_path / "n.json").read_text())

@@ -68,15 +68,17 @@ def run(args) -> int:
                     for d in report.other_devices if d.events]
         reports.sort(key=lambda r: r.device)
     outputs = []
-    for r in reports:
+    answers = [_fits(r, args) for r in reports]
+    for r, fit in zip(reports, answers):
         if r.live is None:
             visible_range(r, args.zoom)  # steps the report does not have: say so instead of the report
         picture, json_path = (per_device(args.output, r.device), per_device(args.json, r.device)) if every else (
             args.output, args.json)
         outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **picture_kwargs(args))))
         if json_path:
-            outputs.append((json_path, r.json_writer()))
-    print("\n\n".join("\n\n".join(_sections(r, args)) for r in reports))
+            outputs.append((json_path, r.json_writer(None if args.fits is None else
+                                                     {"fits": fit and fit.to_dict()})))
+    print("\n\n".join("\n\n".join(_sections(r, args, fit)) for r, fit in zip(reports, answers)))
     broken = _over_budget(budgets, reports, every)  # a budget that cannot be checked fails before writing
     write_all(outputs)  # all of them or none
     print(f"\nwrote {', '.join(p for p, _ in outputs)}")
@@ -85,7 +87,7 @@ def run(args) -> int:
     return EXIT_OVER_BUDGET if broken else 0
 
 
-def _sections(r, args) -> list[str]:
+def _sections(r, args, fit) -> list[str]:
     """The report, then what --what-if and --fits asked for."""
     from ..report import format_what_if
 
@@ -93,8 +95,14 @@ def _sections(r, args) -> list[str]:
     if args.what_if:
         out.append(format_what_if(r))
     if args.fits is not None:
-        out.append(str(r.fits(args.fits)) if r.live is None else "what fits: nothing to solve (no allocation history)")
+        out.append(str(fit) if fit is not None else "what fits: nothing to solve (no allocation history)")
     return out
+
+
+def _fits(r, args):
+    """What --fits asked for (solved once: printed, and in --json as ``fits``); None where it was not
+    asked or the snapshot has no allocation history to solve it from."""
+    return r.fits(args.fits) if args.fits is not None and r.live is None else None
 
 
 def _over_budget(budgets, reports, every: bool) -> list[str]:
