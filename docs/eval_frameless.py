@@ -20,7 +20,7 @@ nothing tells which forward calls make one request).
     python3 docs/eval_frameless.py --frames         # the same traces with their stack frames kept
 
 The marked analysis and the stripped trace are cached under $PHASEMEM_EVAL_CACHE (default
-/tmp/phasemem-frameless-cache-v2), keyed on the file's size and time, so a second run costs only the
+/tmp/phasemem-frameless-cache-v2), keyed on the file's content, so a second run costs only the
 frameless inference.
 """
 from __future__ import annotations
@@ -86,8 +86,8 @@ def bare(snap: dict) -> dict:
 
 def _entry(path: Path) -> dict | None:
     """{name, prefix, truth labels, truth steps, has backward, the bare Trace}, or None when unmarked."""
-    st = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    # keyed on content, not place or time, so that checkouts of the same fixtures share one cache
+    key = hashlib.sha1(path.read_bytes()).hexdigest()[:16]
     cached = CACHE / f"{path.name}.{key}.pkl"
     if cached.exists():
         return pickle.loads(cached.read_bytes())
@@ -103,7 +103,7 @@ def _entry(path: Path) -> dict | None:
                    "trace": Trace.from_snapshot(bare(snap), marked.device),
                    "framed": Trace.from_snapshot(unannotated(snap), marked.device)}
     CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(".tmp")
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
     tmp.replace(cached)
     return out
