@@ -1,6 +1,7 @@
 """The step index of a whole trace (``phasemem.read.columnar.StepIndex``), from the steps its marks
-give: built by ``phasemem convert`` into the columnar file, and by ``analyze --steps`` for a
-snapshot read whole. It is exact (slices give the full analysis's numbers) only where phases are
+give, and the cut of the steps ``--steps`` asks for by it (``cut``: the one place a trace is
+sliced). Built by ``phasemem convert`` into the columnar file (``cut`` takes the file's), and by
+``analyze --steps`` for a snapshot read whole. It is exact (slices give the full analysis's numbers) only where phases are
 marked; ``phasemem.read.columnar`` says why. Inference reads the whole trace, so an index is only
 ever built from the marks (``segmentation.segment_marked``), never from a whole segmentation.
 """
@@ -11,31 +12,58 @@ from dataclasses import replace
 import numpy as np
 
 from .read import Reading
-from .read.columnar import StepIndex, slice_in_memory
+from .read.columnar import EVENTS, StepIndex
 from .segmentation import segment_marked
+from .steps import StepsError, parse_steps
 from .timeline import Timeline, lifetimes_of, reserved_curve
-from .trace import A, Trace
+from .trace import A, Markers, Trace
 
 _INFERRED = "phases are inferred from the whole trace (no forward/backward markers)"
 
 
 def cut(got: Reading) -> Reading:
-    """``got`` with the steps it asks for (``got.steps``) cut from its whole trace where a step index
-    of it is exact; with ``steps`` left set where its steps are not marked (the caller says so).
+    """``got`` with the steps it asks for (``got.steps``) cut from its trace: the one place a trace is
+    sliced, for every source. By the source's own step index (an .npz's, whose mapped events are read
+    only where the slice copies them), else by one built from the whole trace where its steps are
+    marked; with ``steps`` left set where they are not (the caller says so). What a slice keeps of
+    the rest (allocations alive across its start, markers to the end of its last step) and why its
+    numbers are the full analysis's: ``phasemem.read.columnar``.
 
     Example:
         >>> cut(read("snapshot.pickle", steps="2-3")).window[1:]
     """
-    trace, prefix, steps = got.trace, got.prefix, got.steps
-    if steps is None or trace is None or not can_slice(trace, prefix):
+    trace, prefix, steps, index = got.trace, got.prefix, got.steps, got.index
+    if steps is None or trace is None or (index is None and not can_slice(trace, prefix)):
         return got
-    index = build_index(trace, prefix)
-    k0, k1 = index.positions(steps)
-    a, b = index.bounds(k0, k1)
+    index = index if index is not None else build_index(trace, prefix)
+    whole = got.whole or (lambda: trace)
+    # the positions of the steps asked for, by Step.number: none raises what the picture would
+    lo, hi = parse_steps(steps)
+    num = index.number
+    want = np.ones(len(num), dtype=bool)
+    if lo is not None:
+        want &= num >= lo
+    if hi is not None:
+        want &= num <= hi
+    hit = np.flatnonzero(want)
+    if not len(hit):
+        asked = str(steps).strip()
+        raise StepsError(f"steps={asked}: this report has steps {num[0]}..{num[-1]}" if len(num)
+                         else f"steps={asked}: this report has no steps")
+    k0, k1 = int(hit[0]), int(hit[-1])
+    a, b = int(index.first[k0]), int(index.stop[k1])
     if not (index.exact and b > a):
-        return replace(got, steps=None)
-    return replace(got, trace=slice_in_memory(trace, index, k0, k1), window=(index, k0, k1), whole=lambda: trace,
-                   steps=None)
+        return replace(got, trace=whole(), steps=None, index=None)
+    # events [a, b) of the trace: a copy where the columns are mapped from a file (read-only)
+    columns = {name: np.require(getattr(trace, name)[a:b], requirements="AW") for name in EVENTS}
+    alive = index.cross[(index.cross[:, 0] < a) & (index.cross[:, 1] >= b)]
+    m = trace.markers
+    keep = int(np.searchsorted(m.time_us, index.t_end[k1], "right"))
+    part = replace(trace, **columns, markers=Markers(name=m.name[:keep], start=m.start[:keep], time_us=m.time_us[:keep]),
+                   live_blocks=np.ascontiguousarray(alive[:, 2:4]), reserved_at_snapshot=int(index.reserved_end[k1]),
+                   oom_device_free={e - a: v for e, v in trace.oom_device_free.items() if a <= e < b},
+                   meta=dict(trace.meta), first_event=trace.first_event + a, other_devices=[], torch_labels=None)
+    return replace(got, trace=part, window=(index, k0, k1), whole=whole, steps=None, index=None)
 
 
 def can_slice(trace: Trace, prefix: str) -> bool:

@@ -2,6 +2,7 @@
 some steps with the numbers the whole analysis gives them."""
 import bz2
 import gzip
+import mmap
 import os
 import pickle
 import sys
@@ -14,12 +15,12 @@ import pytest
 import phasemem
 from phasemem import PhasememError
 from phasemem.cli import main
-from phasemem.read import trace as read_trace
+from phasemem.read import read, trace as read_trace
 from phasemem.read.batched import _find_events, read_batched as _stream
-from phasemem.read.columnar import load_steps, read_index, save_trace
+from phasemem.read.columnar import EVENTS, read_index, save_trace
 from phasemem.read.snapshot import read_snapshot_file
 from phasemem.segmentation import Segmentation, segment, segment_marked
-from phasemem.step_index import build_index, can_slice
+from phasemem.step_index import build_index, can_slice, cut
 from phasemem.timeline import Timeline
 from phasemem.trace import Trace
 
@@ -309,9 +310,12 @@ def test_slices_of_a_long_trace_equal_the_full_analysis(tmp_path):
     assert index.exact and len(index) == len(full.steps) == 25
     for spec in ("0", "7", "11-13", "24", "20-"):
         assert_slice_matches(full, phasemem.analyze(npz, steps=spec))
-    # only those events were read
-    k0, k1 = index.positions("11-13")
-    assert len(load_steps(npz, index, k0, k1)) == full.steps[13].end_event + 1 - full.steps[11].start_event
+    # only those events are read: the file's event columns are mapped, and the cut copies out its steps'
+    got = read(npz, steps="11-13")
+    assert all(isinstance(getattr(getattr(got.trace, name).base, "obj", None), mmap.mmap) for name in EVENTS)
+    part = cut(got).trace
+    assert all(getattr(part, name).flags.owndata for name in EVENTS)
+    assert len(part) == full.steps[13].end_event + 1 - full.steps[11].start_event
 
 
 def test_steps_on_a_file_converted_for_other_markers_or_before_the_index(tmp_path):

@@ -2,7 +2,7 @@
 outside this package knows which one it was.
 
     source ─┬─ a snapshot dict ─────────────── Trace.from_snapshot
-            ├─ .npz (phasemem convert) ─────── columnar: only the steps asked for, by its step index
+            ├─ .npz (phasemem convert) ─────── columnar: mapped where its step index will cut steps
             └─ a pickle (plain, .gz, .xz, .bz2)
                  ├─ decoder/  torch's form, 8 MiB and more: events decoded from the bytes with numpy
                  ├─ batched   another layout: unpickled a batch of events at a time (less memory)
@@ -41,8 +41,10 @@ class Reading:
     """What a source holds. ``trace``: its events (None without allocation history: then ``live``
     is what was alive when it was taken, and ``live_events`` the entries of its device). ``prefix``:
     the marker prefix its phases are read with; ``meta``: phasemem's metadata of a snapshot without
-    history. ``window``: (step index, first, last position) where only those steps were read
-    (``whole`` reads the rest); ``steps``: the steps still to cut from a trace read whole.
+    history. ``steps``: the steps still to cut (``phasemem.step_index.cut``), by ``index`` where the
+    source has its own (an .npz's: ``trace`` is then mapped, and ``whole`` reads it), else by one
+    built from the trace. ``window``: (step index, first, last position) where ``trace`` holds those
+    steps alone (``whole`` gives all).
     ``device(d)``: another device of the same source, read the same way."""
 
     trace: Trace | None
@@ -52,6 +54,7 @@ class Reading:
     window: tuple[StepIndex, int, int] | None = None
     whole: Callable[[], Trace] | None = None
     steps: str | int | None = None
+    index: StepIndex | None = None
     device: Callable[[int], "Reading"] | None = None
     #: the snapshot's ``phasemem`` metadata, where the trace does not carry it (no history)
     meta: dict | None = None
@@ -98,7 +101,8 @@ def is_columnar(source: Any) -> bool:
 
 
 def _read_columnar(path: str, device: int | None, marker_prefix: str | None, steps) -> Reading:
-    """An .npz: with ``steps``, only theirs where the file's step index allows."""
+    """An .npz: with ``steps`` and the file's exact step index for the prefix, its events mapped, not
+    read (``cut`` copies out only the steps' by that index); else read whole."""
     doc = columnar.read_doc(path)  # phasemem convert's output: no unpickling
     if device is not None and device != int(doc["device"]):
         raise PhasememError(f"{path} holds device {doc['device']} only; convert the snapshot "
@@ -106,17 +110,13 @@ def _read_columnar(path: str, device: int | None, marker_prefix: str | None, ste
     index_prefix = (doc.get("steps") or {}).get("prefix")
     # the prefix the file was converted with is the one its step index knows
     prefix = marker_prefix or index_prefix or str((doc.get("meta") or {}).get("markers") or MARKER_PREFIX)
-    whole = lambda: columnar.load_trace(path)  # noqa: E731
     if steps is not None and index_prefix == prefix and doc["steps"]["exact"]:
-        index = columnar.read_index(path)
-        k0, k1 = index.positions(steps)
-        a, b = index.bounds(k0, k1)
-        if b > a:
-            with no_gc():
-                part = columnar.load_steps(path, index, k0, k1)
-            return Reading(part, prefix, window=(index, k0, k1), whole=whole)
+        with no_gc():
+            mapped = columnar.map_trace(path)
+        return Reading(mapped, prefix, steps=steps, index=columnar.read_index(path),
+                       whole=lambda: columnar.load_trace(path))
     with no_gc():
-        t = whole()
+        t = columnar.load_trace(path)
     # the file's index says these steps cannot be sliced: no use building it again
     return Reading(t, prefix, steps=None if index_prefix == prefix else steps)
 

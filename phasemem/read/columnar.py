@@ -9,13 +9,14 @@ a range of one column is read straight from its offset in the file.
 ``phasemem analyze big.npz --steps 100-102`` should not read 10 million events to report three
 steps. A step index (``StepIndex``), built once from the whole trace (``phasemem.step_index``;
 ``phasemem convert`` stores it in the file for the marker prefix it was converted with), says where
-each step's events are. Only those events are read (``load_steps``; ``slice_in_memory`` cuts them
-from a trace read whole); allocations alive when the first of them starts become allocations from
-before the trace, as a trace already treats memory from before recording (frees without an alloc,
-blocks in ``segments``): an allocation made earlier and freed inside the steps is a free without an
-alloc, one alive through them is a block alive throughout. Markers are kept up to the end of the
-last step: steps before the first read one then count as steps the trace lost, which numbers the
-steps as the full trace does.
+each step's events are. With such an index the file's event columns are mapped, not read
+(``map_trace``): ``step_index.cut``, the one place a trace is sliced, copies out the events of the
+steps asked for, and those pages are all of them that is read. Allocations alive when the first of
+them starts become allocations from before the trace, as a trace already treats memory from before
+recording (frees without an alloc, blocks in ``segments``): an allocation made earlier and freed
+inside the steps is a free without an alloc, one alive through them is a block alive throughout.
+Markers are kept up to the end of the last step: steps before the first read one then count as
+steps the trace lost, which numbers the steps as the full trace does.
 
 So every event's memory, phase and step, and every step's and phase's numbers, equal the full
 analysis's (``tests/test_scale.py``), with event indices counted from ``Trace.first_event``.
@@ -27,6 +28,7 @@ seen without its alloc would count a different size than the full trace does.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import zipfile
@@ -36,18 +38,19 @@ import numpy as np
 
 from ..errors import PhasememError
 from ..output import atomic_write
-from ..steps import StepsError, parse_steps
 from ..trace import Markers, Trace
 
 FORMAT = "phasemem-trace/1"
-_ARRAYS = ("action", "addr", "size", "stream", "time_us", "stack", "live_blocks")
-_EVENTS = ("action", "addr", "size", "stream", "time_us", "stack")
+#: the per-event columns: what a slice of steps takes a range of (``step_index.cut``)
+EVENTS = ("action", "addr", "size", "stream", "time_us", "stack")
+_ARRAYS = EVENTS + ("live_blocks",)
 _INDEX = ("first", "stop", "number", "complete", "t_end", "reserved_end", "cross")
 
 
 @dataclass
 class StepIndex:
-    """Where each step of a trace lies, for one marker prefix, and what slicing needs besides events."""
+    """Where each step of a trace lies, for one marker prefix, and what slicing needs besides events
+    (``phasemem.step_index`` builds one and cuts steps by it; here it is stored and read back)."""
 
     prefix: str
     exact: bool  # slices give the full analysis's numbers
@@ -66,61 +69,6 @@ class StepIndex:
 
     def __len__(self) -> int:
         return len(self.first)
-
-    def positions(self, spec: str) -> tuple[int, int]:
-        """The first and last position of the steps ``spec`` names ("3", "2-4", "2-", "-4"), by
-        ``Step.number``; raises the StepsError the picture would for steps the trace lacks."""
-
-        lo, hi = parse_steps(spec)
-        num = self.number
-        want = np.ones(len(num), dtype=bool)
-        if lo is not None:
-            want &= num >= lo
-        if hi is not None:
-            want &= num <= hi
-        hit = np.flatnonzero(want)
-        if not len(hit):
-            asked = str(spec).strip()
-            raise StepsError(f"steps={asked}: this report has steps {num[0]}..{num[-1]}" if len(num)
-                             else f"steps={asked}: this report has no steps")
-        return int(hit[0]), int(hit[-1])
-
-    def bounds(self, k0: int, k1: int) -> tuple[int, int]:
-        """Events [a, b) of the steps at positions k0..k1."""
-        return int(self.first[k0]), int(self.stop[k1])
-
-
-def slice_trace(skeleton: Trace, index: StepIndex, k0: int, k1: int, columns: dict) -> Trace:
-    """The trace of steps k0..k1 (positions in ``index``).
-
-    ``skeleton`` gives what is not per event (stacks, frames, markers, meta; its event columns are
-    not read), ``columns`` the six event columns of events [a, b) only.
-    """
-    a, b = index.bounds(k0, k1)
-    cross = index.cross
-    alive = cross[(cross[:, 0] < a) & (cross[:, 1] >= b)]
-    m = skeleton.markers
-    keep = int(np.searchsorted(m.time_us, index.t_end[k1], "right"))
-    return Trace(
-        device=skeleton.device,
-        stacks=skeleton.stacks,
-        frames=skeleton.frames,
-        markers=Markers(name=m.name[:keep], start=m.start[:keep], time_us=m.time_us[:keep]),
-        live_blocks=np.ascontiguousarray(alive[:, 2:4]),
-        live_workspaces=skeleton.live_workspaces,
-        oom_device_free={e - a: v for e, v in skeleton.oom_device_free.items() if a <= e < b},
-        reserved_at_snapshot=int(index.reserved_end[k1]),
-        n_devices=skeleton.n_devices,
-        meta=dict(skeleton.meta),
-        first_event=skeleton.first_event + a,
-        **columns,
-    )
-
-
-def slice_in_memory(trace: Trace, index: StepIndex, k0: int, k1: int) -> Trace:
-    a, b = index.bounds(k0, k1)
-    cols = {name: getattr(trace, name)[a:b] for name in ("action", "addr", "size", "stream", "time_us", "stack")}
-    return slice_trace(trace, index, k0, k1, cols)
 
 
 def save_trace(trace: Trace, path: str | os.PathLike, index: StepIndex | None = None) -> None:
@@ -185,17 +133,17 @@ def read_index(path: str | os.PathLike) -> StepIndex | None:
                              **{name: z[f"steps_{name}"] for name in _INDEX})
 
 
-def load_steps(path: str | os.PathLike, index: StepIndex, k0: int, k1: int) -> Trace:
-    """The trace of steps k0..k1 (positions in ``index``), reading only their events."""
+def map_trace(path: str | os.PathLike) -> Trace:
+    """The trace in the file with its event columns mapped from it, read-only, not read: the pages of
+    the events a slice copies out (``step_index.cut``) are all of them that is ever read."""
     where = os.fspath(path)
-    a, b = index.bounds(k0, k1)
     with _reading(where):
         with np.load(where, allow_pickle=False) as z:
             doc = _doc(z, where)
-            skeleton = _trace(z, doc, {name: np.zeros(0, np.int64) for name in _ARRAYS})
-        with open(where, "rb") as f:
-            columns = {name: _read_range(f, where, name, a, b) for name in _EVENTS}
-    return slice_trace(skeleton, index, k0, k1, columns)
+            with open(where, "rb") as f:
+                whole = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                columns = {name: _mapped(f, whole, name) for name in EVENTS}
+            return _trace(z, doc, {"live_blocks": z["live_blocks"], **columns})
 
 
 class _reading:
@@ -238,7 +186,7 @@ def _trace(z, doc: dict, arrays: dict) -> Trace:
     )
 
 
-def _member(f, where: str, name: str) -> tuple[int, np.dtype, int]:
+def _member(f, name: str) -> tuple[int, np.dtype, int]:
     """Where column ``name``'s data starts in the file, its dtype and its length."""
     with zipfile.ZipFile(f) as zf:
         info = zf.getinfo(name + ".npy")
@@ -261,15 +209,9 @@ def _member(f, where: str, name: str) -> tuple[int, np.dtype, int]:
 
 def _length(where: str, name: str) -> int:
     with open(where, "rb") as f:
-        return _member(f, where, name)[2]
+        return _member(f, name)[2]
 
 
-def _read_range(f, where: str, name: str, a: int, b: int) -> np.ndarray:
-    start, dtype, n = _member(f, where, name)
-    if not 0 <= a <= b <= n:
-        raise ValueError(f"events {a}..{b} are outside {name}'s {n}")
-    out = np.empty(b - a, dtype=dtype)
-    f.seek(start + a * dtype.itemsize)
-    if f.readinto(memoryview(out).cast("B")) != out.nbytes:
-        raise EOFError(f"{name} is cut short")
-    return out
+def _mapped(f, whole: mmap.mmap, name: str) -> np.ndarray:
+    start, dtype, n = _member(f, name)
+    return np.frombuffer(whole, dtype=dtype, count=n, offset=start)
