@@ -1,9 +1,10 @@
 """The step index of a whole trace (``phasemem.read.columnar.StepIndex``), from the steps its marks
 give, and the cut of the steps ``--steps`` asks for by it (``cut``: the one place a trace is
 sliced). Built by ``phasemem convert`` into the columnar file (``cut`` takes the file's), and by
-``analyze --steps`` for a snapshot read whole. It is exact (slices give the full analysis's numbers) only where phases are
-marked; ``phasemem.read.columnar`` says why. Inference reads the whole trace, so an index is only
-ever built from the marks (``segmentation.segment_marked``), never from a whole segmentation.
+``analyze --steps`` for a snapshot read whole. It is exact (slices give the full analysis's
+numbers) only where phases are marked; ``phasemem.read.columnar`` says why. Inference reads the
+whole trace, so an index is only ever built from the marks (``segmentation.segment_marked``),
+never from a whole segmentation.
 """
 from __future__ import annotations
 
@@ -59,7 +60,9 @@ def cut(got: Reading) -> Reading:
     alive = index.cross[(index.cross[:, 0] < a) & (index.cross[:, 1] >= b)]
     m = trace.markers
     keep = int(np.searchsorted(m.time_us, index.t_end[k1], "right"))
-    part = replace(trace, **columns, markers=Markers(name=m.name[:keep], start=m.start[:keep], time_us=m.time_us[:keep]),
+    # other devices and torch's own labels are said of the whole snapshot, not of these steps
+    part = replace(trace, **columns,
+                   markers=Markers(name=m.name[:keep], start=m.start[:keep], time_us=m.time_us[:keep]),
                    live_blocks=np.ascontiguousarray(alive[:, 2:4]), reserved_at_snapshot=int(index.reserved_end[k1]),
                    oom_device_free={e - a: v for e, v in trace.oom_device_free.items() if a <= e < b},
                    meta=dict(trace.meta), first_event=trace.first_event + a, other_devices=[], torch_labels=None)
