@@ -219,12 +219,15 @@ def test_gradients_overrule_passes_whose_tops_fell_in_backward():
     """A weight-normed tiny model: backward's temporaries outweigh the forward's activations, so the
     first pass's top fell in the next step's backward (0.45 of what was called forward was forward). The
     gradients' sets explain 1.18 times as many saved activations and replace the passes
-    (lifetimes.EXPLAINS)."""
+    (lifetimes.EXPLAINS). Since infer/seed.py, each pass's seed moves its top back to the loss, and
+    the passes need no replacing; the loss they find is forward to gt:: marks (as docs/eval_frameless.py
+    scores it)."""
     truth, steps, _, seg = _read("heldout8/h8_weight_norm")
     assert len(seg.steps) == steps == 3
-    said = seg.labels == P["forward"]
+    got = np.where(seg.labels == P["loss"], P["forward"], seg.labels)
+    said = got == P["forward"]
     assert np.mean(truth[said] == P["forward"]) > 0.7
-    assert _share(truth, seg.labels, "forward") > 0.95 and _share(truth, seg.labels, "optimizer") > 0.9
+    assert _share(truth, got, "forward") > 0.95 and _share(truth, got, "optimizer") > 0.9
 
 
 def test_gradients_overruling_passes_with_other_steps_is_doubted():

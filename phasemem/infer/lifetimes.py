@@ -19,6 +19,7 @@ from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, mak
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
+from .seed import reseat
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -130,7 +131,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     mts = mountains(trace, tl, period_events, fill)
     if not mts:
         return labels, [0], [], []
-    mts = passes(trace, tl, mts)
+    mts = reseat(trace, tl, passes(trace, tl, mts))
     life = tl.lifetimes
     born = life.paired
     la, lf = life.alloc_event[born], life.free_event[born]
@@ -171,7 +172,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         if span and span[1] <= b1:
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]
-        _label_after_backward(labels, w, top, b1, nxt)
+        _label_after_backward(labels, w, top, b1, nxt, b1 - f0)
     _label_before_first(labels, w, [f0 for f0, _, _ in mts])
     return labels, starts, lengths, [top for _, top, _ in mts]
 
@@ -271,7 +272,13 @@ def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int
         labels[b1 + 1:nxt] = P["optimizer"]
 
 
-def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: int) -> None:
+#: An evaluation forward between steps is a batch or two, no longer than this many training passes
+#: (forward and backward: gpt_train_eval's 0.9, heldout3_distill_kl's teacher 1.0); h8_generate_then_train's
+#: generate() runs 25 passes' events of decoding, which the marks leave unnamed.
+EVAL_SPAN = 2
+
+
+def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: int, span: int) -> None:
     """What follows backward up to the next forward is the optimizer, if it allocates at all -- up
     to its last burst of frees when it has them (a foreach optimizer's temporaries, or zero_grad's);
     what allocates after that is a forward the loop ran with no backward (an evaluation), the rest
@@ -288,7 +295,7 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
     if len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS:
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
     labels[start:end + 1] = P["optimizer"]
-    if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
+    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span:
         labels[end + 1:nxt] = P["forward"]
 
 

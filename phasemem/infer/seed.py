@@ -1,0 +1,120 @@
+"""Backward's start and end from its seed, where the activation mountain's top falls elsewhere.
+
+``loss.backward()`` begins by allocating the loss's gradient, a scalar (``torch.ones_like(loss)``:
+4 bytes in fp32, 2 in half precision), right after the loss value itself; autograd holds it until
+the whole backward has run and frees it as its last act. On every marked training trace of the
+repository the first allocation of a backward run is that seed and its free is the run's last
+event (h9_multitask_retain_graph and h5_two_losses: two backward calls in a marked run, one seed
+after the other). The mountains of ``passes.py`` place backward's start at the top of the live
+activations; where backward's temporaries outweigh what the forward saved (FSDP2's all-gathers,
+a tiny model's weight-sized temporaries) the top falls late in backward, or at its end.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..timeline import Timeline
+from ..trace import A, Trace
+from .passes import forward_start
+
+#: The seed is a scalar: 4 bytes (fp32), 2 (fp16/bf16), 8 (fp64).
+SEED_SIZE = 8
+#: The loss value is among the allocations this close before the seed (0-1 allocations between
+#: on 671 of the 709 marked backward runs, 2-3 on 6; the others are scaled or freed losses).
+LOOK = 4
+#: The seed comes after the pass's top by at most this share of the forward before the top: the loss
+#: computed after the last activation (llama__chunked_ce_8's chunks: 0.6, h9_char_gpt_math_attention 0.7);
+#: truth_lbfgs's line search makes a scalar 1.4 forwards after, living into the next closure's backward.
+LOSS_SHARE = 1.0
+#: A seed's span must free at least this many blocks its forward made (alive at the seed).
+MIN_IN = 2
+#: ... and at most OUT_MIN + OUT_SHARE of that many such blocks may outlive it: the loss value, the
+#: batch, what the loop keeps (h10_moco_queue keeps its keys and queue logits: 6 beside 7 saved).
+OUT_MIN, OUT_SHARE = 3, 0.25
+
+
+def candidates(trace: Trace, free_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Allocation events, and each possible seed (a scalar made within LOOK allocations after
+    another scalar that outlives it: the loss value) with the end of its chain (``_chain``)."""
+    n = len(trace)
+    allocs = np.flatnonzero(trace.action == A["alloc"])
+    tiny = trace.size[allocs] <= SEED_SIZE
+    k = np.flatnonzero(tiny & (free_of[allocs] < n))
+    end = free_of[allocs[k]]
+    loss = np.zeros(len(k), bool)
+    for d in range(1, LOOK + 1):
+        j = np.maximum(k - d, 0)
+        loss |= (k - d >= 0) & tiny[j] & (free_of[allocs[j]] > end)
+    k = k[loss]
+    return allocs, allocs[k], np.array([_chain(trace, allocs, free_of, int(i)) for i in k], np.int64)
+
+
+def _chain(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, k: int) -> int:
+    """Where the backward seeded at ``allocs[k]`` ends: its seed's free, or, where the very next event
+    allocates a scalar again (a second ``backward()`` at once: h9_multitask_retain_graph,
+    h5_two_losses), that one's, and so on -- after a span that allocated more than scalars (a
+    backward makes gradients): a loss made of scalar ops (heldout3_distill_kl's KL and
+    cross-entropy) frees a scalar and allocates the next, or the seed, at once."""
+    n = len(trace)
+    start, end = int(allocs[k]), int(free_of[allocs[k]])
+    while end + 1 < n and trace.action[end + 1] == A["alloc"] and trace.size[end + 1] <= SEED_SIZE \
+            and end + 1 < free_of[end + 1] < n:
+        made = allocs[np.searchsorted(allocs, start, "right"):np.searchsorted(allocs, end)]
+        if not (trace.size[made] > SEED_SIZE).any():
+            break
+        start, end = end + 1, int(free_of[end + 1])
+    return end
+
+
+def reseat(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Each pass (forward start, top, backward end) with its backward moved to its seed's span,
+    where a seed explains the pass (``_best_seed``); the others as they are."""
+    if not mts:
+        return mts
+    n = len(trace)
+    free_of = tl.freed_at
+    _, seeds, ends = candidates(trace, free_of)
+    if not len(seeds):
+        return mts
+    life = tl.lifetimes
+    la, lf = life.alloc_event[life.paired], life.free_event[life.paired]
+    out: list[tuple[int, int, int]] = []
+    for i, (f0, top, b1) in enumerate(mts):
+        prev_end = out[-1][2] if out else -1
+        if top <= prev_end:
+            continue  # inside the backward a seed placed: a checkpointed block's recompute
+        nxt = mts[i + 1] if i + 1 < len(mts) else (n, n, n)
+        last = min(b1, top + int(LOSS_SHARE * (top - f0)))
+        best = _best_seed(la, lf, seeds, ends, (prev_end, top, last, nxt[2]))
+        if best is not None:
+            s, e, saved = best
+            # the mountain's start stands, unless the whole mountain lies in the backward (FSDP2)
+            f0, top, b1 = f0 if f0 < s else forward_start(saved, s - 1), s - 1, e
+        out.append((f0, top, b1))
+    return out
+
+
+def _best_seed(la: np.ndarray, lf: np.ndarray, seeds: np.ndarray, ends: np.ndarray,
+               bounds: tuple[int, int, int, int]) -> tuple[int, int, np.ndarray] | None:
+    """(seed, its chain's end, the allocations it frees) of the seed made after the previous pass's
+    backward and up to ``last``, whose span holds this pass's top and frees most of what was made
+    since the previous backward and is alive at it (MIN_IN, OUT_MIN, OUT_SHARE); None where none
+    does. ``bounds``: the previous backward's end, this pass's top, ``last``, the next pass's
+    backward end."""
+    prev_end, top, last, nxt_end = bounds
+    best, score = None, 0
+    for s, e in zip(seeds.tolist(), ends.tolist()):
+        if s <= prev_end or s > last or e < top:
+            continue
+        lo, hi = np.searchsorted(la, prev_end, "right"), np.searchsorted(la, s, "left")
+        fr = lf[lo:hi]
+        alive = (fr > s) & (fr < nxt_end)
+        inside = alive & (fr <= e)
+        n_in, n_out = int(inside.sum()), int((alive & (fr > e)).sum())
+        # the most freed for each left alive (beside the OUT_MIN a loop keeps anyway): a scalar of the
+        # loss frees the loss's temporaries and leaves alive what the backward frees (llama__ckpt_1: 33
+        # freed, 9 left; the seed 11 and 0); an optimizer's scalar frees a few (truth_lbfgs: 4 and 0,
+        # the seed 33 and 10)
+        if n_in >= MIN_IN and n_out <= OUT_MIN + OUT_SHARE * n_in and n_in / (n_out + OUT_MIN) > score:
+            best, score = (s, e, np.sort(la[lo:hi][inside])), n_in / (n_out + OUT_MIN)
+    return best
