@@ -19,7 +19,7 @@ from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, mak
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
-from .seed import reseat
+from .seed import all_seeded, reseat, seeded_loss
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -83,7 +83,9 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
     # Where passes were read, the gradients' reading overrules them only where it explains far more
     # of what was saved (EXPLAINS): MAML's inner autograd.grad updates make sets of their own.
     anchored = anchored_passes(trace, tl)
-    if anchored is not None and _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, labels):
+    # ... and not where every backward run begins at its seed (infer/seed.py), as many as the gradients'
+    if anchored is not None and not all_seeded(trace, tl, labels, anchored[0]) and \
+            _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, labels):
         return labels, starts, anchored, True
     return labels, starts, None, False
 
@@ -131,7 +133,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     mts = mountains(trace, tl, period_events, fill)
     if not mts:
         return labels, [0], [], []
-    mts = reseat(trace, tl, passes(trace, tl, mts))
+    mts, seeds = reseat(trace, tl, passes(trace, tl, mts))
     life = tl.lifetimes
     born = life.paired
     la, lf = life.alloc_event[born], life.free_event[born]
@@ -168,7 +170,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         lengths.append(b1 - f0)
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
-        span = loss_span(trace, w.free_of, f0, top, w.allocs)
+        span = seeded_loss(loss_span(trace, w.free_of, f0, top, w.allocs), top, seeds, w.allocs)
         if span and span[1] <= b1:
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]

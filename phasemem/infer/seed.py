@@ -15,6 +15,7 @@ import numpy as np
 
 from ..timeline import Timeline
 from ..trace import A, Trace
+from ..vocab import P
 from .passes import forward_start
 
 #: The seed is a scalar: 4 bytes (fp32), 2 (fp16/bf16), 8 (fp64).
@@ -26,6 +27,9 @@ LOOK = 4
 #: computed after the last activation (llama__chunked_ce_8's chunks: 0.6, h9_char_gpt_math_attention 0.7);
 #: truth_lbfgs's line search makes a scalar 1.4 forwards after, living into the next closure's backward.
 LOSS_SHARE = 1.0
+#: Allocations by which cross-entropy's fingerprint may place backward's start after the seed (as
+#: ``loss.PAST``).
+PAST = 4
 #: A seed's span must free at least this many blocks its forward made (alive at the seed).
 MIN_IN = 2
 #: ... and at most OUT_MIN + OUT_SHARE of that many such blocks may outlive it: the loss value, the
@@ -66,19 +70,19 @@ def _chain(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, k: int) -> int
     return end
 
 
-def reseat(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+def reseat(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> tuple[list[tuple[int, int, int]], set[int]]:
     """Each pass (forward start, top, backward end) with its backward moved to its seed's span,
-    where a seed explains the pass (``_best_seed``); the others as they are."""
-    if not mts:
-        return mts
+    where a seed explains the pass (``_best_seed``), the others as they are; and the seeds found
+    (each such pass's top + 1)."""
     n = len(trace)
     free_of = tl.freed_at
     _, seeds, ends = candidates(trace, free_of)
-    if not len(seeds):
-        return mts
+    if not mts or not len(seeds):
+        return mts, set()
     life = tl.lifetimes
     la, lf = life.alloc_event[life.paired], life.free_event[life.paired]
     out: list[tuple[int, int, int]] = []
+    found: set[int] = set()
     for i, (f0, top, b1) in enumerate(mts):
         prev_end = out[-1][2] if out else -1
         if top <= prev_end:
@@ -90,8 +94,9 @@ def reseat(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
             s, e, saved = best
             # the mountain's start stands, unless the whole mountain lies in the backward (FSDP2)
             f0, top, b1 = f0 if f0 < s else forward_start(saved, s - 1), s - 1, e
+            found.add(s)
         out.append((f0, top, b1))
-    return out
+    return out, found
 
 
 def _best_seed(la: np.ndarray, lf: np.ndarray, seeds: np.ndarray, ends: np.ndarray,
@@ -118,3 +123,32 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, seeds: np.ndarray, ends: np.ndarr
         if n_in >= MIN_IN and n_out <= OUT_MIN + OUT_SHARE * n_in and n_in / (n_out + OUT_MIN) > score:
             best, score = (s, e, np.sort(la[lo:hi][inside])), n_in / (n_out + OUT_MIN)
     return best
+
+
+def all_seeded(trace: Trace, tl: Timeline, labels: np.ndarray, other: np.ndarray) -> bool:
+    """Whether every backward run in ``labels`` begins at a seed (``candidates``), and there are as
+    many as in ``other``: passes so placed need no other reading (h5_vae_handadam: the gradients' sets
+    explain 54 saved activations to the passes' 45, as many as EXPLAINS asks, and would move backward's
+    start 29 events late). Where the other reading has more, passes were missed (h11_tbptt_lstm)."""
+    starts = _run_starts(labels == P["backward"])
+    return bool(len(starts)) and len(starts) >= len(_run_starts(other == P["backward"])) and bool(
+        np.isin(starts, candidates(trace, tl.freed_at)[1]).all())
+
+
+def _run_starts(mask: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
+
+
+def seeded_loss(span: tuple[int, int] | None, top: int, seeds: set[int],
+                allocs: np.ndarray) -> tuple[int, int] | None:
+    """Cross-entropy's fingerprint (``loss.loss_span``: the loss's first event, backward's first) of a
+    pass whose top is ``top``, where a seed placed its backward: the loss ends at the seed, and only a
+    fingerprint whose backward begins at most PAST allocations after the seed is its loss
+    (h14_pinn_second_order's forward calls autograd.grad, whose own seed follows a fingerprint 75
+    events before the loss's; h5_vae_handadam's fingerprint takes a scalar freed at once, 2 events
+    after the seed, for backward's)."""
+    seed = top + 1
+    if span is None or seed not in seeds:
+        return span
+    after = np.searchsorted(allocs, span[1], "left") - np.searchsorted(allocs, seed, "left")
+    return (span[0], seed) if span[0] < seed and 0 <= after <= PAST else None
