@@ -17,6 +17,7 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
 from .bursts import burst_freed
+from .gradients import makes_gradients, parameter_sizes
 from .passes import forward_start
 
 #: The seed is a scalar: 4 bytes (fp32), 2 (fp16/bf16), 8 (fp64).
@@ -28,6 +29,8 @@ LOOK = 4
 #: computed after the last activation (llama__chunked_ce_8's chunks: 0.6, h9_char_gpt_math_attention 0.7);
 #: truth_lbfgs's line search makes a scalar 1.4 forwards after, living into the next closure's backward.
 LOSS_SHARE = 1.0
+#: Blocks a seed no mountain showed must free (h10_moco_queue's tiny model: 7).
+MIN_GAP_SAVED = 5
 #: Allocations by which cross-entropy's fingerprint may place backward's start after the seed (as
 #: ``loss.PAST``).
 PAST = 4
@@ -77,9 +80,10 @@ def reseat(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> tuple
     (each such pass's top + 1)."""
     n = len(trace)
     free_of = tl.freed_at
-    _, seeds, ends = candidates(trace, free_of)
+    allocs, seeds, ends = candidates(trace, free_of)
     if not mts or not len(seeds):
         return mts, set()
+    params = parameter_sizes(tl)
     life = tl.lifetimes
     la, lf = life.alloc_event[life.paired], life.free_event[life.paired]
     burst = burst_freed(trace)
@@ -90,11 +94,20 @@ def reseat(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> tuple
         if top <= prev_end:
             continue  # inside the backward a seed placed: a checkpointed block's recompute
         nxt = mts[i + 1] if i + 1 < len(mts) else (n, n, n)
+        gap = _gap_seed(trace, allocs, params, la, lf, burst, seeds, ends, (prev_end, top, b1))
+        if gap is not None:
+            s, e, saved = gap
+            out.append((forward_start(saved, s - 1), s - 1, e))
+            found.add(s)
+            prev_end = e
         last = min(b1, top + int(LOSS_SHARE * (top - f0)))
         best = _best_seed(la, lf, burst, seeds, ends, (prev_end, top, last, nxt[2]))
         if best is not None:
             s, e, saved = best
-            f0, top, b1 = min(f0, forward_start(saved, s - 1)), s - 1, e
+            # the first block the seed frees starts the forward, where the mountain began later (FSDP2:
+            # it lay in backward) or in the backward before (h10_moco_queue)
+            start = forward_start(saved, s - 1)
+            f0, top, b1 = min(f0, start) if f0 > prev_end else start, s - 1, e
             found.add(s)
         out.append((f0, top, b1))
     return out, found
@@ -124,6 +137,20 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
         # the seed 33 and 10)
         if n_in >= MIN_IN and n_out <= OUT_MIN + OUT_SHARE * n_in and n_in / (n_out + OUT_MIN) > score:
             best, score = (s, e, np.sort(la[lo:hi][inside])), n_in / (n_out + OUT_MIN)
+    return best
+
+
+def _gap_seed(trace: Trace, allocs: np.ndarray, params: np.ndarray, la: np.ndarray, lf: np.ndarray, burst: np.ndarray,
+              seeds: np.ndarray, ends: np.ndarray, bounds: tuple[int, int, int]) -> tuple[int, int, np.ndarray] | None:
+    """A whole backward before a pass's top that no mountain showed: a seed after the previous pass's
+    backward whose span ends before the top, frees MIN_GAP_SAVED or more blocks made since, and makes
+    gradients (h10_moco_queue: its queue's logits outweigh the first step's activations). ``bounds``:
+    the previous backward's end, the pass's top and backward end."""
+    prev_end, top, b1 = bounds
+    inside = (seeds > prev_end) & (ends < top)
+    best = _best_seed(la, lf, burst, seeds[inside], ends[inside], (prev_end, prev_end + 1, top, b1))
+    if best is None or len(best[2]) < MIN_GAP_SAVED or not makes_gradients(trace, allocs, params, best[0], best[1]):
+        return None
     return best
 
 
