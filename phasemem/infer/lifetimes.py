@@ -164,7 +164,9 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         if trains and not makes_gradients(trace, w.allocs, w.params, top, b1):
             b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
-        if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
+        # a seed is a backward's own mark, however few activations it frees (a tiny model's, retain_graph's)
+        saves = top + 1 in seeds or has_backward(la, lf, f0, top, min_saved)
+        if not (trains and saves and makes_gradients(trace, w.allocs, w.params, top, b1)):
             _label_forward_only(labels, w, f0, b1, nxt)
             continue
         lengths.append(b1 - f0)

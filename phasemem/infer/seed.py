@@ -18,7 +18,7 @@ from ..trace import A, Trace
 from ..vocab import P
 from .bursts import burst_freed
 from .gradients import makes_gradients, parameter_sizes
-from .passes import forward_start
+from .passes import forward_start, has_backward
 
 #: The seed is a scalar: 4 bytes (fp32), 2 (fp16/bf16), 8 (fp64).
 SEED_SIZE = 8
@@ -109,7 +109,12 @@ def reseat(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> tuple
             start = forward_start(saved, s - 1)
             f0, top, b1 = min(f0, start) if f0 > prev_end else start, s - 1, e
             found.add(s)
-        out.append((f0, top, b1))
+        out.append((max(f0, prev_end + 1), top, b1))
+    # Where seeds placed backward, a mountain with neither a seed nor a backward's frees is no pass: an
+    # optimizer's temporaries (h10_shampoo_subclass's matrix roots), or what follows it; left to what
+    # reads after a backward (lifetimes._label_after_backward)
+    if found:
+        out = [p for p in out if p[1] + 1 in found or has_backward(la, lf, p[0], p[1])]
     return out, found
 
 
@@ -122,7 +127,7 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
     backward end. Blocks freed in bursts (``burst``, per event) are left alive by no seed: the batch a
     loop frees at a step's end (heldout_embbag_adagrad: 18 blocks of it, beside 22 saved activations)."""
     prev_end, top, last, nxt_end = bounds
-    best, score = None, 0
+    found = []
     for s, e in zip(seeds.tolist(), ends.tolist()):
         if s <= prev_end or s > last or e < top:
             continue
@@ -131,13 +136,15 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
         alive = (fr > s) & (fr < nxt_end)
         inside = alive & (fr <= e)
         n_in, n_out = int(inside.sum()), int((alive & (fr > e) & ~burst[np.minimum(fr, len(burst) - 1)]).sum())
-        # the most freed for each left alive (beside the OUT_MIN a loop keeps anyway): a scalar of the
-        # loss frees the loss's temporaries and leaves alive what the backward frees (llama__ckpt_1: 33
-        # freed, 9 left; the seed 11 and 0); an optimizer's scalar frees a few (truth_lbfgs: 4 and 0,
-        # the seed 33 and 10)
-        if n_in >= MIN_IN and n_out <= OUT_MIN + OUT_SHARE * n_in and n_in / (n_out + OUT_MIN) > score:
-            best, score = (s, e, np.sort(la[lo:hi][inside])), n_in / (n_out + OUT_MIN)
-    return best
+        if n_in >= MIN_IN and n_out <= OUT_MIN + OUT_SHARE * n_in:
+            found.append((s, e, np.sort(la[lo:hi][inside]), n_in / (n_out + OUT_MIN)))
+    # A span holding another is a loss value's, not a seed's (h9_multitask_retain_graph: the second loss,
+    # made right after the first, is freed after both backward calls)
+    found = [f for f in found if not any(g[0] > f[0] and g[1] <= f[1] for g in found)]
+    # the most freed for each left alive (beside the OUT_MIN a loop keeps anyway): a scalar of the loss
+    # frees the loss's temporaries and leaves alive what the backward frees (llama__ckpt_1: 33 freed, 9
+    # left; the seed 11 and 0); an optimizer's scalar frees a few (truth_lbfgs: 4 and 0, the seed 33 and 10)
+    return max(found, key=lambda f: f[3])[:3] if found else None
 
 
 def _gap_seed(trace: Trace, allocs: np.ndarray, params: np.ndarray, la: np.ndarray, lf: np.ndarray, burst: np.ndarray,
@@ -151,7 +158,9 @@ def _gap_seed(trace: Trace, allocs: np.ndarray, params: np.ndarray, la: np.ndarr
     best = _best_seed(la, lf, burst, seeds[inside], ends[inside], (prev_end, prev_end + 1, top, b1))
     if best is None or len(best[2]) < MIN_GAP_SAVED or not makes_gradients(trace, allocs, params, best[0], best[1]):
         return None
-    return best
+    # ... freed last made first, as a backward frees (an optimizer's scalar among its temporaries in
+    # odd_cudagraph, whose graphed steps make no pass, frees them as made)
+    return best if has_backward(la, lf, int(best[2][0]), best[0] - 1, MIN_GAP_SAVED) else None
 
 
 def all_seeded(trace: Trace, tl: Timeline, labels: np.ndarray, other: np.ndarray) -> bool:
