@@ -133,16 +133,16 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     mts = mountains(trace, tl, period_events, fill)
     if not mts:
         return labels, [0], [], []
-    mts, seeds = reseat(trace, tl, passes(trace, tl, mts))
+    mts, seeds, graded = reseat(trace, tl, passes(trace, tl, mts))
     life = tl.lifetimes
     born = life.paired
     la, lf = life.alloc_event[born], life.free_event[born]
     w = _Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
     # A trace trains only if some backward leaves gradients behind: parameter-sized blocks made
-    # after a top that outlive its pass (until zero_grad, or for good). An inference loop's
+    # after a top that outlive its pass (until zero_grad, or for good), or a seeded one any. An inference loop's
     # parameter-sized activations (a CNN's per-channel tensors) die within the pass.
     nexts = [f0 for f0, _, _ in mts[1:]] + [n]
-    trains = len(w.params) < MIN_PARAM_SIZES or any(
+    trains = bool(graded) or len(w.params) < MIN_PARAM_SIZES or any(
         keeps_gradients(trace, w.allocs, w.params, w.free_of, top, b1, nx) for (_, top, b1), nx in zip(mts, nexts)
     ) or any(_updates_after(w, la, lf, f0, top, b1, nx) for (f0, top, b1), nx in zip(mts, nexts))
     starts = [0]
@@ -161,12 +161,13 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         if prev_end >= 0 and (period_events is None or f0 - starts[-1] >= MICROBATCH_SHARE * period_events
                               or w.burst[prev_end + 1:f0].sum() >= BURST):
             starts.append(f0)
-        if trains and not makes_gradients(trace, w.allocs, w.params, top, b1):
+        seeded = top + 1 in graded
+        if trains and not seeded and not makes_gradients(trace, w.allocs, w.params, top, b1):
             b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
         # a seed is a backward's own mark, however few activations it frees (a tiny model's, retain_graph's)
         saves = top + 1 in seeds or has_backward(la, lf, f0, top, min_saved)
-        if not (trains and saves and makes_gradients(trace, w.allocs, w.params, top, b1)):
+        if not (trains and saves and (seeded or makes_gradients(trace, w.allocs, w.params, top, b1))):
             _label_forward_only(labels, w, f0, b1, nxt)
             continue
         lengths.append(b1 - f0)

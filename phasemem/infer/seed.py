@@ -31,6 +31,8 @@ LOOK = 4
 LOSS_SHARE = 1.0
 #: Blocks a seed no mountain showed must free (h10_moco_queue's tiny model: 7).
 MIN_GAP_SAVED = 5
+#: Gradients a seeded backward must leave to zero_grad (as ``infer.ZERO_GRAD_MIN``).
+MIN_GRADS = 4
 #: Allocations by which cross-entropy's fingerprint may place backward's start after the seed (as
 #: ``loss.PAST``).
 PAST = 4
@@ -74,15 +76,16 @@ def _chain(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, k: int) -> int
     return end
 
 
-def reseat(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> tuple[list[tuple[int, int, int]], set[int]]:
+def reseat(trace: Trace, tl: Timeline,
+           mts: list[tuple[int, int, int]]) -> tuple[list[tuple[int, int, int]], set[int], set[int]]:
     """Each pass (forward start, top, backward end) with its backward moved to its seed's span,
-    where a seed explains the pass (``_best_seed``), the others as they are; and the seeds found
-    (each such pass's top + 1)."""
+    where a seed explains the pass (``_best_seed``), the others as they are; the seeds found (each
+    such pass's top + 1), and those of them whose backward leaves gradients (``seeded_gradients``)."""
     n = len(trace)
     free_of = tl.freed_at
     allocs, seeds, ends = candidates(trace, free_of)
     if not mts or not len(seeds):
-        return mts, set()
+        return mts, set(), set()
     params = parameter_sizes(tl)
     life = tl.lifetimes
     la, lf = life.alloc_event[life.paired], life.free_event[life.paired]
@@ -115,7 +118,8 @@ def reseat(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> tuple
     # reads after a backward (lifetimes._label_after_backward)
     if found:
         out = [p for p in out if p[1] + 1 in found or has_backward(la, lf, p[0], p[1])]
-    return out, found
+    graded = {p[1] + 1 for p in out if p[1] + 1 in found and seeded_gradients(trace, allocs, free_of, burst, p[1] + 1, p[2])}
+    return out, found, graded
 
 
 def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndarray, ends: np.ndarray,
@@ -175,6 +179,18 @@ def all_seeded(trace: Trace, tl: Timeline, labels: np.ndarray, other: np.ndarray
 
 def _run_starts(mask: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
+
+
+def seeded_gradients(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, burst: np.ndarray, seed: int,
+                     end: int) -> bool:
+    """Whether the backward from ``seed`` to ``end`` makes MIN_GRADS or more blocks that outlive it and
+    are then freed in a burst (zero_grad) or never: gradients, whatever their sizes (FSDP2 makes its
+    gradients as one flat block a layer, of no parameter's size: heldout4_gpt_fsdp2_bf16)."""
+    n = len(trace)
+    made = allocs[np.searchsorted(allocs, seed, "right"):np.searchsorted(allocs, end, "left")]
+    fr = free_of[made]
+    kept = fr[fr > end]
+    return len(kept) >= MIN_GRADS and bool(((kept >= n) | burst[np.minimum(kept, n - 1)]).all())
 
 
 def seeded_loss(span: tuple[int, int] | None, top: int, seeds: set[int],
