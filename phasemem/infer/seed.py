@@ -62,17 +62,13 @@ def candidates(trace: Trace, free_of: np.ndarray) -> tuple[np.ndarray, np.ndarra
 def _chain(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, k: int) -> int:
     """Where the backward seeded at ``allocs[k]`` ends: its seed's free, or, where the very next event
     allocates a scalar again (a second ``backward()`` at once: h9_multitask_retain_graph,
-    h5_two_losses), that one's, and so on -- after a span that allocated more than scalars (a
-    backward makes gradients): a loss made of scalar ops (heldout3_distill_kl's KL and
-    cross-entropy) frees a scalar and allocates the next, or the seed, at once."""
+    h5_two_losses), that one's, and so on. Not the next allocation: a loss made of scalar ops
+    (heldout3_distill_kl's KL and cross-entropy) frees and allocates scalars in turn."""
     n = len(trace)
-    start, end = int(allocs[k]), int(free_of[allocs[k]])
+    end = int(free_of[allocs[k]])
     while end + 1 < n and trace.action[end + 1] == A["alloc"] and trace.size[end + 1] <= SEED_SIZE \
             and end + 1 < free_of[end + 1] < n:
-        made = allocs[np.searchsorted(allocs, start, "right"):np.searchsorted(allocs, end)]
-        if not (trace.size[made] > SEED_SIZE).any():
-            break
-        start, end = end + 1, int(free_of[end + 1])
+        end = int(free_of[end + 1])
     return end
 
 
