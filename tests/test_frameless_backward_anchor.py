@@ -97,7 +97,7 @@ def test_a_fingerprint_far_before_the_seed_is_no_loss():
     events before the loss: where a seed placed backward, only a fingerprint ending at it is the loss
     (seed.seeded_loss); else backward began at the inner autograd.grad (0.84 right)."""
     truth, _, _, seg = _read("heldout14/h14_pinn_second_order")
-    assert _share(truth, seg.labels, "forward") > 0.95
+    assert _accuracy(truth, seg.labels) > 0.95
     assert _backward_runs(seg.labels) == _backward_runs(truth)
 
 
@@ -132,3 +132,19 @@ def test_generate_after_the_optimizer_is_no_evaluation_forward():
     evaluation forward is no longer than EVAL_SPAN passes (lifetimes._label_after_backward)."""
     truth, _, _, seg = _read("heldout8/h8_generate_then_train")
     assert _accuracy(truth, seg.labels) > 0.95
+
+
+def test_a_scalar_made_as_backward_ends_continues_it_only_if_it_frees_the_forward():
+    """SigLIP's optimizer allocates a scalar the very event after the seed's free: read as a second
+    backward() call it swallowed the optimizer (0.91 right). A chained scalar must free some block made
+    before the first seed, as a second call through the same forward does (seed._chain)."""
+    truth, _, _, seg = _read("heldout16/h16_siglip")
+    assert _backward_runs(seg.labels) == _backward_runs(truth)
+
+
+def test_the_loss_fingerprint_is_searched_past_the_seed():
+    """heldout_cnn_bn_nesterov runs zero_grad between its loss and backward(): cross-entropy's fingerprint
+    places backward's start 5 allocations after the seed, beyond what a search up to the seed sees; the
+    loss then went unnamed (forward to the seed)."""
+    truth, _, _, seg = _read("heldout/heldout_cnn_bn_nesterov")
+    assert _share(truth, seg.labels, "loss") > 0.95

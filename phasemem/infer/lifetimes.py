@@ -17,7 +17,7 @@ from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
-from .loss import graphed_steps, loss_span
+from .loss import graphed_steps
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 from .seed import all_seeded, reseat, seeded_loss
 
@@ -173,7 +173,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         lengths.append(b1 - f0)
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
-        span = seeded_loss(loss_span(trace, w.free_of, f0, top, w.allocs), top, seeds, w.allocs)
+        span = seeded_loss(trace, w.free_of, f0, top, seeds, w.allocs)
         if span and span[1] <= b1:
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]

@@ -18,6 +18,7 @@ from ..trace import A, Trace
 from ..vocab import P
 from .bursts import burst_freed
 from .gradients import makes_gradients, parameter_sizes
+from .loss import loss_span
 from .passes import forward_start, has_backward
 
 #: The seed is a scalar: 4 bytes (fp32), 2 (fp16/bf16), 8 (fp64).
@@ -34,8 +35,7 @@ LOSS_SHARE = 1.0
 MIN_GAP_SAVED = 5
 #: Gradients a seeded backward must leave to zero_grad (as ``infer.ZERO_GRAD_MIN``).
 MIN_GRADS = 4
-#: Allocations by which cross-entropy's fingerprint may place backward's start after the seed (as
-#: ``loss.PAST``).
+#: Allocations past the seed searched for cross-entropy's fingerprint (as ``loss.PAST`` past a top).
 PAST = 4
 #: A seed's span must free at least this many blocks its forward made (alive at the seed).
 MIN_IN = 2
@@ -62,13 +62,16 @@ def candidates(trace: Trace, free_of: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def _chain(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, k: int) -> int:
     """Where the backward seeded at ``allocs[k]`` ends: its seed's free, or, where the very next event
-    allocates a scalar again (a second ``backward()`` at once: h9_multitask_retain_graph,
-    h5_two_losses), that one's, and so on. Not the next allocation: a loss made of scalar ops
-    (heldout3_distill_kl's KL and cross-entropy) frees and allocates scalars in turn."""
+    allocates a scalar again that frees some block made before the first seed (a second ``backward()``
+    at once, through the same forward: h9_multitask_retain_graph, h5_two_losses), that one's, and so
+    on. Not the next allocation: a loss made of scalar ops (heldout3_distill_kl's KL and cross-entropy)
+    frees and allocates scalars in turn; nor a scalar that frees nothing of the forward (h16_siglip's
+    optimizer's first, made as backward ends)."""
     n = len(trace)
     end = int(free_of[allocs[k]])
+    before = free_of[allocs[:k]]
     while end + 1 < n and trace.action[end + 1] == A["alloc"] and trace.size[end + 1] <= SEED_SIZE \
-            and end + 1 < free_of[end + 1] < n:
+            and end + 1 < free_of[end + 1] < n and ((before > end + 1) & (before <= free_of[end + 1])).any():
         end = int(free_of[end + 1])
     return end
 
@@ -191,16 +194,20 @@ def seeded_gradients(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, burs
     return len(kept) >= MIN_GRADS and bool(((kept >= n) | burst[np.minimum(kept, n - 1)]).all())
 
 
-def seeded_loss(span: tuple[int, int] | None, top: int, seeds: set[int],
+def seeded_loss(trace: Trace, free_of: np.ndarray, f0: int, top: int, seeds: set[int],
                 allocs: np.ndarray) -> tuple[int, int] | None:
-    """Cross-entropy's fingerprint (``loss.loss_span``: the loss's first event, backward's first) of a
-    pass whose top is ``top``, where a seed placed its backward: the loss ends at the seed, and only a
-    fingerprint whose backward begins at most PAST allocations after the seed is its loss
-    (h14_pinn_second_order's forward calls autograd.grad, whose own seed follows a fingerprint 75
-    events before the loss's; h5_vae_handadam's fingerprint takes a scalar freed at once, 2 events
-    after the seed, for backward's)."""
+    """The loss of the pass from ``f0`` with top ``top`` by cross-entropy's fingerprint (``loss.loss_span``:
+    the loss's first event, backward's first). Where a seed placed its backward, the fingerprint is
+    searched up to PAST allocations past the seed, and the loss ends at the seed; a fingerprint whose
+    backward would begin before the seed is none (h14_pinn_second_order's forward calls autograd.grad,
+    whose own seed follows a fingerprint 75 events before the loss's; heldout_cnn_bn_nesterov's zero_grad
+    comes between its loss and its seed, the fingerprint 5 allocations after the seed)."""
     seed = top + 1
-    if span is None or seed not in seeds:
-        return span
-    after = np.searchsorted(allocs, span[1], "left") - np.searchsorted(allocs, seed, "left")
-    return (span[0], seed) if span[0] < seed and 0 <= after <= PAST else None
+    if seed not in seeds:
+        return loss_span(trace, free_of, f0, top, allocs)
+    k = min(int(np.searchsorted(allocs, seed)) + PAST, len(allocs) - 1)
+    for end in (int(allocs[k]), top):  # the latest fingerprint may lie in backward (heldout3_distill_kl)
+        span = loss_span(trace, free_of, f0, end, allocs)
+        if span is not None and span[0] < seed <= span[1]:
+            return span[0], seed
+    return None
