@@ -17,7 +17,7 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
 from .bursts import burst_freed
-from .gradients import makes_gradients, parameter_sizes
+from .gradients import keeps_gradients, parameter_sizes
 from .loss import loss_span
 from .passes import forward_start, has_backward
 
@@ -97,7 +97,7 @@ def reseat(trace: Trace, tl: Timeline,
         if top <= prev_end:
             continue  # inside the backward a seed placed: a checkpointed block's recompute
         nxt = mts[i + 1] if i + 1 < len(mts) else (n, n, n)
-        gap = _gap_seed(trace, allocs, params, la, lf, burst, seeds, ends, (prev_end, top, b1))
+        gap = _gap_seed(trace, free_of, allocs, params, (la, lf, burst), seeds, ends, (prev_end, top, b1))
         if gap is not None:
             s, e, saved = gap
             out.append((forward_start(saved, s - 1), s - 1, e))
@@ -152,16 +152,20 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
     return max(found, key=lambda f: f[3])[:3] if found else None
 
 
-def _gap_seed(trace: Trace, allocs: np.ndarray, params: np.ndarray, la: np.ndarray, lf: np.ndarray, burst: np.ndarray,
+def _gap_seed(trace: Trace, free_of: np.ndarray, allocs: np.ndarray, params: np.ndarray, live: tuple[np.ndarray, ...],
               seeds: np.ndarray, ends: np.ndarray, bounds: tuple[int, int, int]) -> tuple[int, int, np.ndarray] | None:
     """A whole backward before a pass's top that no mountain showed: a seed after the previous pass's
-    backward whose span ends before the top, frees MIN_GAP_SAVED or more blocks made since, and makes
-    gradients (h10_moco_queue: its queue's logits outweigh the first step's activations). ``bounds``:
-    the previous backward's end, the pass's top and backward end."""
+    backward whose span ends before the top, frees MIN_GAP_SAVED or more blocks made since, and keeps
+    gradients past it (h10_moco_queue: its queue's logits outweigh the first step's activations; a PGD
+    attack's autograd.grad for the input keeps none, h11_pgd_adversarial). ``live``: the blocks' alloc
+    and free events and the burst frees; ``bounds``: the previous backward's end, the pass's top and
+    backward end."""
+    la, lf, burst = live
     prev_end, top, b1 = bounds
     inside = (seeds > prev_end) & (ends < top)
     best = _best_seed(la, lf, burst, seeds[inside], ends[inside], (prev_end, prev_end + 1, top, b1))
-    if best is None or len(best[2]) < MIN_GAP_SAVED or not makes_gradients(trace, allocs, params, best[0], best[1]):
+    if best is None or len(best[2]) < MIN_GAP_SAVED or not keeps_gradients(trace, allocs, params, free_of, best[0] - 1,
+                                                                              best[1], top):
         return None
     # ... freed last made first, as a backward frees (an optimizer's scalar among its temporaries in
     # odd_cudagraph, whose graphed steps make no pass, frees them as made)
