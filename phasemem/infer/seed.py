@@ -69,9 +69,11 @@ def _chain(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, k: int) -> int
     optimizer's first, made as backward ends)."""
     n = len(trace)
     end = int(free_of[allocs[k]])
-    before = free_of[allocs[:k]]
     while end + 1 < n and trace.action[end + 1] == A["alloc"] and trace.size[end + 1] <= SEED_SIZE \
-            and end + 1 < free_of[end + 1] < n and ((before > end + 1) & (before <= free_of[end + 1])).any():
+            and end + 1 < free_of[end + 1] < n:
+        before = free_of[allocs[:k]]
+        if not ((before > end + 1) & (before <= free_of[end + 1])).any():
+            break
         end = int(free_of[end + 1])
     return end
 
