@@ -148,3 +148,13 @@ def test_the_loss_fingerprint_is_searched_past_the_seed():
     loss then went unnamed (forward to the seed)."""
     truth, _, _, seg = _read("heldout/heldout_cnn_bn_nesterov")
     assert _share(truth, seg.labels, "loss") > 0.95
+
+
+def test_a_backward_whose_forward_predates_the_trace_is_found_by_its_seed():
+    """h8_mid_step_start's ring buffer wrapped mid-step: it opens with zero_grad and a whole backward whose
+    forward (and loss value) came before the trace. A scalar among the allocations before the first pass
+    that frees blocks older than the trace and keeps gradients seeds it (seed._leading_seed); it was read
+    as the optimizer (0.79 right)."""
+    truth, steps, _, seg = _read("heldout8/h8_mid_step_start")
+    assert len(seg.steps) == steps == 4
+    assert _backward_runs(seg.labels) == _backward_runs(truth)

@@ -94,6 +94,10 @@ def reseat(trace: Trace, tl: Timeline,
     burst = burst_freed(trace)
     out: list[tuple[int, int, int]] = []
     found: set[int] = set()
+    lead = _leading_seed(trace, tl, allocs, params, mts[0][0])
+    if lead is not None:
+        out.append((lead[0], lead[0] - 1, lead[1]))
+        found.add(lead[0])
     for i, (f0, top, b1) in enumerate(mts):
         prev_end = out[-1][2] if out else -1
         if top <= prev_end:
@@ -172,6 +176,27 @@ def _gap_seed(trace: Trace, free_of: np.ndarray, allocs: np.ndarray, params: np.
     # ... freed last made first, as a backward frees (an optimizer's scalar among its temporaries in
     # odd_cudagraph, whose graphed steps make no pass, frees them as made)
     return best if has_backward(la, lf, int(best[2][0]), best[0] - 1, MIN_GAP_SAVED) else None
+
+
+def _leading_seed(trace: Trace, tl: Timeline, allocs: np.ndarray, params: np.ndarray, first: int) -> tuple[int, int] | None:
+    """(seed, its chain's end) of a backward before the first pass whose forward ran before the trace
+    began (a ring buffer that wrapped mid-step, h8_mid_step_start): a scalar whose span ends before the
+    first pass, frees MIN_GAP_SAVED or more blocks older than the trace, and keeps gradients past it.
+    Its loss value, made before the trace, is not seen: any scalar."""
+    n = len(trace)
+    free_of = tl.freed_at
+    life = tl.lifetimes
+    old = np.sort(life.free_event[life.preexisting])
+    head = np.flatnonzero((trace.size[allocs] <= SEED_SIZE) & (allocs < first))
+    for k in head.tolist():
+        s = int(allocs[k])
+        e = _chain(trace, allocs, free_of, k)
+        if e >= first or e >= n:
+            continue
+        freed = np.searchsorted(old, e, "right") - np.searchsorted(old, s, "right")
+        if freed >= MIN_GAP_SAVED and keeps_gradients(trace, allocs, params, free_of, s - 1, e, first):
+            return s, e
+    return None
 
 
 def all_seeded(trace: Trace, tl: Timeline, labels: np.ndarray, other: np.ndarray) -> bool:
