@@ -158,3 +158,14 @@ def test_a_backward_whose_forward_predates_the_trace_is_found_by_its_seed():
     truth, steps, _, seg = _read("heldout8/h8_mid_step_start")
     assert len(seg.steps) == steps == 4
     assert _backward_runs(seg.labels) == _backward_runs(truth)
+
+
+def test_a_backward_that_frees_nothing_on_the_gpu_is_found_by_the_mountains_it_holds():
+    """save_on_cpu moves what the forward saves to the host: the seed frees none of the forward's GPU
+    blocks, and backward brings the saved tensors back layer by layer, a mountain each. A seed whose span
+    holds MIN_HELD or more passes' tops and keeps gradients is the backward, the mountains since the last
+    backward its forward (seed._held_seed); the gradients' sets read 0.71 of it right."""
+    truth, steps, _, seg = _read("heldout6/h6_save_on_cpu")
+    assert len(seg.steps) == steps == 3
+    assert _backward_runs(seg.labels) == _backward_runs(truth)
+    assert _accuracy(truth, seg.labels) > 0.95

@@ -33,6 +33,8 @@ LOOK = 4
 LOSS_SHARE = 1.0
 #: Blocks a seed no mountain showed must free (h10_moco_queue's tiny model: 7).
 MIN_GAP_SAVED = 5
+#: Passes' tops a seed's span must hold where it frees nothing of its forward (h6_save_on_cpu: 8).
+MIN_HELD = 2
 #: Gradients a seeded backward must leave to zero_grad (as ``infer.ZERO_GRAD_MIN``).
 MIN_GRADS = 4
 #: Allocations past the seed searched for cross-entropy's fingerprint (as ``loss.PAST`` past a top).
@@ -118,6 +120,12 @@ def reseat(trace: Trace, tl: Timeline,
             start = forward_start(saved, s - 1)
             f0, top, b1 = min(f0, start) if f0 > prev_end else start, s - 1, e
             found.add(s)
+        elif (held := _held_seed(trace, free_of, allocs, params, seeds, ends, mts, i, prev_end)) is not None:
+            while out and out[-1][1] + 1 not in found:  # the mountains since the last backward: its forward
+                f0 = out.pop()[0]
+            prev_end = out[-1][2] if out else -1
+            top, b1 = held[0] - 1, held[1]
+            found.add(held[0])
         out.append((max(f0, prev_end + 1), top, b1))
     # Where seeds placed backward, a mountain with neither a seed nor a backward's frees is no pass: an
     # optimizer's temporaries (h10_shampoo_subclass's matrix roots), or what follows it; left to what
@@ -195,6 +203,22 @@ def _leading_seed(trace: Trace, tl: Timeline, allocs: np.ndarray, params: np.nda
             continue
         freed = np.searchsorted(old, e, "right") - np.searchsorted(old, s, "right")
         if freed >= MIN_GAP_SAVED and keeps_gradients(trace, allocs, params, free_of, s - 1, e, first):
+            return s, e
+    return None
+
+
+def _held_seed(trace: Trace, free_of: np.ndarray, allocs: np.ndarray, params: np.ndarray, seeds: np.ndarray,
+               ends: np.ndarray, mts: list[tuple[int, int, int]], i: int, prev_end: int) -> tuple[int, int] | None:
+    """(seed, its chain's end) of a backward that frees nothing its forward left on the GPU, where pass
+    ``i``'s top falls in it: a seed after ``prev_end`` whose span holds MIN_HELD or more passes' tops
+    and keeps gradients past it (h6_save_on_cpu: the forward's saved tensors go to the host, backward
+    brings them back layer by layer, a mountain each)."""
+    tops = np.array([t for _, t, _ in mts])
+    top = tops[i]
+    k0, k1 = np.searchsorted(seeds, prev_end, "right"), np.searchsorted(seeds, top, "right")
+    for s, e in zip(seeds[k0:k1].tolist(), ends[k0:k1].tolist()):
+        held = int(((tops > s) & (tops <= e)).sum())
+        if e >= top and held >= MIN_HELD and keeps_gradients(trace, allocs, params, free_of, s - 1, e, len(trace)):
             return s, e
     return None
 
