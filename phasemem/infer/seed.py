@@ -39,7 +39,8 @@ MIN_HELD = 2
 MIN_GRADS = 4
 #: Allocations past the seed searched for cross-entropy's fingerprint (as ``loss.PAST`` past a top).
 PAST = 4
-#: A seed's span must free at least this many blocks its forward made (alive at the seed).
+#: A seed's span must free at least this many blocks its forward made (alive at the seed): 1-3 read the
+#: 215 marked traces alike; at 4 h10_linear_probe's seeds (its linear head saves 2-3) are lost.
 MIN_IN = 2
 #: ... and at most OUT_MIN + OUT_SHARE of that many such blocks may outlive it: the loss value, the
 #: batch, what the loop keeps (h10_moco_queue keeps its keys and queue logits: 6 beside 7 saved).
