@@ -85,14 +85,16 @@ def test_updates_between_forwards_end_steps():
 
 
 def test_doubts_lower_confidence_where_the_reading_contradicts_itself():
-    """FSDP2 read with no backward but with an optimizer: the inferred forward and optimizer say so
-    (segmentation.inferred.find_doubts, DOUBTFUL), while a plain loop keeps CONFIDENCE."""
+    """GRPO's rollouts and updates make steps of different orders of phases: the inferred forward and
+    optimizer say so (segmentation.inferred.find_doubts, DOUBTFUL), while a plain loop keeps CONFIDENCE.
+    (FSDP2, read with no backward but with an optimizer, was this test's trace until infer/seed.py
+    placed its backward: tests/test_frameless_backward_anchor.py.)"""
     from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
-    truth, _, _, seg = _read("heldout4/heldout4_gpt_fsdp2_bf16")
+    truth, _, _, seg = _read("heldout16/h16_grpo")
     assert seg.doubts
     assert seg.confidence["forward"] == DOUBTFUL["forward"] and seg.confidence["optimizer"] == DOUBTFUL["optimizer"]
-    # and they are that unsure: under half of what it calls forward is forward
-    assert np.mean(truth[seg.labels == P["forward"]] == P["forward"]) < 0.5
+    # and they are that unsure: under half of what it calls optimizer is
+    assert np.mean(truth[seg.labels == P["optimizer"]] == P["optimizer"]) < 0.5
     _, _, _, plain = _read("heldout4/heldout4_gpt_ddp")
     assert not plain.doubts and plain.confidence["forward"] == CONFIDENCE["lifetimes"]["forward"]
 
@@ -219,12 +221,15 @@ def test_gradients_overrule_passes_whose_tops_fell_in_backward():
     """A weight-normed tiny model: backward's temporaries outweigh the forward's activations, so the
     first pass's top fell in the next step's backward (0.45 of what was called forward was forward). The
     gradients' sets explain 1.18 times as many saved activations and replace the passes
-    (lifetimes.EXPLAINS)."""
+    (lifetimes.EXPLAINS). Since infer/seed.py, each pass's seed moves its top back to the loss, and
+    the passes need no replacing; the loss they find is forward to gt:: marks (as docs/eval_frameless.py
+    scores it)."""
     truth, steps, _, seg = _read("heldout8/h8_weight_norm")
     assert len(seg.steps) == steps == 3
-    said = seg.labels == P["forward"]
+    got = np.where(seg.labels == P["loss"], P["forward"], seg.labels)
+    said = got == P["forward"]
     assert np.mean(truth[said] == P["forward"]) > 0.7
-    assert _share(truth, seg.labels, "forward") > 0.95 and _share(truth, seg.labels, "optimizer") > 0.9
+    assert _share(truth, got, "forward") > 0.95 and _share(truth, got, "optimizer") > 0.9
 
 
 def test_gradients_overruling_passes_with_other_steps_is_doubted():

@@ -171,11 +171,14 @@ def test_trained_weights_gradients_and_state(name, key):
         assert len(marked.steps) == meta["nsteps"]
 
 
-@pytest.mark.xfail(strict=True, reason="without frames the frozen copies (GRPO's reference and reward models, "
-                                       "DINO's teacher) and the compiled backward's blocks are taken for "
-                                       "parameters and gradients: infer/gradients, the frameless helper's")
-@pytest.mark.parametrize("name,key", [("h16_grpo", "policy_bytes"), ("h16_dino_multicrop", "student_bytes"),
-                                      ("h16_compiled_fused", "param_bytes")])
+# GRPO's and the compiled step's pass since infer/seed.py places their backward runs (their frozen copies'
+# and compiled backward's blocks were taken for parameters and gradients while backward was misplaced)
+@pytest.mark.parametrize("name,key", [
+    ("h16_grpo", "policy_bytes"),
+    pytest.param("h16_dino_multicrop", "student_bytes", marks=pytest.mark.xfail(
+        strict=True, reason="without frames DINO's teacher is taken for parameters and gradients: "
+                            "infer/gradients, the frameless helper's")),
+    ("h16_compiled_fused", "param_bytes")])
 def test_trained_weights_without_frames(name, key):
     snap = recording(HELDOUT16, name)
     r = phasemem.analyze(bare(snap))

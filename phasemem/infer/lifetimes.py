@@ -17,8 +17,9 @@ from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
-from .loss import graphed_steps, loss_span
+from .loss import graphed_steps
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
+from .seed import all_seeded, reseat, seeded_loss
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -82,7 +83,9 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
     # Where passes were read, the gradients' reading overrules them only where it explains far more
     # of what was saved (EXPLAINS): MAML's inner autograd.grad updates make sets of their own.
     anchored = anchored_passes(trace, tl)
-    if anchored is not None and _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, labels):
+    # ... and not where every backward run begins at its seed (infer/seed.py), as many as the gradients'
+    if anchored is not None and not all_seeded(trace, tl, labels, anchored[0]) and \
+            _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, labels):
         return labels, starts, anchored, True
     return labels, starts, None, False
 
@@ -130,16 +133,16 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     mts = mountains(trace, tl, period_events, fill)
     if not mts:
         return labels, [0], [], []
-    mts = passes(trace, tl, mts)
+    mts, seeds, graded = reseat(trace, tl, passes(trace, tl, mts))
     life = tl.lifetimes
     born = life.paired
     la, lf = life.alloc_event[born], life.free_event[born]
     w = _Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
     # A trace trains only if some backward leaves gradients behind: parameter-sized blocks made
-    # after a top that outlive its pass (until zero_grad, or for good). An inference loop's
+    # after a top that outlive its pass (until zero_grad, or for good), or a seeded one any. An inference loop's
     # parameter-sized activations (a CNN's per-channel tensors) die within the pass.
     nexts = [f0 for f0, _, _ in mts[1:]] + [n]
-    trains = len(w.params) < MIN_PARAM_SIZES or any(
+    trains = bool(graded) or len(w.params) < MIN_PARAM_SIZES or any(
         keeps_gradients(trace, w.allocs, w.params, w.free_of, top, b1, nx) for (_, top, b1), nx in zip(mts, nexts)
     ) or any(_updates_after(w, la, lf, f0, top, b1, nx) for (f0, top, b1), nx in zip(mts, nexts))
     starts = [0]
@@ -158,20 +161,23 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         if prev_end >= 0 and (period_events is None or f0 - starts[-1] >= MICROBATCH_SHARE * period_events
                               or w.burst[prev_end + 1:f0].sum() >= BURST):
             starts.append(f0)
-        if trains and not makes_gradients(trace, w.allocs, w.params, top, b1):
+        seeded = top + 1 in graded
+        if trains and not seeded and not makes_gradients(trace, w.allocs, w.params, top, b1):
             b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
-        if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
+        # a seed is a backward's own mark, however few activations it frees (a tiny model's, retain_graph's)
+        saves = top + 1 in seeds or has_backward(la, lf, f0, top, min_saved)
+        if not (trains and saves and (seeded or makes_gradients(trace, w.allocs, w.params, top, b1))):
             _label_forward_only(labels, w, f0, b1, nxt)
             continue
         lengths.append(b1 - f0)
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
-        span = loss_span(trace, w.free_of, f0, top, w.allocs)
+        span = seeded_loss(trace, w.free_of, f0, top, seeds, w.allocs)
         if span and span[1] <= b1:
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]
-        _label_after_backward(labels, w, top, b1, nxt)
+        _label_after_backward(labels, w, top, b1, nxt, b1 - f0)
     _label_before_first(labels, w, [f0 for f0, _, _ in mts])
     return labels, starts, lengths, [top for _, top, _ in mts]
 
@@ -271,7 +277,13 @@ def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int
         labels[b1 + 1:nxt] = P["optimizer"]
 
 
-def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: int) -> None:
+#: An evaluation forward between steps is a batch or two, no longer than this many training passes
+#: (forward and backward: gpt_train_eval's 0.9, heldout3_distill_kl's teacher 1.0); h8_generate_then_train's
+#: generate() runs 25 passes' events of decoding, which the marks leave unnamed.
+EVAL_SPAN = 2
+
+
+def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: int, span: int) -> None:
     """What follows backward up to the next forward is the optimizer, if it allocates at all -- up
     to its last burst of frees when it has them (a foreach optimizer's temporaries, or zero_grad's);
     what allocates after that is a forward the loop ran with no backward (an evaluation), the rest
@@ -288,7 +300,7 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
     if len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS:
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
     labels[start:end + 1] = P["optimizer"]
-    if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
+    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span:
         labels[end + 1:nxt] = P["forward"]
 
 
