@@ -1,0 +1,56 @@
+"""Work that is not a training step, read from lifetimes alone.
+
+A training loop runs more than its steps: a PGD attack's forward and backward for the input's
+gradient, a rollout or a generation before the update (GRPO, PPO), the next batch being made. Its
+allocations look like a step's (a mountain of activations, parameter-sized blocks, bursts of frees),
+and read so they were called forward, backward and optimizer. What tells them apart:
+
+- a backward for the inputs keeps no gradient: every parameter-sized block it makes dies inside it,
+  while a training backward keeps them until zero_grad (``input_gradient_passes``);
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..trace import Trace
+from ..vocab import P
+
+
+#: Gradients a training backward keeps past its end (keeps_gradients' 2).
+MIN_KEPT = 2
+#: A backward for the inputs makes fewer parameter-sized blocks than this share of what a training
+#: backward of the trace makes (the median of those that keep gradients): h11_pgd_adversarial's attack
+#: passes make 8 against 21-24 (0.33-0.38); h7_sac's actor passes, which keep none before their
+#: backward's end is found, 15 against 14-16; a micro-batch adding to kept gradients as many as the first.
+INPUT_SHARE = 0.5
+
+
+class InputGradients:
+    """Which training-looking passes have a backward for the inputs only, not a training step's
+    (``only``): where some pass keeps its gradients past its end, one that keeps none and makes far
+    fewer parameter-sized blocks (INPUT_SHARE) computed no gradient for an update, only the ones it
+    needs to reach the input (a PGD attack's autograd.grad for the image)."""
+
+    def __init__(self, trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
+                 mts: list[tuple[int, int, int]]):
+        self.trace, self.allocs, self.params, self.free_of = trace, allocs, params, free_of
+        made = [(self._made(top, b1), b1) for _, top, b1 in mts]
+        training = [len(m) for m, b1 in made if (free_of[m] > b1).sum() >= MIN_KEPT]
+        self.usual = float(np.median(training)) if training and len(params) else 0.0
+
+    def _made(self, top: int, b1: int) -> np.ndarray:
+        """Parameter-sized blocks made after ``top`` by ``b1``."""
+        made = self.allocs[np.searchsorted(self.allocs, top, "right"):np.searchsorted(self.allocs, b1, "right")]
+        return made[np.isin(self.trace.size[made], self.params)]
+
+    def only(self, labels: np.ndarray, f0: int, top: int, b1: int) -> bool:
+        """Whether the pass (forward start, top, backward end) is for the inputs only (see the class).
+        If so, the forward-only work labelled right before it is its own start too (the perturbation's
+        random start, 150 events of h11_pgd_adversarial read as an evaluation forward), and is
+        unlabelled."""
+        made = self._made(top, b1)
+        if not self.usual or (self.free_of[made] > b1).any() or len(made) >= INPUT_SHARE * self.usual:
+            return False
+        named = np.flatnonzero(labels[:f0] != P["forward"])
+        labels[int(named[-1]) + 1 if len(named) else 0:f0] = P["other"]
+        return True

@@ -1,0 +1,30 @@
+"""Work that is not a training step, read from lifetimes alone (phasemem/infer/other_work.py;
+docs/accuracy.md, "Third round: work that is not a training step"): attacks, rollouts, serving, an
+out-of-memory forward. Each trace is stripped of annotations and frames (tests/heldout_sets.bare) and
+read against its own marks, as docs/eval_frameless.py scores it; every test fails with its rule out.
+"""
+import numpy as np
+
+from phasemem.vocab import P
+
+from test_frameless import _read, _share
+
+
+def _named_right(truth, got, phase: str) -> float:
+    """Of the events the inference calls ``phase``, the share the marks call so too."""
+    m = got == P[phase]
+    return float((truth[m] == P[phase]).mean()) if m.any() else 1.0
+
+
+def test_attack_passes_are_no_steps():
+    """A PGD attack's forward and backward for the image's gradient keep no parameter's gradient and
+    make a third of a training backward's parameter-sized blocks (InputGradients): they were read as
+    three more forward/backward/optimizer rounds, 0.45 of the events right."""
+    truth, steps, _, seg = _read("heldout11/h11_pgd_adversarial")
+    assert len(seg.steps) == steps == 3
+    # every inferred backward and optimizer is the training step's, and the attack is left unnamed
+    assert _named_right(truth, seg.labels, "backward") > 0.95
+    assert _named_right(truth, seg.labels, "optimizer") > 0.8
+    other = truth == P["other"]
+    assert float((seg.labels[other] == P["other"]).mean()) > 0.95
+    assert _share(truth, seg.labels, "forward") > 0.8
