@@ -28,3 +28,16 @@ def test_attack_passes_are_no_steps():
     other = truth == P["other"]
     assert float((seg.labels[other] == P["other"]).mean()) > 0.95
     assert _share(truth, seg.labels, "forward") > 0.8
+
+
+def test_rollouts_are_no_forward_nor_update():
+    """GRPO generates completions (a rollout of decoding steps, 15,000 events) before each four updates.
+    The update ends at its last burst before a long stretch of mostly non-parameter sizes
+    (other_work.update_bursts), and what runs far longer than a backward after it, or after a decoding
+    step, is no forward (other_work.rollout): the rollouts were read as forward and optimizer, 0.19 of
+    the events right."""
+    truth, steps, _, seg = _read("heldout16/h16_grpo")
+    assert len(seg.steps) == steps == 8
+    other = truth == P["other"]
+    assert float((seg.labels[other] == P["other"]).mean()) > 0.95
+    assert _named_right(truth, seg.labels, "optimizer") > 0.8

@@ -18,7 +18,7 @@ from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
-from .other_work import InputGradients
+from .other_work import InputGradients, rollout, update_bursts
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
 
@@ -165,6 +165,8 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         prev_end = b1
         if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
             _label_forward_only(labels, w, f0, b1, nxt)
+            if plain and rollout(b1, nxt, f0, b1):  # a decoding step, then more of the rollout
+                labels[b1 + 1:nxt][labels[b1 + 1:nxt] == P["forward"]] = P["other"]
             continue
         if inputs.only(labels, f0, top, b1):
             continue  # a backward for the inputs only, no step's (infer/other_work.py): left 'other'
@@ -285,14 +287,14 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
     grads = w.trace.size[made[w.free_of[made] > b1]]
     if not (len(tail_allocs) and sized_like_an_optimizer(w.params, grads, w.trace.size[tail_allocs])):
         return
-    bursts = np.flatnonzero(w.burst[b1 + 1:nxt])
-    end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
+    bursts = update_bursts(w.trace, w.allocs, w.params, w.burst, b1, nxt, b1 - top)
+    end = int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
     start = optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
     made = w.allocs_in(start - 1, end + 1)
     if len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS:
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
     labels[start:end + 1] = P["optimizer"]
-    if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
+    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and not rollout(end, nxt, top, b1):
         labels[end + 1:nxt] = P["forward"]
 
 

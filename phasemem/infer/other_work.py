@@ -6,7 +6,9 @@ allocations look like a step's (a mountain of activations, parameter-sized block
 and read so they were called forward, backward and optimizer. What tells them apart:
 
 - a backward for the inputs keeps no gradient: every parameter-sized block it makes dies inside it,
-  while a training backward keeps them until zero_grad (``input_gradient_passes``);
+  while a training backward keeps them until zero_grad (``InputGradients``);
+- an update allocates mostly parameter-sized blocks; a rollout after it mostly others, for far longer
+  (``update_bursts``, ``rollout``).
 """
 from __future__ import annotations
 
@@ -54,3 +56,43 @@ class InputGradients:
         named = np.flatnonzero(labels[:f0] != P["forward"])
         labels[int(named[-1]) + 1 if len(named) else 0:f0] = P["other"]
         return True
+
+
+
+#: A quiet stretch between two bursts is still the update where this share of its allocations or more
+#: has a parameter's size: h13_muon_adamw's Newton-Schulz iterations run 3,600 events without a burst,
+#: 0.69 of their blocks parameter-sized; h16_grpo's rollout 0.03, h6_ppo's 0.18 (a small MLP policy).
+UPDATE_SHARE = 0.2
+
+
+def update_bursts(trace: Trace, allocs: np.ndarray, params: np.ndarray, burst: np.ndarray, b1: int, nxt: int,
+                  span: int) -> np.ndarray:
+    """The burst frees after a backward ending at ``b1`` (before the next pass at ``nxt``) that are
+    its update's: those up to the first stretch longer than ``span`` (the backward's length) between
+    two of them that allocates mostly other sizes than the parameters' (UPDATE_SHARE). A rollout after
+    the update frees its KV cache in a burst at its end, 15,000 events on (h16_grpo), and the update
+    was read as running to there."""
+    at = b1 + 1 + np.flatnonzero(burst[b1 + 1:nxt])
+    edges = np.concatenate([[b1], at])
+    for k in np.flatnonzero(np.diff(edges) > span).tolist():
+        made = allocs[np.searchsorted(allocs, edges[k], "right"):np.searchsorted(allocs, edges[k + 1], "left")]
+        if len(made) and np.isin(trace.size[made], params).mean() < UPDATE_SHARE:
+            return at[:k]
+    return at
+
+
+#: Work after an update that runs this many times as long as the backward before it is no forward of
+#: the next step (a frozen teacher's, a reference model's: 1.2 times in heldout3_distill_kl, an
+#: evaluation forward 0.85 in gpt_train_eval, GradCache's no-grad pass over the whole batch 5.6 in
+#: h15_gradcache_contrastive) but a rollout or a generation over many decoding steps (h16_grpo 27
+#: times, h6_ppo 25): it is left 'other'. So is what follows a forward-only pass in a trace that trains
+#: for this many times the pass's own length: h16_grpo's decoding steps (50 events each) read as
+#: passes, the last of them then 15,000 events of rollout before the training pass.
+ROLLOUT = 10
+
+
+def rollout(end: int, nxt: int, top: int, b1: int) -> bool:
+    """Whether what runs after ``end`` (an update's, or a forward-only pass's) up to the next pass at
+    ``nxt`` is far longer (ROLLOUT) than the work from ``top`` to ``b1`` (the backward before the
+    update, or the pass itself)."""
+    return nxt - end > ROLLOUT * (b1 - top)
