@@ -41,3 +41,13 @@ def test_rollouts_are_no_forward_nor_update():
     other = truth == P["other"]
     assert float((seg.labels[other] == P["other"]).mean()) > 0.95
     assert _named_right(truth, seg.labels, "optimizer") > 0.8
+
+
+def test_a_forward_stopped_by_out_of_memory_is_a_forward():
+    """oom_base's forward runs out of memory: no backward, no pass the mountains find (every block is
+    freed in the exception's bursts). Its blocks, made one after another and freed last made first
+    in bursts, are an unfinished forward (other_work.unfinished_forward); it was left unnamed."""
+    truth, steps, _, seg = _read("oom/oom_base")
+    assert len(seg.steps) == steps == 1
+    assert _share(truth, seg.labels, "forward") > 0.95
+    assert _named_right(truth, seg.labels, "forward") > 0.95
