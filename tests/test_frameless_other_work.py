@@ -51,3 +51,15 @@ def test_a_forward_stopped_by_out_of_memory_is_a_forward():
     assert len(seg.steps) == steps == 1
     assert _share(truth, seg.labels, "forward") > 0.95
     assert _named_right(truth, seg.labels, "forward") > 0.95
+
+
+def test_a_serving_engine_does_not_train():
+    """A paged-KV serving engine frees its cache's pages in bursts after its passes, in 2 of its 8
+    parameter sizes: no backward keeps a gradient, and that is too few sizes for an update's
+    temporaries (other_work.covers_an_update). It was read as training: 37 steps of forward, backward
+    and optimizer, 0.74 of its events right."""
+    truth, _, _, seg = _read("heldout16/h16_serve_paged")
+    assert not (truth == P["backward"]).any()
+    assert len(seg.steps) == 1
+    assert not np.isin(seg.labels, [P["backward"], P["optimizer"]]).any()
+    assert _share(truth, seg.labels, "forward") > 0.95

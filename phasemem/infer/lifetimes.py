@@ -18,7 +18,7 @@ from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
-from .other_work import InputGradients, rollout, unfinished_forward, update_bursts
+from .other_work import InputGradients, covers_an_update, rollout, unfinished_forward, update_bursts
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
 
@@ -166,7 +166,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
         if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
-            _label_forward_only(labels, w, f0, b1, nxt)
+            _label_forward_only(labels, w, f0, b1, nxt, trains)
             if plain and rollout(b1, nxt, f0, b1):  # a decoding step, then more of the rollout
                 labels[b1 + 1:nxt][labels[b1 + 1:nxt] == P["forward"]] = P["other"]
             continue
@@ -259,13 +259,15 @@ def _updates_after(w: _Work, la: np.ndarray, lf: np.ndarray, f0: int, top: int, 
     # (heldout2_convnext_eval: a ConvNeXt block's per-channel tensors)
     made = w.allocs_in(b1, nxt)
     temps = made[w.burst[np.minimum(w.free_of[made], n - 1)] & (w.free_of[made] < nxt)]
-    return len(temps) >= BURST and covers_parameters(w.params, w.trace.size[temps])
+    return len(temps) >= BURST and covers_an_update(w.params, w.trace.size[temps])
 
 
-def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int) -> None:
+def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int, trains: bool = True) -> None:
     """A pass with no backward, so no optimizer either (inference) -- unless what follows makes
     parameter-sized temporaries and frees them in bursts, as a foreach optimizer does after a
-    backward the trace cannot see (a CUDA-graphed model's replay makes no events)."""
+    backward the trace cannot see (a CUDA-graphed model's replay makes no events); in a trace that
+    shows no training otherwise (not ``trains``), in as many of the parameters' sizes as an update
+    (other_work.covers_an_update)."""
     n = len(w.trace)
     if f0 and labels[f0 - 1] == P["optimizer"]:
         end = _update_goes_on(w, f0 - 1, nxt)
@@ -275,7 +277,7 @@ def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int
     made = w.allocs_in(b1, nxt)
     temps = made[w.burst[np.minimum(w.free_of[made], n - 1)] & (w.free_of[made] < nxt)]
     labels[f0:nxt] = P["forward"]
-    if len(temps) >= BURST and covers_parameters(w.params, w.trace.size[temps]):
+    if len(temps) >= BURST and (covers_parameters if trains else covers_an_update)(w.params, w.trace.size[temps]):
         labels[b1 + 1:nxt] = P["optimizer"]
 
 

