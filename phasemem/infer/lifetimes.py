@@ -18,7 +18,7 @@ from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
-from .other_work import InputGradients, covers_an_update, rollout, unfinished_forward, update_bursts
+from .other_work import InputGradients, covers_an_update, rollout, unfinished_forward, unwound, update_bursts
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
 
@@ -344,7 +344,7 @@ def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> 
     (h13_layer_offload_infer: 564 events of forward read as optimizer)."""
     freed_in_burst = np.zeros(len(labels), bool)
     freed_in_burst[lf[w.burst[lf]]] = True
-    if freed_in_burst[:first].sum() < BURST:
+    if freed_in_burst[:first].sum() < BURST or unwound(w.params, w.trace.size[:first][freed_in_burst[:first]]):
         return False
     labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
     return True

@@ -141,3 +141,16 @@ def covers_an_update(params: np.ndarray, sizes: np.ndarray) -> bool:
     """Whether blocks of these sizes, freed in bursts after a pass, cover the parameters' sizes as an
     update's temporaries do (UPDATE_COVER); with fewer than MIN_PARAM_SIZES sizes known, yes."""
     return len(params) < MIN_PARAM_SIZES or float(np.isin(params, sizes).mean()) >= UPDATE_COVER
+
+
+#: Blocks freed in bursts before a training trace's first pass are the end of an update cut by the
+#: ring buffer (the previous step's optimizer) only where this share of them or more has a parameter's
+#: size: 1.0 in gpt_wrapped and h8_mid_step_start; h13_oom_retry_halve's forwards that ran out of
+#: memory, freed as the exceptions unwound, 0.16.
+WRAPPED_UPDATE = 0.5
+
+
+def unwound(params: np.ndarray, sizes: np.ndarray) -> bool:
+    """Whether blocks of these sizes, freed in bursts before the first pass, are a failed forward's
+    (an exception unwinding it) rather than an update's temporaries (WRAPPED_UPDATE)."""
+    return len(params) >= MIN_PARAM_SIZES and float(np.isin(sizes, params).mean()) < WRAPPED_UPDATE
