@@ -10,14 +10,14 @@ and read so they were called forward, backward and optimizer. What tells them ap
 - an update allocates mostly parameter-sized blocks; a rollout after it mostly others, for far longer
   (``update_bursts``, ``rollout``);
 - a forward an error stopped is no inference loop: its blocks are freed at once, in bursts, when
-  the exception unwinds (``unfinished_forward``).
+  the exception unwinds (``unfinished_forwards``).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..timeline import Timeline
-from ..trace import Trace
+from ..trace import A, Trace
 from ..vocab import P
 from .gradients import MIN_PARAM_SIZES
 
@@ -102,32 +102,38 @@ def rollout(end: int, nxt: int, top: int, b1: int) -> bool:
     return nxt - end > ROLLOUT * (b1 - top)
 
 
-#: Blocks alive at the top of a forward an error stopped, before it counts as one (passes.MIN_SAVED).
+#: Blocks an exception frees in bursts, last made first, before they count as a forward it stopped
+#: (passes.MIN_SAVED); allocations fewer than this between two bursts join them into one unwinding.
 MIN_UNWOUND = 10
 
 
-def unfinished_forward(trace: Trace, tl: Timeline, burst: np.ndarray, labels: np.ndarray) -> None:
-    """Where the lifetimes found no pass at all: a forward an error stopped (out of memory) before any
-    backward. Its blocks are made one after another, then freed in bursts, last made first (the
-    exception unwinding the stack) with hardly an allocation after the most were alive; the events
-    from the first of them to then are that forward, labelled so: oom_base's 294 events of forward,
-    freed in bursts of 25 and 250 after a 6 GiB request, were left unnamed (0.51 of the events right)."""
+def unfinished_forwards(trace: Trace, tl: Timeline, burst: np.ndarray, labels: np.ndarray) -> None:
+    """Forwards an error stopped (out of memory) before any step: their blocks are made one after
+    another, then freed in bursts, last made first, as the exception unwinds the stack. From the first
+    of them to the last allocation before the unwinding is such a forward, labelled so, before the
+    first event read otherwise (after a step, a rollout's or an evaluation's blocks read so too:
+    h16_grpo, heldout_bert_mlm). oom_base's 294 events (freed in bursts of 25 and 250 around a failed
+    6 GiB request) were left unnamed, 0.51 of its events right; h13_oom_retry_halve's three failed
+    tries before it halves its batch too."""
     life = tl.lifetimes
     a, f = life.alloc_event[life.paired], life.free_event[life.paired]
-    n = len(trace)
-    if len(a) < MIN_UNWOUND:
+    named = np.flatnonzero(labels)
+    fz = np.sort(f[burst[f]])
+    fz = fz[fz < (named[0] if len(named) else len(trace))]
+    if len(fz) < MIN_UNWOUND:
         return
-    d = np.zeros(n + 1, np.int64)
-    np.add.at(d, a, 1)
-    np.add.at(d, f, -1)
-    top = int(np.argmax(np.cumsum(d)[:n]))
-    alive = (a <= top) & (f > top)
-    after = int((a > top).sum())
-    if alive.sum() < MIN_UNWOUND or after >= MIN_UNWOUND or burst[f[alive]].mean() < 0.5:
-        return
-    ra, rf = np.argsort(np.argsort(a[alive])), np.argsort(np.argsort(f[alive]))
-    if float(np.corrcoef(ra, rf)[0, 1]) < 0:
-        labels[int(a[alive].min()):top + 1] = P["forward"]
+    made = np.cumsum(trace.action == A["alloc"])
+    run = np.concatenate([[0], np.cumsum(np.diff(made[fz]) >= MIN_UNWOUND)])
+    for r in np.unique(run).tolist():
+        frees = fz[run == r]
+        mine = burst[f] & (f >= frees[0]) & (f <= frees[-1]) & (a < frees[0])
+        if mine.sum() < MIN_UNWOUND:
+            continue
+        ra, rf = np.argsort(np.argsort(a[mine])), np.argsort(np.argsort(f[mine]))
+        start = int(a[mine].min())
+        end = int(np.flatnonzero(trace.action[:frees[0]] == A["alloc"])[-1])
+        if float(np.corrcoef(ra, rf)[0, 1]) < 0:
+            labels[start:end + 1] = P["forward"]
 
 
 #: Where no backward is seen to keep a gradient, an update is told by its temporaries alone, and they
