@@ -76,3 +76,21 @@ def test_forwards_that_ran_out_of_memory_are_no_update():
     assert _named_right(truth, seg.labels, "optimizer") > 0.9
     assert _share(truth, seg.labels, "forward") > 0.9
     assert _named_right(truth, seg.labels, "forward") > 0.95
+
+
+def test_an_anchored_update_ends_at_its_last_burst():
+    """DQN runs its target network's no-grad forward between an update and the next training forward;
+    PPO rolls its policy out for 3,000 events after the last epoch's update. Both make
+    parameter-sized blocks there, and the update the gradients' sets anchor ran to the last of them.
+    It ends at its last burst of frees (other_work.label_update): what follows is a forward, or a
+    rollout left 'other'. h10_dqn_replay had 0.52 of its events right, h6_ppo 0.56."""
+    truth, steps, _, seg = _read("heldout10/h10_dqn_replay")
+    assert len(seg.steps) == steps == 12
+    assert _named_right(truth, seg.labels, "optimizer") > 0.7  # 0.37 before
+    assert _named_right(truth, seg.labels, "forward") > 0.7  # 0.58 before
+    truth, steps, _, seg = _read("heldout6/h6_ppo")
+    assert len(seg.steps) == steps == 16
+    other = truth == P["other"]
+    assert float((seg.labels[other] == P["other"]).mean()) > 0.8  # 0.43 before
+    # what runs between backward and the update (45 events a step, unmarked) is still read as the update
+    assert _named_right(truth, seg.labels, "optimizer") > 0.25  # 0.09 before

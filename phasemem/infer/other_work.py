@@ -19,6 +19,7 @@ import numpy as np
 from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
+from .bursts import BURST, burst_freed
 from .gradients import MIN_PARAM_SIZES
 
 
@@ -160,3 +161,22 @@ def unwound(params: np.ndarray, sizes: np.ndarray) -> bool:
     """Whether blocks of these sizes, freed in bursts before the first pass, are a failed forward's
     (an exception unwinding it) rather than an update's temporaries (WRAPPED_UPDATE)."""
     return len(params) >= MIN_PARAM_SIZES and float(np.isin(sizes, params).mean()) < WRAPPED_UPDATE
+
+
+def label_update(labels: np.ndarray, trace: Trace, allocs: np.ndarray, free_of: np.ndarray, params: np.ndarray,
+                 work: np.ndarray, top: int, b1: int, nxt: int) -> None:
+    """The update the gradients' sets anchor (infer/anchored.py): from its first parameter-sized block
+    (``work``, made after backward's end ``b1``) to its last, or the last free of those -- but not past
+    its last burst of frees where it has them (``update_bursts``): what allocates after that, up to the
+    next pass at ``nxt``, is a forward the loop ran with no backward, unless it is a rollout (``rollout``).
+    h10_dqn_replay's target network's no-grad forward (parameter-sized blocks among its own) was read as
+    the update's."""
+    fr = free_of[work][free_of[work] < nxt]
+    end = max(int(work.max()), int(fr.max()) if len(fr) else 0)
+    bursts = update_bursts(trace, allocs, params, burst_freed(trace), b1, nxt, b1 - top)
+    if len(bursts) >= BURST and bursts[-1] < end:
+        end = int(bursts[-1])
+        after = allocs[np.searchsorted(allocs, end, "right"):np.searchsorted(allocs, nxt, "left")]
+        if len(after) >= MIN_UNWOUND and not rollout(end, nxt, top, b1):
+            labels[end + 1:nxt] = P["forward"]
+    labels[int(work.min()):end + 1] = P["optimizer"]
