@@ -5,6 +5,7 @@ read against its own marks, as docs/eval_frameless.py scores it; every test fail
 """
 import numpy as np
 
+from phasemem.trace import A
 from phasemem.vocab import P
 
 from test_frameless import _read, _share
@@ -94,3 +95,13 @@ def test_an_anchored_update_ends_at_its_last_burst():
     assert float((seg.labels[other] == P["other"]).mean()) > 0.8  # 0.43 before
     # what runs between backward and the update (45 events a step, unmarked) is still read as the update
     assert _named_right(truth, seg.labels, "optimizer") > 0.25  # 0.09 before
+
+
+def test_an_out_of_memory_error_after_an_update_stops_the_next_step():
+    """hf_oom's second step runs out of memory in its forward, 6 allocations after the first step's
+    zero_grad: the trace's out-of-memory event after an update ends a step of its own, whose forward
+    it stopped (other_work.stopped_step). One step was read of two."""
+    truth, steps, trace, seg = _read("integrations/hf_oom")
+    assert len(seg.steps) == steps == 2
+    oom = int(np.flatnonzero(trace.action == A["oom"])[-1])
+    assert seg.labels[oom] == truth[oom] == P["forward"]

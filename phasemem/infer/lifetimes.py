@@ -18,7 +18,7 @@ from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
-from .other_work import InputGradients, covers_an_update, rollout, unfinished_forwards, unwound, update_bursts
+from .other_work import InputGradients, covers_an_update, rollout, stopped_step, unfinished_forwards, unwound, update_bursts
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
 
@@ -27,7 +27,9 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
     labels, starts, anchored, _ = _read(trace, tl)
     if anchored is None:
         unfinished_forwards(trace, tl, burst_freed(trace), labels)
-    return anchored[:2] if anchored is not None else (labels, starts)
+    else:
+        labels, starts = anchored[:2]
+    return labels, stopped_step(trace, labels, starts)
 
 
 def anchored_over_passes(trace: Trace, tl: Timeline) -> bool:

@@ -180,3 +180,24 @@ def label_update(labels: np.ndarray, trace: Trace, allocs: np.ndarray, free_of: 
         if len(after) >= MIN_UNWOUND and not rollout(end, nxt, top, b1):
             labels[end + 1:nxt] = P["forward"]
     labels[int(work.min()):end + 1] = P["optimizer"]
+
+
+#: Allocations between a step's last update and an out-of-memory event before they are the next
+#: step's forward (lifetimes.WENT_ON: hf_oom makes 6).
+OOM_WENT_ON = 4
+
+
+def stopped_step(trace: Trace, labels: np.ndarray, starts: list[int]) -> list[int]:
+    """Where the trace's last event read is an update (optimizer or zero_grad) and the trace then
+    allocates OOM_WENT_ON blocks or more before an out-of-memory event, those allocations began the
+    next step's forward, which the error stopped: labelled forward from the first of them to the
+    event, and a step of its own (hf_oom: 1 step read of 2). The step starts, with it."""
+    ooms = np.flatnonzero(trace.action == A["oom"])
+    named = np.flatnonzero(labels)
+    if not len(ooms) or not len(named) or named[-1] > ooms[-1] or labels[named[-1]] not in (P["optimizer"], P["zero_grad"]):
+        return starts
+    made = named[-1] + 1 + np.flatnonzero(trace.action[named[-1] + 1:ooms[-1]] == A["alloc"])
+    if len(made) < OOM_WENT_ON:
+        return starts
+    labels[int(made[0]):int(ooms[-1]) + 1] = P["forward"]
+    return starts + [int(made[0])]
