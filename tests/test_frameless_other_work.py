@@ -105,3 +105,12 @@ def test_an_out_of_memory_error_after_an_update_stops_the_next_step():
     assert len(seg.steps) == steps == 2
     oom = int(np.flatnonzero(trace.action == A["oom"])[-1])
     assert seg.labels[oom] == truth[oom] == P["forward"]
+
+
+def test_scalars_before_an_anchored_update_are_not_it():
+    """h7_capturable_adam has a parameter of a scalar's size, so every scalar looks parameter-sized:
+    the scalars made between backward and the update (40 events a step, unmarked) began the update
+    the gradients' sets anchor (other_work.label_update starts it at its first larger block)."""
+    truth, steps, _, seg = _read("heldout7/h7_capturable_adam")
+    assert len(seg.steps) == steps == 3
+    assert _named_right(truth, seg.labels, "optimizer") > 0.9
