@@ -1,7 +1,8 @@
 """Work that is not a training step, read from lifetimes alone.
 
 A training loop runs more than its steps: a PGD attack's forward and backward for the input's
-gradient, a rollout or a generation before the update (GRPO, PPO), the next batch being made. Its
+gradient, a rollout or a generation before the update (GRPO, PPO), a target network's no-grad pass, a
+forward that runs out of memory; a server runs passes and frees its cache's pages in bursts. Their
 allocations look like a step's (a mountain of activations, parameter-sized blocks, bursts of frees),
 and read so they were called forward, backward and optimizer. What tells them apart:
 
@@ -9,8 +10,12 @@ and read so they were called forward, backward and optimizer. What tells them ap
   while a training backward keeps them until zero_grad (``InputGradients``);
 - an update allocates mostly parameter-sized blocks; a rollout after it mostly others, for far longer
   (``update_bursts``, ``rollout``);
+- an update's temporaries come in many of the parameters' sizes, a KV cache's pages in few
+  (``covers_an_update``), a failed forward's unwound blocks mostly in others (``unwound``);
 - a forward an error stopped is no inference loop: its blocks are freed at once, in bursts, when
-  the exception unwinds (``unfinished_forwards``).
+  the exception unwinds around the out-of-memory event (``unfinished_forwards``, ``stopped_step``);
+- the update the gradients' sets anchor ends at its last burst, as one read after a pass does
+  (``label_update``).
 """
 from __future__ import annotations
 
@@ -61,7 +66,6 @@ class InputGradients:
         named = np.flatnonzero(labels[:f0] != P["forward"])
         labels[int(named[-1]) + 1 if len(named) else 0:f0] = P["other"]
         return True
-
 
 
 #: A quiet stretch between two bursts is still the update where this share of its allocations or more
