@@ -17,7 +17,8 @@ from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
-from .loss import graphed_steps
+from .loss import graphed_steps, loss_span
+from .other_work import InputGradients, covers_an_update, rollout, stopped_step, unfinished_forwards, unwound, update_bursts
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 from .seed import all_seeded, reseat, seeded_loss
 
@@ -25,7 +26,11 @@ from .seed import all_seeded, reseat, seeded_loss
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
     """Phase codes per event and step starts (event indices) from lifetimes alone."""
     labels, starts, anchored, _ = _read(trace, tl)
-    return anchored[:2] if anchored is not None else (labels, starts)
+    if anchored is None:
+        unfinished_forwards(trace, tl, burst_freed(trace), labels)
+    else:
+        labels, starts = anchored[:2]
+    return labels, stopped_step(trace, labels, starts)
 
 
 def anchored_over_passes(trace: Trace, tl: Timeline) -> bool:
@@ -155,6 +160,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
                            for f0, top, b1 in mts)
     min_saved = MIN_SAVED_PEER if plain else MIN_SAVED
     prev_end = -1
+    inputs = InputGradients(trace, w.allocs, w.params, w.free_of, mts)
     for (f0, top, b1), nxt in zip(mts, nexts):
         # Passes closer together than a step are micro-batches of one step (accumulation), unless
         # an optimizer's bursts come between them (a step made longer by an evaluation loop).
@@ -168,8 +174,12 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         # a seed is a backward's own mark, however few activations it frees (a tiny model's, retain_graph's)
         saves = top + 1 in seeds or has_backward(la, lf, f0, top, min_saved)
         if not (trains and saves and (seeded or makes_gradients(trace, w.allocs, w.params, top, b1))):
-            _label_forward_only(labels, w, f0, b1, nxt)
+            _label_forward_only(labels, w, f0, b1, nxt, trains)
+            if plain and rollout(b1, nxt, f0, b1):  # a decoding step, then more of the rollout
+                labels[b1 + 1:nxt][labels[b1 + 1:nxt] == P["forward"]] = P["other"]
             continue
+        if inputs.only(labels, f0, top, b1):
+            continue  # a backward for the inputs only, no step's (infer/other_work.py): left 'other'
         lengths.append(b1 - f0)
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
@@ -257,13 +267,15 @@ def _updates_after(w: _Work, la: np.ndarray, lf: np.ndarray, f0: int, top: int, 
     # (heldout2_convnext_eval: a ConvNeXt block's per-channel tensors)
     made = w.allocs_in(b1, nxt)
     temps = made[w.burst[np.minimum(w.free_of[made], n - 1)] & (w.free_of[made] < nxt)]
-    return len(temps) >= BURST and covers_parameters(w.params, w.trace.size[temps])
+    return len(temps) >= BURST and covers_an_update(w.params, w.trace.size[temps])
 
 
-def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int) -> None:
+def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int, trains: bool = True) -> None:
     """A pass with no backward, so no optimizer either (inference) -- unless what follows makes
     parameter-sized temporaries and frees them in bursts, as a foreach optimizer does after a
-    backward the trace cannot see (a CUDA-graphed model's replay makes no events)."""
+    backward the trace cannot see (a CUDA-graphed model's replay makes no events); in a trace that
+    shows no training otherwise (not ``trains``), in as many of the parameters' sizes as an update
+    (other_work.covers_an_update)."""
     n = len(w.trace)
     if f0 and labels[f0 - 1] == P["optimizer"]:
         end = _update_goes_on(w, f0 - 1, nxt)
@@ -273,7 +285,7 @@ def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int
     made = w.allocs_in(b1, nxt)
     temps = made[w.burst[np.minimum(w.free_of[made], n - 1)] & (w.free_of[made] < nxt)]
     labels[f0:nxt] = P["forward"]
-    if len(temps) >= BURST and covers_parameters(w.params, w.trace.size[temps]):
+    if len(temps) >= BURST and (covers_parameters if trains else covers_an_update)(w.params, w.trace.size[temps]):
         labels[b1 + 1:nxt] = P["optimizer"]
 
 
@@ -293,14 +305,14 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
     grads = w.trace.size[made[w.free_of[made] > b1]]
     if not (len(tail_allocs) and sized_like_an_optimizer(w.params, grads, w.trace.size[tail_allocs])):
         return
-    bursts = np.flatnonzero(w.burst[b1 + 1:nxt])
-    end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
+    bursts = update_bursts(w.trace, w.allocs, w.params, w.burst, b1, nxt, b1 - top)
+    end = int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
     start = optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
     made = w.allocs_in(start - 1, end + 1)
     if len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS:
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
     labels[start:end + 1] = P["optimizer"]
-    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span:
+    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span and not rollout(end, nxt, top, b1):
         labels[end + 1:nxt] = P["forward"]
 
 
@@ -346,7 +358,7 @@ def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> 
     (h13_layer_offload_infer: 564 events of forward read as optimizer)."""
     freed_in_burst = np.zeros(len(labels), bool)
     freed_in_burst[lf[w.burst[lf]]] = True
-    if freed_in_burst[:first].sum() < BURST:
+    if freed_in_burst[:first].sum() < BURST or unwound(w.params, w.trace.size[:first][freed_in_burst[:first]]):
         return False
     labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
     return True
