@@ -1,0 +1,20 @@
+"""The third round's frameless rules (docs/accuracy.md, "Third round: graph networks, LBFGS, embeddings"),
+each on the real trace that showed the need for it, read as docs/eval_frameless.py reads it: every
+annotation and stack frame removed (tests/heldout_sets.bare). Every test fails with its rule taken out.
+"""
+from phasemem.vocab import P
+
+from test_frameless import _read, _share
+
+
+
+def test_embedding_gradient_made_in_chunks_is_backward():
+    """EmbeddingBag's backward makes its tables' gradient a chunk at a time after its last saved
+    activation is freed; those slices are freed by zero_grad with the other gradients, so they are
+    backward's, not Adagrad's (odd_steps.chunked_gradients). Without the rule the later steps' chunks
+    (404 events a step) read as the optimizer."""
+    truth, steps, _, seg = _read("heldout/heldout_embbag_adagrad")
+    assert len(seg.steps) == steps == 3
+    assert _share(truth, seg.labels, "backward") > 0.9
+    opt = seg.labels == P["optimizer"]
+    assert float((truth[opt] == P["optimizer"]).mean()) > 0.7
