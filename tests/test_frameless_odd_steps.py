@@ -7,7 +7,6 @@ from phasemem.vocab import P
 from test_frameless import _read, _share
 
 
-
 def test_embedding_gradient_made_in_chunks_is_backward():
     """EmbeddingBag's backward makes its tables' gradient a chunk at a time after its last saved
     activation is freed; those slices are freed by zero_grad with the other gradients, so they are
@@ -18,3 +17,15 @@ def test_embedding_gradient_made_in_chunks_is_backward():
     assert _share(truth, seg.labels, "backward") > 0.9
     opt = seg.labels == P["optimizer"]
     assert float((truth[opt] == P["optimizer"]).mean()) > 0.7
+
+
+def test_graph_network_first_top_inside_backward_moves_back():
+    """A GCN's backward makes blocks as large as its whole-graph activations, so the first pass's top
+    falls inside backward and what is alive there is not freed last-made-first: the pass was refused and
+    its backward read forward-only. Its other passes plainly train; the forward's end, where the saved
+    blocks' frees best reverse their allocations, is its top (odd_steps.earlier_top)."""
+    truth, steps, _, seg = _read("heldout3/heldout3_gcn_scatter_adam")
+    assert len(seg.steps) == steps == 3
+    a, b, _ = seg.steps[0]
+    assert _share(truth[a:b], seg.labels[a:b], "backward") > 0.8
+    assert _share(truth, seg.labels, "forward") > 0.8

@@ -18,6 +18,7 @@ from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
+from .odd_steps import earlier_top
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
 
@@ -161,6 +162,11 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         if trains and not makes_gradients(trace, w.allocs, w.params, top, b1):
             b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
+        # A refused pass's top may lie inside its backward (odd_steps.earlier_top), where other passes
+        # plainly train -- unless it is the update going on (_update_goes_on: h5_vae_handadam's state)
+        if plain and not has_backward(la, lf, f0, top, min_saved) and not (
+                f0 and labels[f0 - 1] == P["optimizer"] and _update_goes_on(w, f0 - 1, nxt) >= f0):
+            top = earlier_top(la, lf, w.allocs, f0, top, min_saved)
         if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
             _label_forward_only(labels, w, f0, b1, nxt)
             continue

