@@ -29,3 +29,14 @@ def test_graph_network_first_top_inside_backward_moves_back():
     a, b, _ = seg.steps[0]
     assert _share(truth[a:b], seg.labels[a:b], "backward") > 0.8
     assert _share(truth, seg.labels, "forward") > 0.8
+
+
+def test_scalars_do_not_start_the_optimizer():
+    """Capturable Adam keeps its step counters on the GPU: a scalar is one of the sizes alive before the
+    trace, so clip_grad_norm_'s per-parameter norms (4-byte blocks) between backward and the update read
+    as the optimizer's first blocks (odd_steps.scalar, in anchored._label_passes). With scalars no
+    evidence, what the optimizer is named is Adam's."""
+    truth, steps, _, seg = _read("heldout7/h7_capturable_adam")
+    assert len(seg.steps) == steps == 3
+    opt = seg.labels == P["optimizer"]
+    assert float((truth[opt] == P["optimizer"]).mean()) > 0.85

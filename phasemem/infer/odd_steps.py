@@ -25,6 +25,17 @@ MIN_CHUNKS = 2
 #: the gradient, after one of its temporaries) there. As ``lifetimes.MIN_UPDATE_BLOCKS``.
 ROW = 4
 
+#: Blocks this small are scalars (a loss, a norm, a step counter: 4 or 8 bytes). Capturable Adam keeps
+#: its step counters on the GPU, so a scalar is one of the "parameters'" sizes (blocks alive before the
+#: trace), and gradient clipping's per-parameter norms between backward and the update read as the
+#: optimizer's first blocks (h7_capturable_adam: 38 events a step of clip_grad_norm_ read as Adam's).
+SCALAR = 8
+
+
+def scalar(sizes: np.ndarray) -> np.ndarray:
+    """Which of these sizes are a scalar's (SCALAR): no evidence of an optimizer's work."""
+    return sizes <= SCALAR
+
 
 def chunked_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
                       top: int, b1: int, ours: np.ndarray, sized: np.ndarray) -> int:
