@@ -40,3 +40,14 @@ def test_scalars_do_not_start_the_optimizer():
     assert len(seg.steps) == steps == 3
     opt = seg.labels == P["optimizer"]
     assert float((truth[opt] == P["optimizer"]).mean()) > 0.85
+
+
+def test_sampled_neighbourhoods_are_not_the_forward():
+    """GraphSAGE samples each step's neighbourhoods long before its forward and frees them after Adam:
+    one such block alive across the top began the forward 126 events early (passes.forward_start only
+    drops stragglers from passes saving 13 blocks or more; this one saves 12). Held past backward and
+    followed by a quiet stretch, it is no activation (odd_steps.held_start)."""
+    truth, steps, _, seg = _read("heldout16/h16_graphsage_sampled")
+    assert len(seg.steps) == steps == 3
+    fwd = seg.labels == P["forward"]
+    assert float((truth[fwd] == P["other"]).mean()) < 0.05

@@ -123,3 +123,28 @@ def earlier_top(la: np.ndarray, lf: np.ndarray, allocs: np.ndarray, f0: int, top
     if not len(cand) or corr.min() >= EARLIER_CORR:
         return top
     return int(cand[np.flatnonzero(corr <= corr.min() + CORR_TIE)[-1]])
+
+
+
+#: Leading blocks of a pass held past its backward are the step's data, not its forward, only after a
+#: quiet stretch longer than this share of the rest of the forward (as ``passes.LEAD``): a batch made
+#: right before its forward (h10_lion_subclass: the input and target) stays in it.
+HELD_LEAD = 1.0
+#: At most this many leading blocks so dropped (as ``passes.TAIL``).
+HELD_TAIL = 3
+
+
+def held_start(made: np.ndarray, freed: np.ndarray, f0: int, top: int, b1: int, min_saved: int) -> int:
+    """A pass's forward start without what the loop made long before it and frees only after its
+    backward (after the optimizer): data held for the whole step, not an activation. ``passes.forward_start``
+    drops such stragglers only from passes that save MIN_SAVED + TAIL blocks; h16_graphsage_sampled's
+    save 12, and a block of each step's sampling, 126 events before the forward, began it. ``made``
+    (event order) and ``freed``: the blocks alive across the top; else ``f0``."""
+    k = 0
+    while k < min(HELD_TAIL, len(made) - 1) and freed[k] > b1:
+        k += 1
+    # ... and the pass without them still saves what a training pass does (``min_saved``: passes.MIN_SAVED;
+    # h6_sparse_two_opt's pass inside its optimizer saves 6 and lost a step)
+    if k and made[k] > f0 and made[k] - made[k - 1] > HELD_LEAD * (top - made[k]) and len(made) - k >= min_saved:
+        return int(made[k])
+    return f0
