@@ -162,10 +162,8 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         if trains and not makes_gradients(trace, w.allocs, w.params, top, b1):
             b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
-        # A refused pass's top may lie inside its backward (odd_steps.earlier_top), where other passes
-        # plainly train -- unless it is the update going on (_update_goes_on: h5_vae_handadam's state)
-        if plain and not has_backward(la, lf, f0, top, min_saved) and not (
-                f0 and labels[f0 - 1] == P["optimizer"] and _update_goes_on(w, f0 - 1, nxt) >= f0):
+        # A refused pass's top may lie inside its backward (odd_steps.earlier_top), where others plainly train
+        if plain and not has_backward(la, lf, f0, top, min_saved) and not _update_going_on(labels, w, f0, nxt):
             top = earlier_top(la, lf, w.allocs, f0, top, min_saved)
         if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
             _label_forward_only(labels, w, f0, b1, nxt)
@@ -296,6 +294,12 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
     labels[start:end + 1] = P["optimizer"]
     if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
         labels[end + 1:nxt] = P["forward"]
+
+
+def _update_going_on(labels: np.ndarray, w: _Work, f0: int, nxt: int) -> bool:
+    """Whether a pass starting at ``f0`` is the optimizer going on (``_update_goes_on``): no pass, so
+    its top is not moved (h5_vae_handadam's state replaced out of place)."""
+    return bool(f0 and labels[f0 - 1] == P["optimizer"] and _update_goes_on(w, f0 - 1, nxt) >= f0)
 
 
 def _update_goes_on(w: _Work, end: int, nxt: int) -> int:
