@@ -51,3 +51,14 @@ def test_sampled_neighbourhoods_are_not_the_forward():
     assert len(seg.steps) == steps == 3
     fwd = seg.labels == P["forward"]
     assert float((truth[fwd] == P["other"]).mean()) < 0.05
+
+
+def test_micro_batches_adding_to_their_steps_gradients_are_one_step():
+    """A pass whose backward adds to gradients its step already made (made before it, freed after it by
+    zero_grad, no new set kept) is a micro-batch of that step, however far apart the passes are and
+    whatever bursts come between (odd_steps.accumulates): h16_accum4_mlp's four micro-batches a step were
+    read as 9 steps, GradCache's 16 chunks a step as 49."""
+    truth, steps, _, seg = _read("heldout16/h16_accum4_mlp")
+    assert len(seg.steps) == steps == 3
+    _, steps, _, seg = _read("heldout15/h15_gradcache_contrastive")
+    assert steps == 3 and len(seg.steps) <= steps + 1

@@ -18,7 +18,7 @@ from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
-from .odd_steps import earlier_top
+from .odd_steps import accumulates, earlier_top
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
 
@@ -154,10 +154,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     min_saved = MIN_SAVED_PEER if plain else MIN_SAVED
     prev_end = -1
     for (f0, top, b1), nxt in zip(mts, nexts):
-        # Passes closer together than a step are micro-batches of one step (accumulation), unless
-        # an optimizer's bursts come between them (a step made longer by an evaluation loop).
-        if prev_end >= 0 and (period_events is None or f0 - starts[-1] >= MICROBATCH_SHARE * period_events
-                              or w.burst[prev_end + 1:f0].sum() >= BURST):
+        if prev_end >= 0 and _new_step(w, la, lf, period_events, starts[-1], prev_end, (f0, top, b1), min_saved):
             starts.append(f0)
         if trains and not makes_gradients(trace, w.allocs, w.params, top, b1):
             b1 = _backward_goes_on(w, top, b1, nxt)
@@ -178,6 +175,20 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
         _label_after_backward(labels, w, top, b1, nxt)
     _label_before_first(labels, w, [f0 for f0, _, _ in mts])
     return labels, starts, lengths, [top for _, top, _ in mts]
+
+
+def _new_step(w: _Work, la: np.ndarray, lf: np.ndarray, period_events: float | None, start: int, prev_end: int,
+              mt: tuple[int, int, int], min_saved: int) -> bool:
+    """Whether the pass ``mt`` begins a step (the current one began at ``start``; the previous pass
+    ended at ``prev_end``). Passes closer together than a step are micro-batches of one step
+    (accumulation), unless an optimizer's bursts come between them (a step made longer by an evaluation
+    loop); a training pass adding to gradients its step made is one however far (odd_steps.accumulates)."""
+    f0, top, b1 = mt
+    if not (period_events is None or f0 - start >= MICROBATCH_SHARE * period_events
+            or w.burst[prev_end + 1:f0].sum() >= BURST):
+        return False
+    trains = has_backward(la, lf, f0, top, min_saved) and makes_gradients(w.trace, w.allocs, w.params, top, b1)
+    return not (trains and accumulates(w.trace, w.allocs, w.params, w.free_of, start, f0, top, b1))
 
 
 def _label_before_first(labels: np.ndarray, w: _Work, firsts: list[int]) -> None:

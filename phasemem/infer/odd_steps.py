@@ -148,3 +148,32 @@ def held_start(made: np.ndarray, freed: np.ndarray, f0: int, top: int, b1: int, 
     if k and made[k] > f0 and made[k] - made[k - 1] > HELD_LEAD * (top - made[k]) and len(made) - k >= min_saved:
         return int(made[k])
     return f0
+
+
+#: Gradients that must live through a pass (made in its step before it, freed after it) for it to be
+#: a micro-batch of that step; and fewer new ones than this must it keep (as ``infer.ZERO_GRAD_MIN``).
+MIN_CARRIED = 4
+
+
+def accumulates(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
+                start: int, f0: int, top: int, b1: int) -> bool:
+    """Whether the pass (``f0``, ``top``, ``b1``) adds to gradients its step already made, so it is one
+    of the step's micro-batches however far apart the passes are: MIN_CARRIED parameter-sized blocks
+    made since the step's ``start``, before the pass, live through it and are freed later in the trace
+    (zero_grad), while its backward keeps fewer new ones. GradCache's chunks (h15_gradcache_contrastive:
+    16 re-forward + backward chunks a step, each read as a step: 49 of 3) and h16_accum4_mlp's
+    micro-batches accumulate so. A loop that zeroes its gradients by freeing them frees them before the
+    next step's backward; one that keeps them (set_to_none=False) never frees them, so says nothing, and
+    is not joined."""
+    n = len(trace)
+    made = allocs[np.searchsorted(allocs, start, "left"):np.searchsorted(allocs, f0, "left")]
+    carried = made[np.isin(trace.size[made], params) & (free_of[made] > b1)]
+    # the last step's are never freed: they count where the loop was seen to free an earlier step's
+    # gradients (MIN_CARRIED blocks made before the step, living at least as long as it has so far)
+    before = allocs[:np.searchsorted(allocs, start, "left")]
+    before = before[np.isin(trace.size[before], params) & (free_of[before] < f0) & (free_of[before] - before >= b1 - start)]
+    if (free_of[carried] < n).sum() < MIN_CARRIED and (len(before) < MIN_CARRIED or len(carried) < MIN_CARRIED):
+        return False
+    ours = allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]
+    new = ours[np.isin(trace.size[ours], params) & (free_of[ours] > b1)]
+    return len(new) < MIN_CARRIED
