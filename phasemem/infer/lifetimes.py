@@ -83,7 +83,10 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
     # Where passes were read, the gradients' reading overrules them only where it explains far more
     # of what was saved (EXPLAINS): MAML's inner autograd.grad updates make sets of their own.
     anchored = anchored_passes(trace, tl)
-    if anchored is not None and _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, labels):
+    # ... against the passes as their tops were found: a top moved back (odd_steps.earlier_top) makes them
+    # explain more, but not a pass the gradients' reading tells better (h8_weight_norm's optimizer)
+    found = _label_passes(trace, tl, period_events, move_tops=False)[0] if anchored is not None else labels
+    if anchored is not None and _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, found):
         return labels, starts, anchored, True
     return labels, starts, None, False
 
@@ -123,8 +126,8 @@ MIN_UPDATE_BLOCKS = 4
 MICROBATCH_SHARE = 0.8
 
 
-def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
-                  fill: bool = True) -> tuple[np.ndarray, list[int], list[int], list[int]]:
+def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill: bool = True,
+                  move_tops: bool = True) -> tuple[np.ndarray, list[int], list[int], list[int]]:
     """Labels, step starts, the length in events of each training pass found, and every pass's top."""
     n = len(trace)
     labels = np.zeros(n, np.int8)
@@ -160,7 +163,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
         # A refused pass's top may lie inside its backward (odd_steps.earlier_top), where others plainly train
-        if plain and not has_backward(la, lf, f0, top, min_saved) and not _update_going_on(labels, w, f0, nxt):
+        if move_tops and plain and not has_backward(la, lf, f0, top, min_saved) and not _update_going_on(labels, w, f0, nxt):
             top = earlier_top(la, lf, w.allocs, f0, top, min_saved)
         if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
             _label_forward_only(labels, w, f0, b1, nxt)
