@@ -62,3 +62,18 @@ def test_micro_batches_adding_to_their_steps_gradients_are_one_step():
     assert len(seg.steps) == steps == 3
     _, steps, _, seg = _read("heldout15/h15_gradcache_contrastive")
     assert steps == 3 and len(seg.steps) <= steps + 1
+
+
+def test_a_wrapped_start_is_made_of_parameter_sized_blocks():
+    """Burst frees before the first pass are the end of an optimizer (the ring buffer wrapped mid-step)
+    only where what is made there has the parameters' sizes (odd_steps.update_sized): GradCache's no-grad
+    forward over all chunks and an out-of-memory retry's first attempt free in bursts too, and each was
+    read as a partial step of its own."""
+    for rel in ("heldout15/h15_gradcache_contrastive", "heldout13/h13_oom_retry_halve"):
+        _, steps, _, seg = _read(rel)
+        assert len(seg.steps) == steps == 3, rel
+    truth, steps, _, seg = _read("gpt_wrapped")
+    assert len(seg.steps) == steps == 2
+    first = seg.steps[1][0]  # ... and its real wrapped start still reads as the optimizer
+    opt = seg.labels[:first] == P["optimizer"]
+    assert opt.any() and float((truth[:first][opt] == P["optimizer"]).mean()) > 0.9

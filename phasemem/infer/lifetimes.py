@@ -18,7 +18,7 @@ from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
-from .odd_steps import accumulates, earlier_top
+from .odd_steps import accumulates, earlier_top, update_sized
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 
 
@@ -360,5 +360,8 @@ def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> 
     freed_in_burst[lf[w.burst[lf]]] = True
     if freed_in_burst[:first].sum() < BURST:
         return False
-    labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
+    end = int(np.flatnonzero(freed_in_burst[:first])[-1])
+    if len(w.params) >= MIN_PARAM_SIZES and not update_sized(w.trace.size[w.allocs_in(-1, end + 1)], w.params):
+        return False  # no optimizer's blocks (odd_steps.update_sized)
+    labels[:end + 1] = P["optimizer"]
     return True
