@@ -75,7 +75,8 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
             lengths2 = _label_passes(trace, tl, est, fill=False)[2]
             if lengths2 and np.median(lengths2) <= est:
                 period_events = est
-    labels, starts = _label_passes(trace, tl, period_events)[:2]
+    moved: list[int] = []
+    labels, starts = _label_passes(trace, tl, period_events, moved=moved)[:2]
     if not (labels == P["backward"]).any():
         # No pass reads as training: a tiny model's gradients may still anchor its backward runs
         # (infer/anchored.py).
@@ -85,7 +86,7 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
     anchored = anchored_passes(trace, tl)
     # ... against the passes as their tops were found: a top moved back (odd_steps.earlier_top) makes them
     # explain more, but not a pass the gradients' reading tells better (h8_weight_norm's optimizer)
-    found = _label_passes(trace, tl, period_events, move_tops=False)[0] if anchored is not None else labels
+    found = _label_passes(trace, tl, period_events, move_tops=False)[0] if anchored is not None and moved else labels
     if anchored is not None and _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, found):
         return labels, starts, anchored, True
     return labels, starts, None, False
@@ -126,9 +127,11 @@ MIN_UPDATE_BLOCKS = 4
 MICROBATCH_SHARE = 0.8
 
 
-def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill: bool = True,
-                  move_tops: bool = True) -> tuple[np.ndarray, list[int], list[int], list[int]]:
-    """Labels, step starts, the length in events of each training pass found, and every pass's top."""
+def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill: bool = True, move_tops: bool = True,
+                  moved: list[int] | None = None) -> tuple[np.ndarray, list[int], list[int], list[int]]:
+    """Labels, step starts, the length in events of each training pass found, and every pass's top. Tops
+    found inside a backward are moved back (``odd_steps.earlier_top``) with ``move_tops``, each appended
+    to ``moved`` if given."""
     n = len(trace)
     labels = np.zeros(n, np.int8)
     mts = mountains(trace, tl, period_events, fill)
@@ -165,6 +168,8 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill:
         # A refused pass's top may lie inside its backward (odd_steps.earlier_top), where others plainly train
         if move_tops and plain and not has_backward(la, lf, f0, top, min_saved) and not _update_going_on(labels, w, f0, nxt):
             top = earlier_top(la, lf, w.allocs, f0, top, min_saved)
+            if moved is not None:
+                moved.append(top)
         if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
             _label_forward_only(labels, w, f0, b1, nxt)
             continue
@@ -190,8 +195,8 @@ def _new_step(w: _Work, la: np.ndarray, lf: np.ndarray, period_events: float | N
     if not (period_events is None or f0 - start >= MICROBATCH_SHARE * period_events
             or w.burst[prev_end + 1:f0].sum() >= BURST):
         return False
-    trains = has_backward(la, lf, f0, top, min_saved) and makes_gradients(w.trace, w.allocs, w.params, top, b1)
-    return not (trains and accumulates(w.trace, w.allocs, w.params, w.free_of, start, f0, top, b1))
+    return not (accumulates(w.trace, w.allocs, w.params, w.free_of, start, f0, top, b1)
+                and has_backward(la, lf, f0, top, min_saved) and makes_gradients(w.trace, w.allocs, w.params, top, b1))
 
 
 def _label_before_first(labels: np.ndarray, w: _Work, firsts: list[int]) -> None:

@@ -167,13 +167,16 @@ def accumulates(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: n
     is not joined."""
     n = len(trace)
     made = allocs[np.searchsorted(allocs, start, "left"):np.searchsorted(allocs, f0, "left")]
-    carried = made[np.isin(trace.size[made], params) & (free_of[made] > b1)]
-    # the last step's are never freed: they count where the loop was seen to free an earlier step's
-    # gradients (MIN_CARRIED blocks made before the step, living at least as long as it has so far)
-    before = allocs[:np.searchsorted(allocs, start, "left")]
-    before = before[np.isin(trace.size[before], params) & (free_of[before] < f0) & (free_of[before] - before >= b1 - start)]
-    if (free_of[carried] < n).sum() < MIN_CARRIED and (len(before) < MIN_CARRIED or len(carried) < MIN_CARRIED):
+    carried = made[(free_of[made] > b1) & np.isin(trace.size[made], params)]
+    if len(carried) < MIN_CARRIED:
         return False
+    if (free_of[carried] < n).sum() < MIN_CARRIED:
+        # the last step's are never freed: they count where the loop was seen to free an earlier step's
+        # gradients (MIN_CARRIED blocks made before the step, living at least as long as it has so far)
+        before = allocs[:np.searchsorted(allocs, start, "left")]
+        before = before[(free_of[before] < f0) & (free_of[before] - before >= b1 - start)]
+        if np.isin(trace.size[before], params).sum() < MIN_CARRIED:
+            return False
     ours = allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]
     new = ours[np.isin(trace.size[ours], params) & (free_of[ours] > b1)]
     return len(new) < MIN_CARRIED
