@@ -1,9 +1,14 @@
-"""Steps of odd shape, read from lifetimes alone: rules for what the passes' reading gets wrong there.
+"""Steps of odd shape, read from lifetimes alone: rules for what the passes' reading gets wrong there
+(docs/accuracy.md, "Third round: graph networks, LBFGS, embeddings"). Each is called from one line of
+``lifetimes``, ``gradients``, ``anchored`` or ``passes``.
 
-- An embedding's gradient made in chunks after backward's last saved activation is freed
-  (``chunked_gradients``): EmbeddingBag's backward sorts and reduces its indices a chunk at a time,
-  each chunk making temporaries of the parameters' sizes, freed one by one, and a slice of the table's
-  gradient that zero_grad frees with the others.
+- ``chunked_gradients``: an embedding's gradient made in chunks after backward's last saved free is
+  backward's (EmbeddingBag).
+- ``earlier_top``: a refused pass's top that fell inside its backward moves back (a graph network).
+- ``scalar``: scalars are no evidence of an optimizer (capturable Adam's step counters).
+- ``held_start``: data held for the whole step does not start the forward (sampled neighbourhoods).
+- ``accumulates``: passes adding to their step's gradients are its micro-batches (GradCache).
+- ``update_sized``: a wrapped start is an optimizer's end only if made of parameter-sized blocks.
 """
 from __future__ import annotations
 
@@ -62,16 +67,19 @@ def chunked_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free
     # zero_grad frees the chunks' slices with the other gradients, in one run of frees no allocation
     # splits (a for-loop optimizer's temporaries are freed one by one between its allocations)
     run = np.searchsorted(allocs, f, "left") == np.searchsorted(allocs, big[0], "left")
-    near = ((f >= big[0] - FREED_TOGETHER) & (f <= big[-1] + FREED_TOGETHER)) | (run & (f < n)) if big[0] < n else f >= n
+    if big[0] < n:
+        near = ((f >= big[0] - FREED_TOGETHER) & (f <= big[-1] + FREED_TOGETHER)) | (run & (f < n))
+    else:
+        near = f >= n
     cand = np.flatnonzero(sized & near)
     if len(cand) < MIN_CHUNKS:
         return -1
-    is_free = (trace.action == A["free_completed"]) | (trace.action == A["free"])
-    frees_before = np.cumsum(is_free)
+    act = trace.action[ours[0]:ours[-1] + 1]
+    frees_before = np.cumsum((act == A["free_completed"]) | (act == A["free"]))  # from ours[0] on
     # the optimizer's first sign: state (a parameter-sized block alive past the gradients' frees, not
     # one of them), or ROW parameter-sized blocks made in a row with no free between (foreach outputs)
     stop = sized & ~near & (f > big[0])
-    fb = frees_before[ours]
+    fb = frees_before[ours - ours[0]]
     same = np.concatenate([[False], fb[1:] == fb[:-1]]) & sized & np.concatenate([[False], sized[:-1]])
     row = np.cumsum(~same)
     stop |= sized & (np.bincount(row, weights=sized)[row] >= ROW)
