@@ -77,3 +77,14 @@ def test_a_wrapped_start_is_made_of_parameter_sized_blocks():
     first = seg.steps[1][0]  # ... and its real wrapped start still reads as the optimizer
     opt = seg.labels[:first] == P["optimizer"]
     assert opt.any() and float((truth[:first][opt] == P["optimizer"]).mean()) > 0.9
+
+
+def test_the_next_batch_is_not_the_update():
+    """A block made after the update and freed inside the next step (after its pass began) is that step's
+    batch, not the optimizer's last block: an optimizer's temporaries die before the next pass and its
+    state lives on (odd_steps.held_over, in anchored._label_passes). h15_func_ensemble's next batch
+    stretched its optimizer over 20 events the marks leave to the loop."""
+    truth, steps, _, seg = _read("heldout15/h15_func_ensemble")
+    assert len(seg.steps) == steps == 3
+    opt = seg.labels == P["optimizer"]
+    assert float((truth[opt] == P["optimizer"]).mean()) > 0.95

@@ -42,6 +42,14 @@ def scalar(sizes: np.ndarray) -> np.ndarray:
     return sizes <= SCALAR
 
 
+def held_over(freed: np.ndarray, nxt: int, n: int) -> np.ndarray:
+    """Which blocks made after an update, freed inside the next step (after its pass begins at ``nxt``,
+    before the trace ends), are that step's batch, not the update's work: an optimizer's temporaries die
+    before the next pass, its state lives on (h7_capturable_adam: the next batch, a parameter's size,
+    made after Adam, was read as its last block)."""
+    return (freed > nxt) & (freed < n)
+
+
 def chunked_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
                       top: int, b1: int, ours: np.ndarray, sized: np.ndarray) -> int:
     """Position in ``ours`` (the allocations after ``b1``) of the last gradient a backward makes in
