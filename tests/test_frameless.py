@@ -85,12 +85,12 @@ def test_updates_between_forwards_end_steps():
 
 
 def test_doubts_lower_confidence_where_the_reading_contradicts_itself():
-    """GRPO's rollouts and updates make steps of different orders of phases: the inferred forward and
+    """PPO's rollouts and updates make steps of different orders of phases: the inferred forward and
     optimizer say so (segmentation.inferred.find_doubts, DOUBTFUL), while a plain loop keeps CONFIDENCE.
-    (FSDP2, read with no backward but with an optimizer, was this test's trace until infer/seed.py
-    placed its backward: tests/test_frameless_backward_anchor.py.)"""
+    (FSDP2 was this test's trace until infer/seed.py placed its backward, then GRPO until
+    infer/other_work.py read its rollouts: tests/test_frameless_backward_anchor.py, test_frameless_other_work.py.)"""
     from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
-    truth, _, _, seg = _read("heldout16/h16_grpo")
+    truth, _, _, seg = _read("heldout6/h6_ppo")
     assert seg.doubts
     assert seg.confidence["forward"] == DOUBTFUL["forward"] and seg.confidence["optimizer"] == DOUBTFUL["optimizer"]
     # and they are that unsure: under half of what it calls optimizer is

@@ -14,6 +14,7 @@ import numpy as np
 from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
+from .odd_steps import held_over
 from .other_work import label_update
 from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, sized_like_an_optimizer
 
@@ -133,5 +134,8 @@ def _label_passes(trace: Trace, params: np.ndarray, allocs: np.ndarray, free_of:
             # follows before the next forward (a target network's no-grad pass, logging) is not known
             # from its first parameter-sized block: what runs between backward and it allocating other
             # sizes (clipping's norms, a loop's logging) is not known (h7_capturable_adam, h11_tbptt_lstm)
-            label_update(labels, trace, allocs, free_of, params, tail[np.isin(trace.size[tail], params)], top, b1, nxt)
+            sized = tail[np.isin(trace.size[tail], params)]
+            # the next step's batch, made after the update and freed inside that step, is not its work
+            work = sized[~held_over(free_of[sized], nxt, n)]
+            label_update(labels, trace, allocs, free_of, params, work if len(work) else sized, top, b1, nxt)
     return labels, starts

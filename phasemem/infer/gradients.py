@@ -11,6 +11,7 @@ import numpy as np
 from ..vocab import P
 from ..timeline import Timeline
 from ..trace import Trace
+from .odd_steps import chunked_gradients
 
 GRAD_SHARE = 0.25  # of the parameters' distinct sizes a backward must allocate
 #: Fewer distinct parameter sizes than this say nothing about which later blocks are gradients or
@@ -63,6 +64,8 @@ def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: in
     if not sized.any():
         return b1 + 1
     late = _late_gradients(trace, allocs, params, free_of, top, b1, end, ours, sized)
+    if late < 0:
+        late = chunked_gradients(trace, allocs, params, free_of, top, b1, ours, sized)
     if late < 0:
         return _first_sized(labels, b1, ours, sized)
     # The embedding's backward runs after the last activation is freed: its sort buffers (other sizes),

@@ -18,6 +18,7 @@ from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
+from .odd_steps import accumulates, earlier_top, update_sized
 from .other_work import InputGradients, covers_an_update, rollout, stopped_step, unfinished_forwards, unwound, update_bursts
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 from .seed import all_seeded, reseat, seeded_loss
@@ -80,7 +81,8 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
             lengths2 = _label_passes(trace, tl, est, fill=False)[2]
             if lengths2 and np.median(lengths2) <= est:
                 period_events = est
-    labels, starts = _label_passes(trace, tl, period_events)[:2]
+    moved: list[int] = []
+    labels, starts = _label_passes(trace, tl, period_events, moved=moved)[:2]
     if not (labels == P["backward"]).any():
         # No pass reads as training: a tiny model's gradients may still anchor its backward runs
         # (infer/anchored.py).
@@ -88,9 +90,12 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
     # Where passes were read, the gradients' reading overrules them only where it explains far more
     # of what was saved (EXPLAINS): MAML's inner autograd.grad updates make sets of their own.
     anchored = anchored_passes(trace, tl)
-    # ... and not where every backward run begins at its seed (infer/seed.py), as many as the gradients'
+    # ... not where every backward run begins at its seed (infer/seed.py), as many as the gradients';
+    # and against the passes as their tops were found: a top moved back (odd_steps.earlier_top) makes them
+    # explain more, but not a pass the gradients' reading tells better (h8_weight_norm's optimizer)
+    found = _label_passes(trace, tl, period_events, move_tops=False)[0] if anchored is not None and moved else labels
     if anchored is not None and not all_seeded(trace, tl, labels, anchored[0]) and \
-            _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, labels):
+            _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, found):
         return labels, starts, anchored, True
     return labels, starts, None, False
 
@@ -130,9 +135,11 @@ MIN_UPDATE_BLOCKS = 4
 MICROBATCH_SHARE = 0.8
 
 
-def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
-                  fill: bool = True) -> tuple[np.ndarray, list[int], list[int], list[int]]:
-    """Labels, step starts, the length in events of each training pass found, and every pass's top."""
+def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill: bool = True, move_tops: bool = True,
+                  moved: list[int] | None = None) -> tuple[np.ndarray, list[int], list[int], list[int]]:
+    """Labels, step starts, the length in events of each training pass found, and every pass's top. Tops
+    found inside a backward are moved back (``odd_steps.earlier_top``) with ``move_tops``, each appended
+    to ``moved`` if given."""
     n = len(trace)
     labels = np.zeros(n, np.int8)
     mts = mountains(trace, tl, period_events, fill)
@@ -162,34 +169,45 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
     prev_end = -1
     inputs = InputGradients(trace, w.allocs, w.params, w.free_of, mts)
     for (f0, top, b1), nxt in zip(mts, nexts):
-        # Passes closer together than a step are micro-batches of one step (accumulation), unless
-        # an optimizer's bursts come between them (a step made longer by an evaluation loop).
-        if prev_end >= 0 and (period_events is None or f0 - starts[-1] >= MICROBATCH_SHARE * period_events
-                              or w.burst[prev_end + 1:f0].sum() >= BURST):
+        if prev_end >= 0 and _new_step(w, la, lf, period_events, starts[-1], prev_end, (f0, top, b1), min_saved):
             starts.append(f0)
         seeded = top + 1 in graded
         if trains and not seeded and not makes_gradients(trace, w.allocs, w.params, top, b1):
             b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
+        # A refused pass's top may lie inside its backward (odd_steps.earlier_top), where others plainly train;
+        # a seed's pass keeps its top (infer/seed.py placed it)
+        if move_tops and plain and not has_backward(la, lf, f0, top, min_saved) \
+                and not _update_going_on(labels, w, f0, nxt):
+            top = earlier_top(la, lf, w.allocs, f0, top, min_saved)
+            if moved is not None:
+                moved.append(top)
         # a seed is a backward's own mark, however few activations it frees (a tiny model's, retain_graph's)
         saves = top + 1 in seeds or has_backward(la, lf, f0, top, min_saved)
         if not (trains and saves and (seeded or makes_gradients(trace, w.allocs, w.params, top, b1))):
-            _label_forward_only(labels, w, f0, b1, nxt, trains)
-            if plain and rollout(b1, nxt, f0, b1):  # a decoding step, then more of the rollout
-                labels[b1 + 1:nxt][labels[b1 + 1:nxt] == P["forward"]] = P["other"]
+            _label_refused(labels, w, f0, b1, nxt, trains, plain)
             continue
         if inputs.only(labels, f0, top, b1):
             continue  # a backward for the inputs only, no step's (infer/other_work.py): left 'other'
         lengths.append(b1 - f0)
-        labels[f0:top + 1] = P["forward"]
-        labels[top + 1:b1 + 1] = P["backward"]
-        span = seeded_loss(trace, w.free_of, f0, top, seeds, w.allocs)
-        if span and span[1] <= b1:
-            labels[span[0]:span[1]] = P["loss"]
-            labels[span[1]:b1 + 1] = P["backward"]
+        _label_training_pass(labels, w, f0, top, b1, seeds)
         _label_after_backward(labels, w, top, b1, nxt, b1 - f0)
     _label_before_first(labels, w, [f0 for f0, _, _ in mts])
     return labels, starts, lengths, [top for _, top, _ in mts]
+
+
+def _new_step(w: _Work, la: np.ndarray, lf: np.ndarray, period_events: float | None, start: int, prev_end: int,
+              mt: tuple[int, int, int], min_saved: int) -> bool:
+    """Whether the pass ``mt`` begins a step (the current one began at ``start``; the previous pass
+    ended at ``prev_end``). Passes closer together than a step are micro-batches of one step
+    (accumulation), unless an optimizer's bursts come between them (a step made longer by an evaluation
+    loop); a training pass adding to gradients its step made is one however far (odd_steps.accumulates)."""
+    f0, top, b1 = mt
+    if not (period_events is None or f0 - start >= MICROBATCH_SHARE * period_events
+            or w.burst[prev_end + 1:f0].sum() >= BURST):
+        return False
+    return not (accumulates(w.trace, w.allocs, w.params, w.free_of, start, f0, top, b1)
+                and has_backward(la, lf, f0, top, min_saved) and makes_gradients(w.trace, w.allocs, w.params, top, b1))
 
 
 def _label_before_first(labels: np.ndarray, w: _Work, firsts: list[int]) -> None:
@@ -270,6 +288,25 @@ def _updates_after(w: _Work, la: np.ndarray, lf: np.ndarray, f0: int, top: int, 
     return len(temps) >= BURST and covers_an_update(w.params, w.trace.size[temps])
 
 
+def _label_refused(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int, trains: bool, plain: bool) -> None:
+    """A pass refused as a training pass: a forward, and where others plainly train and long work
+    follows it, a decoding step of a rollout whose rest is left 'other' (infer/other_work.rollout)."""
+    _label_forward_only(labels, w, f0, b1, nxt, trains)
+    if plain and rollout(b1, nxt, f0, b1):
+        labels[b1 + 1:nxt][labels[b1 + 1:nxt] == P["forward"]] = P["other"]
+
+
+def _label_training_pass(labels: np.ndarray, w: _Work, f0: int, top: int, b1: int, seeds) -> None:
+    """Forward up to the top, backward after it; the loss between where the backward's seed shows it
+    (infer/seed.seeded_loss)."""
+    labels[f0:top + 1] = P["forward"]
+    labels[top + 1:b1 + 1] = P["backward"]
+    span = seeded_loss(w.trace, w.free_of, f0, top, seeds, w.allocs)
+    if span and span[1] <= b1:
+        labels[span[0]:span[1]] = P["loss"]
+        labels[span[1]:b1 + 1] = P["backward"]
+
+
 def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int, trains: bool = True) -> None:
     """A pass with no backward, so no optimizer either (inference) -- unless what follows makes
     parameter-sized temporaries and frees them in bursts, as a foreach optimizer does after a
@@ -316,6 +353,12 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
         labels[end + 1:nxt] = P["forward"]
 
 
+def _update_going_on(labels: np.ndarray, w: _Work, f0: int, nxt: int) -> bool:
+    """Whether a pass starting at ``f0`` is the optimizer going on (``_update_goes_on``): no pass, so
+    its top is not moved (h5_vae_handadam's state replaced out of place)."""
+    return bool(f0 and labels[f0 - 1] == P["optimizer"] and _update_goes_on(w, f0 - 1, nxt) >= f0)
+
+
 def _update_goes_on(w: _Work, end: int, nxt: int) -> int:
     """Where the optimizer ended (at ``end``) but goes on allocating parameter-sized blocks only (at
     least MIN_UPDATE_BLOCKS of them before any other size), the last event of that run; else ``end``.
@@ -360,5 +403,8 @@ def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> 
     freed_in_burst[lf[w.burst[lf]]] = True
     if freed_in_burst[:first].sum() < BURST or unwound(w.params, w.trace.size[:first][freed_in_burst[:first]]):
         return False
-    labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
+    end = int(np.flatnonzero(freed_in_burst[:first])[-1])
+    if len(w.params) >= MIN_PARAM_SIZES and not update_sized(w.trace.size[w.allocs_in(-1, end + 1)], w.params):
+        return False  # no optimizer's blocks (odd_steps.update_sized)
+    labels[:end + 1] = P["optimizer"]
     return True

@@ -8,6 +8,7 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import burst_freed
 from .gradients import parameter_sizes
+from .odd_steps import held_start
 
 K = 8  # allocation sizes in a k-gram
 # An activation lives less than this share of a step (checkpointed block inputs live through the
@@ -185,17 +186,19 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     bounds = [-1] + [top for _, top, _ in mts] + [n]
     # allocations are in event order: those made between two tops are one slice
     cut = np.searchsorted(a, bounds, "right")
-    starts, crossing = [], []
+    starts, crossing, made = [], [], []
     for k in range(1, len(bounds) - 1):
         fk = f[cut[k - 1]:cut[k]]
         c = (fk > bounds[k]) & (fk < bounds[k + 1])
         crossing.append(fk[c])
-        starts.append(forward_start(a[cut[k - 1]:cut[k]][c], bounds[k]) if c.any() else bounds[k])
+        made.append(a[cut[k - 1]:cut[k]][c])
+        starts.append(forward_start(made[-1], bounds[k]) if c.any() else bounds[k])
     out = []
     for k, fc in enumerate(crossing):
         top = bounds[k + 1]
         nxt = starts[k + 1] if k + 1 < len(starts) else n
-        out.append((starts[k], top, backward_end(np.sort(fc[fc < nxt]), top, act_a, act_f, act_p)))
+        b1 = backward_end(np.sort(fc[fc < nxt]), top, act_a, act_f, act_p)
+        out.append((held_start(made[k], fc, starts[k], top, b1, MIN_SAVED), top, b1))
     return out
 
 
