@@ -235,6 +235,8 @@ def picture_writer(report, path, **options):
         return page_writer(report, fig, **options)
 
     def write(tmp):
+        if fmt == "png":
+            return _pixels.write_png(fig, tmp)
         # savefig's own dpi default comes from rcParams; pin it so the pixel size is the one asked for.
         fig.savefig(tmp, format=fmt, dpi=fig.dpi, facecolor="white")
 
