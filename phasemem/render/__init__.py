@@ -18,7 +18,6 @@ outlines while the bands weigh at most ``VECTOR_BANDS_CAP`` vertices.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +43,7 @@ from .colours import COLOR_MODES, STACK_PALETTE, UNSURE  # noqa: F401  (public h
 from .colours import _CURVE, _RESERVED, _band_colors, _shade, _unsure
 from .labels import CALLOUT_PT, PEAK_PT, STRIP_PT
 from .live import plot_live
+from .pattern_table import PatternTable
 
 _FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".html": "html"}
 
@@ -113,7 +113,7 @@ class _Scene:
     st: object  # bands.Stack
     fills: list
     groups: list  # legend groups: bands, then phases and marks
-    patterns: list
+    patterns: PatternTable
     ticks: list
     top: int
     unit_div: float
@@ -133,7 +133,7 @@ def _scene(report, lay, X, a, b, shown, max_bands: int, color: str) -> _Scene:
     top = int(max(cols.level.max(), cols.reserved.max() if show_reserved else 0, 1))
     unit_div, unit = axis_unit(top)
     fills, band_handles = _band_colors(report, st, color, codes, CATEGORIES)
-    patterns = [p for p in report.patterns if a <= p.peak_event < b]
+    patterns = PatternTable.of(report.patterns).between(a, b)
     ticks = _silent_phases(report, shown, a, b)
     groups = [band_handles, _phase_and_mark_handles(report, shown, a, b, ticks, patterns, show_reserved)]
     return _Scene(X, a, b, shown, cols, st, fills, groups, patterns, ticks, top, unit_div, unit, show_reserved)
@@ -193,17 +193,14 @@ def _phase_and_mark_handles(report, shown, a, b, ticks, patterns, show_reserved)
     present = [p for p in PHASE_COLORS
                if any(p in s.phases and s.phases[p].n_events for s in shown) or any(t[1] == p for t in ticks)]
     other_shown = bool(((report.label_codes[a:b] == 0) if b > a else np.zeros(0, bool)).any())
-    # Counted once: a 6M-event trace carries ~80k patterns, and kinds.count per kind was quadratic.
-    counts = Counter(p.kind for p in patterns)
-    repeated = [k for k in counts if counts[k] > 1]  # in order of first appearance
-    return _mark_handles(present, report, show_reserved, other_shown, repeated)
+    return _mark_handles(present, report, show_reserved, other_shown, patterns.repeated_kinds())
 
 
 def _headroom_px(lay, strip_px, patterns) -> float:
     """Room between the highest value and the strip for the overall peak's label, and for two rows
     of callouts when there are patterns to call out."""
     room = strip_px + lay.text_size("peak 0.00 GiB", PEAK_PT + 1, "bold")[1] + lay.px(3) + 10
-    if patterns:
+    if len(patterns):
         room += 2 * (lay.text_size("logits 0.00 GiB", CALLOUT_PT)[1] + 8)
     return room
 

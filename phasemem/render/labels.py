@@ -222,27 +222,21 @@ class Callouts:
 
 def callouts(ax, lay: Layout, view: View, curve: Curve, placed: Boxes, patterns, X, level, unit_div,
              ceiling_px: float, dense: bool) -> Callouts:
-    """Every pattern as a callout: one occurrence per kind named in full (``"<kind> <size>"``, an
-    arrow to its peak at the height memory reaches there), the others marked with the kind's marker.
+    """Every pattern (``patterns``, a ``PatternTable``) as a callout: one occurrence per kind named in
+    full (``"<kind> <size>"``, an arrow to its peak at the height memory reaches there), the others
+    marked with the kind's marker.
 
     The occurrence named is the largest one that finds room, tried largest first; the callout goes
     above the memory drawn where it can, else anywhere clear of other text, else nowhere (its peak
     keeps its marker). With ``dense`` (steps only a few pixels wide) only the named ones are marked.
 
     Example:
-        >>> done = callouts(ax, lay, view, curve, placed, report.patterns, X, tl.level, 2**30, ceiling, False)
+        >>> table = PatternTable.of(report.patterns)
+        >>> done = callouts(ax, lay, view, curve, placed, table, X, tl.level, 2**30, ceiling, False)
         >>> [p.kind for p in done.full], done.marked
     """
-    # Read once into arrays: a 10M-event trace has 130k patterns, and per-pattern sorts and lambdas
-    # were a third of a second.
-    patterns = list(patterns)
-    kinds = [p.kind for p in patterns]
-    size = np.fromiter((p.bytes for p in patterns), np.float64, len(patterns))
-    peak = np.fromiter((p.peak_event for p in patterns), np.int64, len(patterns))
-    by_kind: dict[str, list] = {}
-    for i, k in enumerate(kinds):
-        by_kind.setdefault(k, []).append(i)
-    by_kind = {k: np.array(v, dtype=np.int64) for k, v in by_kind.items()}
+    size, peak = patterns.size, patterns.peak
+    by_kind = patterns.by_kind()
     # Larger kinds first: they get the best spots.
     order = sorted(by_kind, key=lambda k: -size[by_kind[k]].max())
     full, named = [], set()
@@ -250,8 +244,8 @@ def callouts(ax, lay: Layout, view: View, curve: Curve, placed: Boxes, patterns,
         idx = by_kind[kind]
         # The 8 largest, ties by peak event then pattern order (lexsort is stable): sorted()[:8] as before.
         for i in idx[np.lexsort((peak[idx], -size[idx]))[:8]].tolist():
-            if _place_callout(ax, lay, view, curve, placed, patterns[i], X, level, unit_div, ceiling_px):
-                full.append(patterns[i])
+            if _place_callout(ax, lay, view, curve, placed, patterns.pattern(i), X, level, unit_div, ceiling_px):
+                full.append(patterns.pattern(i))
                 named.add(i)
                 break
     marked = skipped = 0
