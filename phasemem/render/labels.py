@@ -13,14 +13,8 @@ from matplotlib import transforms
 from matplotlib.font_manager import FontProperties
 
 from ..units import format_bytes
-
-try:
-    # matplotlib's own cache of text sizes, per renderer: a text measured here to place it is not laid
-    # out again when it is drawn (the title, callouts, legend entries: ~60 of a picture's ~100).
-    from matplotlib.text import _get_text_metrics_with_cache as _metrics
-except ImportError:  # private to matplotlib: where it is gone, measure without it
-    def _metrics(renderer, s, font, ismath, dpi):
-        return renderer.get_text_width_height_descent(s, font, ismath=ismath)
+from .textcache import metrics as _metrics
+from .textcache import share_font_heights
 
 # Font sizes in points; pixel sizes follow from the dpi.
 TITLE_PT, STEP_PT, STRIP_PT, PEAK_PT, TICK_PT, LABEL_PT, LEGEND_PT, CALLOUT_PT = 11.5, 8.5, 7.5, 7.5, 8.5, 9.5, 8.5, 8.0
@@ -52,6 +46,7 @@ class Layout:
     def __init__(self, canvas, width, height, dpi):
         self.width, self.height, self.dpi = width, height, dpi
         self.renderer = canvas.get_renderer()
+        share_font_heights(self.renderer)
         self._fonts: dict = {}
         self._sizes: dict = {}
 
