@@ -190,8 +190,9 @@ def _check_options(report, size, dpi, by, color, max_bands) -> tuple[int, int]:
 def _phase_and_mark_handles(report, shown, a, b, ticks, patterns, show_reserved) -> list:
     """The second legend: the phases drawn, 'other' where it shows, the lines and marks, and the kinds
     that later steps carry only as markers."""
-    present = [p for p in PHASE_COLORS
-               if any(p in s.phases and s.phases[p].n_events for s in shown) or any(t[1] == p for t in ticks)]
+    # One pass over the steps' phases: a phase no step has (zero_grad, loss) walked all 21,787 steps at 10M.
+    made = {name for s in shown for name, ph in s.phases.items() if ph.n_events}
+    present = [p for p in PHASE_COLORS if p in made or any(t[1] == p for t in ticks)]
     other_shown = bool(((report.label_codes[a:b] == 0) if b > a else np.zeros(0, bool)).any())
     return _mark_handles(present, report, show_reserved, other_shown, patterns.repeated_kinds())
 
@@ -250,7 +251,6 @@ def visible_range(report, steps=None, events=None):
         [1, 2]
     """
     n = report.n_events
-    have = [st.number for st in report.steps]
     if steps is not None and events is not None:
         raise StepsError("give steps or events, not both")
     if events is not None:
@@ -273,6 +273,7 @@ def visible_range(report, steps=None, events=None):
         shown = [st for st in report.steps if st.number in wanted]
         asked = ",".join(map(str, sorted(wanted)))
     if not shown:
+        have = [report.steps[0].number, report.steps[-1].number] if report.steps else []
         raise StepsError(f"steps={asked}: this report has steps {have[0]}..{have[-1]}" if have
                          else f"steps={asked}: this report has no steps")
     a, b = min(st.start_event for st in shown), max(st.end_event for st in shown) + 1
