@@ -134,8 +134,8 @@ def _scene(report, lay, X, a, b, shown, max_bands: int, color: str) -> _Scene:
     unit_div, unit = axis_unit(top)
     fills, band_handles = _band_colors(report, st, color, codes, CATEGORIES)
     patterns = PatternTable.of(report.patterns).between(a, b)
-    ticks = _silent_phases(report, shown, a, b)
-    groups = [band_handles, _phase_and_mark_handles(report, shown, a, b, ticks, patterns, show_reserved)]
+    ticks, made = _phases_seen(shown, a, b)
+    groups = [band_handles, _phase_and_mark_handles(report, a, b, ticks, made, patterns, show_reserved)]
     return _Scene(X, a, b, shown, cols, st, fills, groups, patterns, ticks, top, unit_div, unit, show_reserved)
 
 
@@ -187,11 +187,9 @@ def _check_options(report, size, dpi, by, color, max_bands) -> tuple[int, int]:
     return width, height
 
 
-def _phase_and_mark_handles(report, shown, a, b, ticks, patterns, show_reserved) -> list:
+def _phase_and_mark_handles(report, a, b, ticks, made, patterns, show_reserved) -> list:
     """The second legend: the phases drawn, 'other' where it shows, the lines and marks, and the kinds
     that later steps carry only as markers."""
-    # One pass over the steps' phases: a phase no step has (zero_grad, loss) walked all 21,787 steps at 10M.
-    made = {name for s in shown for name, ph in s.phases.items() if ph.n_events}
     present = [p for p in PHASE_COLORS if p in made or any(t[1] == p for t in ticks)]
     other_shown = bool(((report.label_codes[a:b] == 0) if b > a else np.zeros(0, bool)).any())
     return _mark_handles(present, report, show_reserved, other_shown, patterns.repeated_kinds())
@@ -295,15 +293,18 @@ def _runs(label_codes, step_of, a, b) -> _Runs:
     return _Runs(first + a, last + a, code)
 
 
-def _silent_phases(report, shown, a, b) -> list[tuple[float, str]]:
+def _phases_seen(shown, a, b) -> tuple[list[tuple[float, str]], set[str]]:
     """(event position, phase) of every phase that ran without making an event (fused AdamW after
-    step 0): they have no run to shade, so they get a tick."""
-    out = []
+    step 0: they have no run to shade, so they get a tick), and the phases that made events. One pass
+    over the steps' phases (130,000 at 10M events), where the legend walked every step per phase."""
+    ticks, made = [], set()
     for st in shown:
         for name, ph in st.phases.items():
-            if name in PHASE_COLORS and ph.n_events == 0 and ph.at_event is not None and a <= ph.at_event <= b:
-                out.append((float(ph.at_event), name))
-    return out
+            if ph.n_events:
+                made.add(name)
+            elif name in PHASE_COLORS and ph.at_event is not None and a <= ph.at_event <= b:
+                ticks.append((float(ph.at_event), name))
+    return ticks, made
 
 
 def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1, drawing="raster"):

@@ -2,7 +2,11 @@
 scene's filter, the legend's count and the callouts each read every pattern object (0.4 s at 10M)."""
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
+
+_KIND, _BYTES, _PEAK = attrgetter("kind"), attrgetter("bytes"), attrgetter("peak_event")
 
 class PatternTable:
     """Patterns in report order: ``kind`` codes into ``kinds`` (first appearance first), ``size`` (bytes)
@@ -22,11 +26,12 @@ class PatternTable:
     def of(cls, patterns) -> "PatternTable":
         objects = list(patterns)
         n = len(objects)
-        # One comprehension per field: a zip over attrgetter rows was 10 times slower at 130k patterns.
-        seen: dict[str, int] = {}
-        code = np.fromiter((seen.setdefault(p.kind, len(seen)) for p in objects), np.int64, n)
-        size = np.fromiter((p.bytes for p in objects), np.float64, n)
-        peak = np.fromiter((p.peak_event for p in objects), np.int64, n)
+        # One pass per field (a zip over attrgetter rows was 10 times slower at 130k patterns).
+        kind = list(map(_KIND, objects))
+        seen = {k: i for i, k in enumerate(dict.fromkeys(kind))}
+        code = np.fromiter(map(seen.__getitem__, kind), np.int64, n)
+        size = np.fromiter(map(_BYTES, objects), np.float64, n)
+        peak = np.fromiter(map(_PEAK, objects), np.int64, n)
         return cls(objects, np.arange(n), list(seen), code, size, peak)
 
     def __len__(self) -> int:
