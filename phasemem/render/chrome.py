@@ -110,17 +110,20 @@ def _x_at(X, e: float) -> float:
 
 def _step_marks(ax, lay, view, X, shown, a, b, step_px):
     """Vertical lines between steps and the step numbers above the axes."""
-    bounds = sorted({st.start_event for st in shown if st.start_event > a} | {st.end_event + 1 for st in shown})
     # A line every few pixels is a grey wall that hides the bands; the strip still shows the steps' rhythm.
-    xs = [X[e] for e in bounds if a < e < b] if len(step_px) and step_px.mean() >= _MIN_STEP_LINE_PX else []
-    if xs:
-        ax.vlines(xs, 0, 1, transform=ax.get_xaxis_transform(), colors="#222222", lw=0.8, alpha=0.6, zorder=4)
+    if len(step_px) and step_px.mean() >= _MIN_STEP_LINE_PX:
+        bounds = sorted({st.start_event for st in shown if st.start_event > a} | {st.end_event + 1 for st in shown})
+        xs = [X[e] for e in bounds if a < e < b]
+        if xs:
+            ax.vlines(xs, 0, 1, transform=ax.get_xaxis_transform(), colors="#222222", lw=0.8, alpha=0.6, zorder=4)
     placed = _labels.Boxes()
-    # Only steps wide enough for their shorter label's first bound in labels.Layout.fits are tried:
-    # 21,787 steps on 1,500 pixels were measured one by one.
-    chars = np.array([len(str(st.number)) + (not st.complete) for st in shown], dtype=np.float64)
-    wide = np.flatnonzero(step_px >= chars * lay.px(STEP_PT) * 0.3 + 4) if len(step_px) else []
-    for st in (shown[i] for i in wide):
+    # Only steps wide enough for their shorter label's first bound in labels.Layout.fits are tried
+    # (21,787 steps on 1,500 pixels were measured one by one), and only those wide enough for one
+    # character are asked how many they need.
+    one = np.flatnonzero(step_px >= lay.px(STEP_PT) * 0.3 + 4)
+    chars = np.array([len(str(shown[i].number)) + (not shown[i].complete) for i in one.tolist()], dtype=np.float64)
+    wide = one[step_px[one] >= chars * lay.px(STEP_PT) * 0.3 + 4]
+    for st in (shown[i] for i in wide.tolist()):
         x0, x1 = X[max(st.start_event, a)], X[min(st.end_event + 1, b)]
         cx = float(view.x_px((x0 + x1) / 2))
         span = float(view.x_px(x1) - view.x_px(x0))
@@ -139,8 +142,8 @@ def _step_marks(ax, lay, view, X, shown, a, b, step_px):
 
 def _step_px(view, X, shown, a, b) -> np.ndarray:
     """How many pixels wide each shown step is drawn."""
-    first = np.array([max(st.start_event, a) for st in shown], dtype=np.int64)
-    stop = np.array([min(st.end_event + 1, b) for st in shown], dtype=np.int64)
+    first = np.maximum(np.fromiter((st.start_event for st in shown), np.int64, len(shown)), a)
+    stop = np.minimum(np.fromiter((st.end_event for st in shown), np.int64, len(shown)) + 1, b)
     return view.x_px(X[stop]) - view.x_px(X[first]) if len(shown) else np.zeros(0)
 
 

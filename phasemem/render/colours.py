@@ -2,6 +2,8 @@
 apart, and each band's colour by category, call site or phase, with the legend entries saying so."""
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 from matplotlib import colors as mcolors
 from matplotlib.patches import Patch
@@ -104,9 +106,19 @@ def _band_colors(report, st, mode, codes, categories):
     return (fills, base, folded), handles
 
 
-def _stack_hash(sid: np.ndarray) -> np.ndarray:
-    # Knuth's multiplicative hash: neighbouring stack ids (sites met one after the other) land far apart.
-    return ((sid.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(2**32) >> np.uint64(11)) % len(STACK_PALETTE)
+def _stack_texts(trace, sids) -> list[str]:
+    """Each stack as the text of its frames (file, line, function), innermost first: what a stack is
+    whichever reader numbered it."""
+    return ["\n".join(f"{fn}:{line}:{name}" for fn, line, name in (trace.frames[f] for f in trace.stacks[s]))
+            for s in sids]
+
+
+def _stack_hash(texts) -> np.ndarray:
+    """Palette slots from a digest of the frames, not from the stack ids: ids number the stacks in the
+    order a reader meets them (the batched reader and ``pickle.load`` number one trace differently),
+    and Python's own string hash changes with every process."""
+    return np.array([int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little")
+                     % len(STACK_PALETTE) for t in texts], dtype=np.int64)
 
 
 def _stack_colors(report, st):
@@ -115,27 +127,28 @@ def _stack_colors(report, st):
     alloc = life.alloc_event[st.index]
     sid = np.where(alloc >= 0, trace.stack[np.maximum(alloc, 0)], -1).astype(np.int64)
     has = sid >= 0
-    named = []
-    if has.any():
-        # The sites holding the most bytes get named in the legend; the rest share the palette, unnamed.
-        totals = np.bincount(sid[has], weights=st.size[has].astype(np.float64))
-        top = np.argsort(-totals, kind="stable")[:6]
-        named = top[totals[top] > 0].tolist()
-    slot = _stack_hash(np.maximum(sid, 0)).astype(np.int64)
+    uniq, inverse = np.unique(sid[has], return_inverse=True)
+    texts = _stack_texts(trace, uniq.tolist())
+    slots = _stack_hash(texts)
+    # The sites holding the most bytes get named in the legend (ties by their frames, not their ids);
+    # the rest share the palette, unnamed.
+    totals = np.bincount(inverse.reshape(-1), weights=st.size[has].astype(np.float64), minlength=len(uniq))
+    named = sorted((k for k in range(len(uniq)) if totals[k] > 0), key=lambda k: (-totals[k], texts[k]))[:6]
     # Two named sites must not share a colour: a collision moves the smaller one to the next free slot.
-    taken, moved = set(), {}
-    for s in named:
-        k = int(_stack_hash(np.array([s]))[0])
-        while k in taken and len(taken) < len(STACK_PALETTE):
-            k = (k + 1) % len(STACK_PALETTE)
-        taken.add(k)
-        moved[s] = k
-    for s, k in moved.items():
-        slot[sid == s] = k
+    taken = set()
+    for k in named:
+        c = int(slots[k])
+        while c in taken and len(taken) < len(STACK_PALETTE):
+            c = (c + 1) % len(STACK_PALETTE)
+        taken.add(c)
+        slots[k] = c
+    slot = np.zeros(len(sid), np.int64)
+    slot[has] = slots[inverse.reshape(-1)]
     palette = np.array([mcolors.to_rgb(c) for c in STACK_PALETTE])
     rgb = np.where(has[:, None], palette[slot], np.array(mcolors.to_rgb(_NO_FRAMES)))
-    handles = [Patch(facecolor=STACK_PALETTE[moved[s]], edgecolor="none", label=_site(trace, s)) for s in named]
-    if has.any() and len(np.unique(sid[has])) > len(named):
+    handles = [Patch(facecolor=STACK_PALETTE[slots[k]], edgecolor="none", label=_site(trace, int(uniq[k])))
+               for k in named]
+    if len(uniq) > len(named):
         handles.append(Patch(facecolor="white", edgecolor="#8a8a8a", lw=0.6,
                              label="other call sites (colour = hash of the stack)"))
     if (~has).any():

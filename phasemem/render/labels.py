@@ -13,6 +13,8 @@ from matplotlib import transforms
 from matplotlib.font_manager import FontProperties
 
 from ..units import format_bytes
+from .textcache import metrics as _metrics
+from .textcache import share_font_heights
 
 # Font sizes in points; pixel sizes follow from the dpi.
 TITLE_PT, STEP_PT, STRIP_PT, PEAK_PT, TICK_PT, LABEL_PT, LEGEND_PT, CALLOUT_PT = 11.5, 8.5, 7.5, 7.5, 8.5, 9.5, 8.5, 8.0
@@ -44,6 +46,7 @@ class Layout:
     def __init__(self, canvas, width, height, dpi):
         self.width, self.height, self.dpi = width, height, dpi
         self.renderer = canvas.get_renderer()
+        share_font_heights(self.renderer)
         self._fonts: dict = {}
         self._sizes: dict = {}
 
@@ -58,7 +61,7 @@ class Layout:
             font = self._fonts.get((pt, weight))
             if font is None:
                 font = self._fonts[(pt, weight)] = FontProperties(size=pt, weight=weight)
-            w, h, _ = self.renderer.get_text_width_height_descent(s, font, ismath=False)
+            w, h, _ = _metrics(self.renderer, s, font, False, self.dpi)
             size = self._sizes[key] = (w, h)
         return size
 
@@ -214,27 +217,21 @@ class Callouts:
 
 def callouts(ax, lay: Layout, view: View, curve: Curve, placed: Boxes, patterns, X, level, unit_div,
              ceiling_px: float, dense: bool) -> Callouts:
-    """Every pattern as a callout: one occurrence per kind named in full (``"<kind> <size>"``, an
-    arrow to its peak at the height memory reaches there), the others marked with the kind's marker.
+    """Every pattern (``patterns``, a ``PatternTable``) as a callout: one occurrence per kind named in
+    full (``"<kind> <size>"``, an arrow to its peak at the height memory reaches there), the others
+    marked with the kind's marker.
 
     The occurrence named is the largest one that finds room, tried largest first; the callout goes
     above the memory drawn where it can, else anywhere clear of other text, else nowhere (its peak
     keeps its marker). With ``dense`` (steps only a few pixels wide) only the named ones are marked.
 
     Example:
-        >>> done = callouts(ax, lay, view, curve, placed, report.patterns, X, tl.level, 2**30, ceiling, False)
+        >>> table = PatternTable.of(report.patterns)
+        >>> done = callouts(ax, lay, view, curve, placed, table, X, tl.level, 2**30, ceiling, False)
         >>> [p.kind for p in done.full], done.marked
     """
-    # Read once into arrays: a 10M-event trace has 130k patterns, and per-pattern sorts and lambdas
-    # were a third of a second.
-    patterns = list(patterns)
-    kinds = [p.kind for p in patterns]
-    size = np.fromiter((p.bytes for p in patterns), np.float64, len(patterns))
-    peak = np.fromiter((p.peak_event for p in patterns), np.int64, len(patterns))
-    by_kind: dict[str, list] = {}
-    for i, k in enumerate(kinds):
-        by_kind.setdefault(k, []).append(i)
-    by_kind = {k: np.array(v, dtype=np.int64) for k, v in by_kind.items()}
+    size, peak = patterns.size, patterns.peak
+    by_kind = patterns.by_kind()
     # Larger kinds first: they get the best spots.
     order = sorted(by_kind, key=lambda k: -size[by_kind[k]].max())
     full, named = [], set()
@@ -242,8 +239,8 @@ def callouts(ax, lay: Layout, view: View, curve: Curve, placed: Boxes, patterns,
         idx = by_kind[kind]
         # The 8 largest, ties by peak event then pattern order (lexsort is stable): sorted()[:8] as before.
         for i in idx[np.lexsort((peak[idx], -size[idx]))[:8]].tolist():
-            if _place_callout(ax, lay, view, curve, placed, patterns[i], X, level, unit_div, ceiling_px):
-                full.append(patterns[i])
+            if _place_callout(ax, lay, view, curve, placed, patterns.pattern(i), X, level, unit_div, ceiling_px):
+                full.append(patterns.pattern(i))
                 named.add(i)
                 break
     marked = skipped = 0

@@ -3,8 +3,15 @@ phase shading, where thousands of polygons would cost matplotlib a path each. Ea
 whole pixels the axes touch and is copied onto a canvas of the size it was made for as it is."""
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.image import AxesImage
+from PIL import Image
+
+#: zlib's level for the PNG: 3 encodes a 1600×900 picture (a 1M-event trace's, or gpt_adamw_foreach's)
+#: in ~27 ms against ~38 ms at Pillow's default 6, for files ~4 % larger (144 against 139 KB).
+PNG_COMPRESS_LEVEL = 3
 
 
 def grid(view) -> tuple[int, int, int, int]:
@@ -72,3 +79,27 @@ def spans(view, x0, x1, rgb, alpha: float, y0: float, y1: float):
     out = np.zeros((k1 - k0, i1 - i0, 4), np.uint8)
     out[row_in] = line
     return out, i0, k0
+
+
+def write_png(fig, path) -> None:
+    """The figure drawn on its Agg canvas and written as a PNG by Pillow straight from the canvas'
+    buffer: ``savefig`` draws the same pixels, then writes them as RGBA through ``imsave``; an opaque
+    picture (every one drawn here: the figure is white) is written as RGB, a quarter fewer bytes to
+    compress, the same pixels."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    buf = canvas.buffer_rgba()
+    h, w = buf.shape[:2]
+    img = Image.frombuffer("RGBA", (w, h), buf, "raw", "RGBA", 0, 1)
+    if int(np.asarray(buf)[..., 3].min()) == 255:
+        img = img.convert("RGB")
+    img.save(path, format="png", compress_level=PNG_COMPRESS_LEVEL, dpi=(fig.dpi, fig.dpi),
+             pnginfo=_png_info())
+
+
+def _png_info():
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("Software", f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/")
+    return info
