@@ -18,8 +18,8 @@ from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
-from .other_work import InputGradients
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
+from .updates import update_read_as_pass
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -153,7 +153,6 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
                            for f0, top, b1 in mts)
     min_saved = MIN_SAVED_PEER if plain else MIN_SAVED
     prev_end = -1
-    inputs = InputGradients(trace, w.allocs, w.params, w.free_of, mts)
     for (f0, top, b1), nxt in zip(mts, nexts):
         # Passes closer together than a step are micro-batches of one step (accumulation), unless
         # an optimizer's bursts come between them (a step made longer by an evaluation loop).
@@ -164,10 +163,12 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             b1 = _backward_goes_on(w, top, b1, nxt)
         prev_end = b1
         if not (trains and has_backward(la, lf, f0, top, min_saved) and makes_gradients(trace, w.allocs, w.params, top, b1)):
+            if update_read_as_pass(trace, w.allocs, w.params, labels, f0, b1):  # no step of its own
+                labels[f0:nxt] = P["optimizer"]
+                starts = starts[:-1] if starts[-1] == f0 else starts
+                continue
             _label_forward_only(labels, w, f0, b1, nxt)
             continue
-        if inputs.only(labels, f0, top, b1):
-            continue  # a backward for the inputs only, no step's (infer/other_work.py): left 'other'
         lengths.append(b1 - f0)
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
