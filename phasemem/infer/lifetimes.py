@@ -15,6 +15,7 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
+from .hooked import hooked_updates
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
@@ -25,7 +26,9 @@ from .updates import update_read_as_pass
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
     """Phase codes per event and step starts (event indices) from lifetimes alone."""
     labels, starts, anchored, _ = _read(trace, tl)
-    return anchored[:2] if anchored is not None else (labels, starts)
+    labels, starts = anchored[:2] if anchored is not None else (labels, starts)
+    hooked_updates(trace, tl, labels)
+    return labels, starts
 
 
 def anchored_over_passes(trace: Trace, tl: Timeline) -> bool:
