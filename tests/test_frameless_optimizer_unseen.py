@@ -35,3 +35,24 @@ def test_an_optimizer_in_backward_hooks_is_found_inside_backward():
     assert _share(truth, seg.labels, "optimizer") > 0.95
     assert _share(truth, seg.labels, "zero_grad") > 0.95
     assert _share(truth, seg.labels, "backward") > 0.95
+
+
+def test_fsdp2_passes_are_anchored_by_the_loss():
+    """FSDP2 frees what each block saved in bursts, with its gathered parameters, and makes its
+    gradients as a few flat blocks: no pass rose and fell, and the trace read as CUDA-graphed, the
+    whole backward as optimizer (0.01 of the events right). Cross-entropy's fingerprint starts each
+    backward, and its seed's free ends it (infer/sharded.py)."""
+    truth, steps, _, seg = _read("fsdp2/fsdp2_plain")
+    assert len(seg.steps) == steps == 3
+    for phase in ("forward", "backward"):
+        assert _share(truth, seg.labels, phase) > 0.95, phase
+
+
+def test_fsdp2_with_a_foreach_optimizer_places_its_backward():
+    """heldout4's FSDP2 GPT read as forward-only passes with AdamW's bursts after them: the backward
+    was forward (0.40 of the events right, doubted). The loss anchors it (infer/sharded.py)."""
+    truth, steps, _, seg = _read("heldout4/heldout4_gpt_fsdp2_bf16")
+    assert len(seg.steps) == steps == 3
+    assert _share(truth, seg.labels, "backward") > 0.95
+    assert _share(truth, seg.labels, "optimizer") > 0.95
+    assert not seg.doubts

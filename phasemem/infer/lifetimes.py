@@ -16,6 +16,7 @@ from ..trace import A, Trace
 from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .hooked import hooked_updates
+from .sharded import sharded_passes
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
@@ -27,6 +28,11 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
     """Phase codes per event and step starts (event indices) from lifetimes alone."""
     labels, starts, anchored, _ = _read(trace, tl)
     labels, starts = anchored[:2] if anchored is not None else (labels, starts)
+    # Where no pass read frees what a forward saved, the loss may still anchor them (FSDP: infer/sharded.py)
+    if _saved_explained(trace, tl, labels) < MIN_SAVED:
+        sharded = sharded_passes(trace, tl)
+        if sharded is not None and _saved_explained(trace, tl, sharded[0]) >= MIN_SAVED:
+            labels, starts = sharded
     hooked_updates(trace, tl, labels)
     return labels, starts
 
