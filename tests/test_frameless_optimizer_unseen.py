@@ -56,3 +56,13 @@ def test_fsdp2_with_a_foreach_optimizer_places_its_backward():
     assert _share(truth, seg.labels, "backward") > 0.95
     assert _share(truth, seg.labels, "optimizer") > 0.95
     assert not seg.doubts
+
+
+def test_a_linear_probe_is_anchored_by_its_loss_and_gradients():
+    """A linear probe's frozen backbone runs without grad and its head saves two blocks: no pass, one
+    step read, all of it forward. Its loss and the head's gradients anchor each backward, and what the
+    backbone allocates before the head's first saved block is its forward (infer/sharded.py)."""
+    truth, steps, _, seg = _read("heldout10/h10_linear_probe")
+    assert len(seg.steps) == steps == 3
+    for phase in ("forward", "backward", "optimizer"):
+        assert _share(truth, seg.labels, phase) > 0.9, phase

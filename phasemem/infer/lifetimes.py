@@ -31,7 +31,7 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
     # Where no pass read frees what a forward saved, the loss may still anchor them (FSDP: infer/sharded.py)
     if _saved_explained(trace, tl, labels) < MIN_SAVED:
         sharded = sharded_passes(trace, tl)
-        if sharded is not None and _saved_explained(trace, tl, sharded[0]) >= MIN_SAVED:
+        if sharded is not None:
             labels, starts = sharded
     hooked_updates(trace, tl, labels)
     return labels, starts

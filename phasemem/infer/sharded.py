@@ -15,15 +15,15 @@ import numpy as np
 from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
-from .bursts import burst_freed
-from .gradients import parameter_sizes, sized_like_an_optimizer
+from .gradients import makes_gradients, parameter_sizes, sized_like_an_optimizer
 from .loss import fingerprints
-from .passes import MIN_LIFE, MIN_SAVED, backward_end
+from .passes import MIN_SAVED
 
 
 def sharded_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | None:
     """Labels and step starts with one pass a cross-entropy fingerprint, each saving MIN_SAVED blocks
-    or more for its backward, which ends where its seed (the fingerprint's scalar) is freed: autograd
+    or more for its backward, or fewer where that backward makes gradients (a linear probe's head: 2
+    blocks), which ends where its seed (the fingerprint's scalar) is freed: autograd
     drops it when the backward is done (the marked end of every backward in fsdp2_plain,
     fsdp2_instrument, heldout4_gpt_fsdp2_bf16, gpt_foreach, llama_hf, h13_multiscale_seg). Then the
     optimizer, where what follows allocates the parameters' sizes. None where fewer than two such
@@ -33,27 +33,41 @@ def sharded_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] |
     if len(bwd_at) < 2:
         return None
     allocs, free_of = np.flatnonzero(trace.action == A["alloc"]), tl.freed_at
-    act_a, act_f, act_p = _activations(trace, tl)
+    params = parameter_sizes(tl)
     spans, prev = [], -1
     for j, (i, k) in enumerate(zip(loss_at.tolist(), bwd_at.tolist())):
         nk = int(bwd_at[j + 1]) if j + 1 < len(bwd_at) else n
+        b1 = int(free_of[k])
         made = allocs[np.searchsorted(allocs, prev, "right"):np.searchsorted(allocs, k, "left")]
-        saved = made[(free_of[made] > k) & (free_of[made] < nk)]
-        if len(saved) < MIN_SAVED:
+        saved = made[(free_of[made] > k) & (free_of[made] <= b1)]
+        if not (k < b1 < nk and len(saved)):
             return None
-        f0 = int(saved.min())
-        b1 = int(free_of[k]) if k < free_of[k] < nk else backward_end(np.sort(free_of[saved]), k - 1, act_a, act_f, act_p, k - f0)
-        spans.append((f0, i, k, b1))
+        if len(saved) < MIN_SAVED and not makes_gradients(trace, allocs, params, k, b1):
+            return None
+        spans.append((int(saved.min()), i, k, b1))
         prev = b1
     labels = np.zeros(n, np.int8)
-    params = parameter_sizes(tl)
     nexts = [s[0] for s in spans[1:]] + [n]
+    starts = []
     for (f0, i, k, b1), nxt in zip(spans, nexts):
-        labels[f0:i] = P["forward"]
+        starts.append(_forward_before(trace, allocs, params, labels, f0))
+        labels[starts[-1]:i] = P["forward"]
         labels[i:k] = P["loss"]
         labels[k:b1 + 1] = P["backward"]
         _update(trace, allocs, free_of, params, labels, b1, nxt)
-    return labels, [0] + [s[0] for s in spans[1:]]
+    return labels, [0] + starts[1:]
+
+
+def _forward_before(trace: Trace, allocs: np.ndarray, params: np.ndarray, labels: np.ndarray, f0: int) -> int:
+    """Where a forward whose first saved block is made at ``f0`` began: earlier, where MIN_SAVED blocks
+    or more, none of a parameter's size, are made after the last phase read before it (a frozen
+    backbone's no-grad forward, which saves nothing: h10_linear_probe); else ``f0``. Clipping's
+    scalars and an optimizer's blocks before a forward have the parameters' sizes (fsdp2_plain)."""
+    named = np.flatnonzero(labels[:f0] != P["other"])
+    made = allocs[np.searchsorted(allocs, named[-1] if len(named) else -1, "right"):np.searchsorted(allocs, f0, "left")]
+    sized = np.flatnonzero(np.isin(trace.size[made], params))
+    made = made[sized[-1] + 1:] if len(sized) else made
+    return int(made[0]) if len(made) >= MIN_SAVED else f0
 
 
 def _update(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, params: np.ndarray, labels: np.ndarray,
@@ -66,14 +80,3 @@ def _update(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, params: np.nd
     work = tail[np.isin(trace.size[tail], params)]
     fr = free_of[work][free_of[work] < nxt]
     labels[int(work.min()):max(int(work.max()), int(fr.max()) if len(fr) else 0) + 1] = P["optimizer"]
-
-
-def _activations(trace: Trace, tl: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Alloc and free events of the blocks that live MIN_LIFE events or more, not freed in a burst (in
-    alloc order), and which of them have a parameter's size: what ``passes.backward_end`` reads as a
-    checkpointed block's recompute."""
-    life = tl.lifetimes
-    born = life.paired
-    a, f = life.alloc_event[born], life.free_event[born]
-    act = (f - a >= MIN_LIFE) & ~burst_freed(trace)[f]
-    return a[act], f[act], np.isin(life.size[born][act], parameter_sizes(tl))
