@@ -3,6 +3,9 @@
 reading is the same snapshot with every annotation and stack frame removed, as docs/eval_frameless.py
 scores it. Every test fails with its rule taken out.
 """
+import numpy as np
+
+from phasemem.vocab import P
 from test_frameless import _read, _share
 
 
@@ -66,3 +69,21 @@ def test_a_linear_probe_is_anchored_by_its_loss_and_gradients():
     assert len(seg.steps) == steps == 3
     for phase in ("forward", "backward", "optimizer"):
         assert _share(truth, seg.labels, phase) > 0.9, phase
+
+
+def test_a_backward_ends_where_its_seed_is_freed():
+    """An embedding bag's backward goes on after the last saved activation is freed (its sparse
+    gradients), and that tail read as optimizer: 0.37 of heldout_embbag_adagrad's events. Autograd frees
+    the loss's seed when the backward is done (sharded.seed_end)."""
+    truth, _, _, seg = _read("heldout/heldout_embbag_adagrad")
+    assert _share(truth, seg.labels, "backward") > 0.95
+
+
+def test_a_loss_kept_past_zero_grad_is_no_seed():
+    """HF Trainer keeps its loss scalar past the update and zero_grad; taken for the seed, it ran the
+    last backward over AdamW (sharded.SEED_GRADS_FREED: most of the backward's gradients are freed
+    before it)."""
+    truth, _, _, seg = _read("integrations/hf_instrument")
+    last = truth == P["optimizer"]
+    last[:len(last) * 2 // 3] = False  # the last step's optimizer
+    assert np.mean(seg.labels[last] == P["optimizer"]) > 0.9

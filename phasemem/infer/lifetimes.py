@@ -16,7 +16,7 @@ from ..trace import A, Trace
 from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .hooked import hooked_updates
-from .sharded import sharded_passes
+from .sharded import seed_end, sharded_passes
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
@@ -179,9 +179,10 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None,
             _label_forward_only(labels, w, f0, b1, nxt)
             continue
         lengths.append(b1 - f0)
+        span = loss_span(trace, w.free_of, f0, top, w.allocs)
+        b1 = seed_end(trace, w.free_of, w.params, span, top, b1, nxt)
         labels[f0:top + 1] = P["forward"]
         labels[top + 1:b1 + 1] = P["backward"]
-        span = loss_span(trace, w.free_of, f0, top, w.allocs)
         if span and span[1] <= b1:
             labels[span[0]:span[1]] = P["loss"]
             labels[span[1]:b1 + 1] = P["backward"]
