@@ -87,3 +87,11 @@ def test_a_loss_kept_past_zero_grad_is_no_seed():
     last = truth == P["optimizer"]
     last[:len(last) * 2 // 3] = False  # the last step's optimizer
     assert np.mean(seg.labels[last] == P["optimizer"]) > 0.9
+
+
+def test_a_compiled_forwards_scalar_bursts_are_no_wrapped_optimizer():
+    """A compiled forward's guards free scalars in bursts before the first pass: read as the optimizer of
+    a step the recording began inside (lifetimes._wrapped_start), a step too many. An optimizer's or
+    zero_grad's burst frees have the parameters' sizes."""
+    _, steps, _, seg = _read("heldout16/h16_compiled_fused")
+    assert len(seg.steps) == steps == 3

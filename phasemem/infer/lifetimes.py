@@ -346,10 +346,12 @@ def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> 
     frees, before the first pass, of blocks the trace itself allocated (pre-existing ones freed at the
     start say nothing of a step) are its optimizer, which ends that step; labelled so. Only in a trace
     that trains: an inference loop offloading its layers frees their weights in bursts
-    (h13_layer_offload_infer: 564 events of forward read as optimizer)."""
+    (h13_layer_offload_infer: 564 events of forward read as optimizer). Nor where those blocks have too
+    few of the parameters' sizes (a compiled forward's guards free scalars in bursts: h16_compiled_fused)."""
     freed_in_burst = np.zeros(len(labels), bool)
     freed_in_burst[lf[w.burst[lf]]] = True
-    if freed_in_burst[:first].sum() < BURST:
+    head = freed_in_burst[:first]
+    if head.sum() < BURST or not covers_parameters(w.params, w.trace.size[:first][head]):
         return False
     labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
     return True
