@@ -95,3 +95,13 @@ def test_a_compiled_forwards_scalar_bursts_are_no_wrapped_optimizer():
     zero_grad's burst frees have the parameters' sizes."""
     _, steps, _, seg = _read("heldout16/h16_compiled_fused")
     assert len(seg.steps) == steps == 3
+
+
+def test_a_wrapped_steps_backward_is_not_its_optimizer():
+    """h8_mid_step_start's recording begins before a backward: everything before the first pass read as
+    that step's optimizer (lifetimes._wrapped_start). The gradients it makes, kept until a later
+    zero_grad, between its first allocation (the seed) and that block's free, are a backward
+    (updates.wrapped_backward)."""
+    truth, _, _, seg = _read("heldout8/h8_mid_step_start")
+    assert _share(truth, seg.labels, "backward") > 0.95
+    assert _share(truth, seg.labels, "optimizer") > 0.95

@@ -21,7 +21,7 @@ from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, mak
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
-from .updates import update_read_as_pass
+from .updates import update_read_as_pass, wrapped_backward
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -354,4 +354,5 @@ def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> 
     if head.sum() < BURST or not covers_parameters(w.params, w.trace.size[:first][head]):
         return False
     labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
+    wrapped_backward(w.trace, w.allocs, w.params, w.free_of, labels, first)
     return True

@@ -1,4 +1,4 @@
-"""Optimizer updates the passes' reading took for something else.
+"""Optimizer updates the passes' reading took for something else, and a backward taken for one.
 
 An optimizer's temporaries and state have the parameters' sizes (``gradients.py``); a forward's
 activations mostly do not. Where the activation mountains find a pass inside an update, its
@@ -10,7 +10,7 @@ import numpy as np
 
 from ..trace import Trace
 from ..vocab import P
-from .gradients import MIN_PARAM_SIZES
+from .gradients import MIN_PARAM_SIZES, covers_parameters
 
 #: Share of a pass's allocations with the parameters' sizes above which a forward-only pass right after
 #: a training pass's backward (no optimizer read between) is the update: 8-bit Adam dequantizes each
@@ -33,3 +33,27 @@ def update_read_as_pass(trace: Trace, allocs: np.ndarray, params: np.ndarray, la
         return False
     made = allocs[np.searchsorted(allocs, f0, "left"):np.searchsorted(allocs, b1, "right")]
     return len(made) > 0 and float(np.isin(trace.size[made], params).mean()) >= UPDATE_SHARE
+
+
+#: Gradients a wrapped step's head must make (as ``anchored.MIN_GRADS``) before its backward is read.
+MIN_HEAD_GRADS = 4
+
+
+def wrapped_backward(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
+                     labels: np.ndarray, first: int) -> None:
+    """In a trace that begins inside a step, read up to its first pass ``first`` as that step's
+    optimizer (``lifetimes._wrapped_start``), the backward that comes before the optimizer: from the
+    head's first allocation (its seed) to that block's free, where it makes MIN_HEAD_GRADS gradients or
+    more between (parameter-sized blocks that outlive the head, freed by a later zero_grad).
+    h8_mid_step_start's recording begins before a backward: 466 of its events read as optimizer."""
+    head = allocs[:np.searchsorted(allocs, first, "left")]
+    if not len(head) or len(params) < MIN_PARAM_SIZES:
+        return
+    b0 = int(head[0])
+    b1 = int(free_of[b0])
+    if not (b1 < first and labels[b1] == P["optimizer"]):
+        return
+    kept = (free_of[head] >= first) & (free_of[head] < len(trace))
+    grads = head[(head < b1) & np.isin(trace.size[head], params) & kept]
+    if len(grads) >= MIN_HEAD_GRADS and covers_parameters(params, trace.size[grads]):
+        labels[b0:b1 + 1] = P["backward"]
