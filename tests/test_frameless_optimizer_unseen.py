@@ -114,3 +114,11 @@ def test_clippings_scalars_do_not_start_the_optimizer():
     truth, _, _, seg = _read("heldout7/h7_capturable_adam")
     named = seg.labels == P["optimizer"]
     assert np.mean(truth[named] == P["optimizer"]) > 0.85
+
+
+def test_foreach_temporaries_are_an_update():
+    """RMSprop over an LSTM, after its first step, makes three parameter-sized blocks an update: too few
+    for one (lifetimes.MIN_UPDATE_BLOCKS), and three of four optimizers went unread. Its foreach
+    temporaries, freed in one burst, some parameter-sized, are one (updates.foreach_temporaries)."""
+    truth, _, _, seg = _read("heldout/heldout_lstm_rmsprop")
+    assert _share(truth, seg.labels, "optimizer") > 0.9

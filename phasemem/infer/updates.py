@@ -10,6 +10,7 @@ import numpy as np
 
 from ..trace import Trace
 from ..vocab import P
+from .bursts import BURST
 from .gradients import MIN_PARAM_SIZES, covers_parameters
 
 #: Share of a pass's allocations with the parameters' sizes above which a forward-only pass right after
@@ -57,3 +58,15 @@ def wrapped_backward(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_
     grads = head[(head < b1) & np.isin(trace.size[head], params) & kept]
     if len(grads) >= MIN_HEAD_GRADS and covers_parameters(params, trace.size[grads]):
         labels[b0:b1 + 1] = P["backward"]
+
+
+def foreach_temporaries(trace: Trace, made: np.ndarray, free_of: np.ndarray, burst: np.ndarray,
+                        params: np.ndarray) -> bool:
+    """Whether these allocations hold a foreach optimizer's temporaries: BURST or more of them freed in
+    bursts (``bursts.burst_freed``), some of a parameter's size. RMSprop's later steps over an LSTM make
+    11 so, 3 of a parameter's size (heldout_lstm_rmsprop: no update seen, too few parameter-sized
+    blocks); where a step between backward and the next forward was no update, none qualified
+    (h5_seq2seq_sgd_keep's 99 burst-freed blocks have no parameter's size)."""
+    freed = free_of[made] < len(trace)
+    temps = made[freed][burst[free_of[made][freed]]]
+    return len(temps) >= BURST and bool(np.isin(trace.size[temps], params).any())
