@@ -122,3 +122,13 @@ def test_foreach_temporaries_are_an_update():
     temporaries, freed in one burst, some parameter-sized, are one (updates.foreach_temporaries)."""
     truth, _, _, seg = _read("heldout/heldout_lstm_rmsprop")
     assert _share(truth, seg.labels, "optimizer") > 0.9
+
+
+def test_forwards_that_ran_out_of_memory_are_no_wrapped_optimizer():
+    """h13_oom_retry_halve's first forwards run out of memory and free their activations in bursts: read
+    as the optimizer of a step the recording began inside, a step too many and 1,000 events of
+    optimizer (lifetimes.WRAPPED_SHARE: few of those blocks have a parameter's size)."""
+    truth, steps, _, seg = _read("heldout13/h13_oom_retry_halve")
+    assert len(seg.steps) == steps == 3
+    named = seg.labels == P["optimizer"]
+    assert np.mean(truth[named] == P["optimizer"]) > 0.9

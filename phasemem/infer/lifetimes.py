@@ -342,17 +342,25 @@ def _backward_goes_on(w: _Work, top: int, b1: int, nxt: int) -> int:
     return end if makes_gradients(w.trace, w.allocs, w.params, top, end) else b1
 
 
+#: Share of the burst-freed blocks before the first pass that must have a parameter's size to be a wrapped
+#: step's optimizer (or zero_grad): 0.97-1.0 where the recording began inside a step (gpt_wrapped,
+#: h8_mid_step_start, truth_lbfgs); 0.16 where forwards ran out of memory first (h13_oom_retry_halve),
+#: 0 for a compiled forward's scalars (h16_compiled_fused).
+WRAPPED_SHARE = 0.5
+
+
 def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> bool:
     """Whether a training trace starts inside a step (the ring buffer wrapped): BURST or more burst
     frees, before the first pass, of blocks the trace itself allocated (pre-existing ones freed at the
     start say nothing of a step) are its optimizer, which ends that step; labelled so. Only in a trace
     that trains: an inference loop offloading its layers frees their weights in bursts
-    (h13_layer_offload_infer: 564 events of forward read as optimizer). Nor where those blocks have too
-    few of the parameters' sizes (a compiled forward's guards free scalars in bursts: h16_compiled_fused)."""
+    (h13_layer_offload_infer: 564 events of forward read as optimizer). Nor where under WRAPPED_SHARE of
+    those blocks have a parameter's size (a compiled forward's guards free scalars in bursts:
+    h16_compiled_fused; forwards that ran out of memory free their activations so: h13_oom_retry_halve)."""
     freed_in_burst = np.zeros(len(labels), bool)
     freed_in_burst[lf[w.burst[lf]]] = True
     head = freed_in_burst[:first]
-    if head.sum() < BURST or not covers_parameters(w.params, w.trace.size[:first][head]):
+    if head.sum() < BURST or np.isin(w.trace.size[:first][head], w.params).mean() < WRAPPED_SHARE:
         return False
     labels[:int(np.flatnonzero(freed_in_burst[:first])[-1]) + 1] = P["optimizer"]
     wrapped_backward(w.trace, w.allocs, w.params, w.free_of, labels, first)
