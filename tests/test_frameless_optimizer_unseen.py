@@ -132,3 +132,13 @@ def test_forwards_that_ran_out_of_memory_are_no_wrapped_optimizer():
     assert len(seg.steps) == steps == 3
     named = seg.labels == P["optimizer"]
     assert np.mean(truth[named] == P["optimizer"]) > 0.9
+
+
+def test_clippings_norms_before_the_optimizer_are_not_it():
+    """clip_grad_norm_ makes one scalar a parameter, and where a scalar is a parameter's size (HF's
+    models keep some) those norms began the optimizer: of what hf_compile_accum called optimizer,
+    0.45 was. The optimizer begins at its first larger block, or its own step scalar right before
+    (updates.optimizer_start_past_scalars)."""
+    truth, _, _, seg = _read("integrations/hf_compile_accum")
+    named = seg.labels == P["optimizer"]
+    assert np.mean(truth[named] == P["optimizer"]) > 0.9

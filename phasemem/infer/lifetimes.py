@@ -21,7 +21,7 @@ from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, mak
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
-from .updates import foreach_temporaries, update_read_as_pass, wrapped_backward
+from .updates import foreach_temporaries, optimizer_start_past_scalars, update_read_as_pass, wrapped_backward
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -298,7 +298,7 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
         return
     bursts = np.flatnonzero(w.burst[b1 + 1:nxt])
     end = b1 + 1 + int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
-    start = optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
+    start = optimizer_start_past_scalars(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
     made = w.allocs_in(start - 1, end + 1)
     if (len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS
             and not foreach_temporaries(w.trace, made, w.free_of, w.burst, w.params)):

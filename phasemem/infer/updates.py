@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import Trace
+from ..trace import A, Trace
 from ..vocab import P
 from .bursts import BURST
-from .gradients import MIN_PARAM_SIZES, covers_parameters
+from .gradients import MIN_PARAM_SIZES, covers_parameters, optimizer_start
 
 #: Share of a pass's allocations with the parameters' sizes above which a forward-only pass right after
 #: a training pass's backward (no optimizer read between) is the update: 8-bit Adam dequantizes each
@@ -20,6 +20,12 @@ from .gradients import MIN_PARAM_SIZES, covers_parameters
 #: elsewhere: gpt_wrapped 0.50 (no optimizer there either); evaluation or rollout passes elsewhere
 #: follow an optimizer, not a backward.
 UPDATE_SHARE = 0.6
+
+#: Blocks this small hold a scalar (as ``loss.TINY``). Where a parameter is one (capturable Adam keeps
+#: its steps as scalars on the device), clip_grad_norm_'s per-parameter norms have a parameter's size
+#: too, and began the optimizer (h7_capturable_adam: 0.58 of its optimizer right; hf_compile_accum).
+#: An optimizer's own scalar (Adam's step, made first) comes right before its first larger block.
+SCALAR = 512
 
 
 def update_read_as_pass(trace: Trace, allocs: np.ndarray, params: np.ndarray, labels: np.ndarray,
@@ -70,3 +76,20 @@ def foreach_temporaries(trace: Trace, made: np.ndarray, free_of: np.ndarray, bur
     freed = free_of[made] < len(trace)
     temps = made[freed][burst[free_of[made][freed]]]
     return len(temps) >= BURST and bool(np.isin(trace.size[temps], params).any())
+
+
+def optimizer_start_past_scalars(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: int, end: int,
+                                 labels: np.ndarray, free_of: np.ndarray, top: int) -> int:
+    """``gradients.optimizer_start``, moved on where it falls on a run of parameter-sized scalars (SCALAR)
+    before the first larger parameter-sized block: to that block, or the scalar right before it (an
+    optimizer's own step). One scalar before it is the optimizer's (Adam's first step makes its step,
+    then its state)."""
+    start = optimizer_start(trace, allocs, params, b1, end, labels, free_of, top)
+    if trace.size[start] > SCALAR or trace.action[start] != A["alloc"]:
+        return start
+    ours = allocs[np.searchsorted(allocs, start, "left"):np.searchsorted(allocs, end, "right")]
+    big = np.flatnonzero(np.isin(trace.size[ours], params) & (trace.size[ours] > SCALAR))
+    if not len(big) or big[0] < 2:
+        return start
+    k = int(big[0])
+    return int(ours[k - 1]) if trace.size[ours[k - 1]] <= SCALAR and trace.size[ours[k - 1]] in params else int(ours[k])
