@@ -110,7 +110,7 @@ def test_a_wrapped_steps_backward_is_not_its_optimizer():
 def test_clippings_scalars_do_not_start_the_optimizer():
     """Capturable Adam keeps its steps as scalars on the device, so a scalar is a parameter's size, and
     clip_grad_norm_'s norms, scalars too, began the optimizer the gradients anchor (anchored.py): of
-    what was called optimizer 0.58 was. Its first block of more than a scalar's size begins it."""
+    what was called optimizer 0.58 was. Its first larger block begins it (updates.past_scalars)."""
     truth, _, _, seg = _read("heldout7/h7_capturable_adam")
     named = seg.labels == P["optimizer"]
     assert np.mean(truth[named] == P["optimizer"]) > 0.85

@@ -15,7 +15,7 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
 from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, sized_like_an_optimizer
-from .updates import SCALAR
+from .updates import past_scalars
 
 #: Gradients zero_grad must free together to anchor a backward (as ``infer.ZERO_GRAD_MIN``).
 MIN_GRADS = 4
@@ -134,8 +134,8 @@ def _label_passes(trace: Trace, params: np.ndarray, allocs: np.ndarray, free_of:
             # from its first parameter-sized block: what runs between backward and it allocating other
             # sizes (clipping's norms, a loop's logging) is not known (h7_capturable_adam, h11_tbptt_lstm)
             work = tail[np.isin(trace.size[tail], params)]
-            # ... a scalar's size aside (clipping's norms, where capturable Adam keeps its steps as scalars)
-            work = work[trace.size[work] > SCALAR] if (trace.size[work] > SCALAR).any() else work
+            # ... past clipping's norms, where a parameter's size is a scalar's (updates.past_scalars)
+            work = work[past_scalars(trace, work, params):]
             fr = free_of[work][free_of[work] < nxt]
             labels[int(work.min()):max(int(work.max()), int(fr.max()) if len(fr) else 0) + 1] = P["optimizer"]
     return labels, starts

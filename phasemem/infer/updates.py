@@ -21,11 +21,11 @@ from .gradients import MIN_PARAM_SIZES, covers_parameters, optimizer_start
 #: follow an optimizer, not a backward.
 UPDATE_SHARE = 0.6
 
-#: Blocks this small hold a scalar (as ``loss.TINY``). Where a parameter is one (capturable Adam keeps
-#: its steps as scalars on the device), clip_grad_norm_'s per-parameter norms have a parameter's size
-#: too, and began the optimizer (h7_capturable_adam: 0.58 of its optimizer right; hf_compile_accum).
-#: An optimizer's own scalar (Adam's step, made first) comes right before its first larger block.
-SCALAR = 512
+#: Blocks of at most this many bytes hold a scalar (sizes are as requested: a float's 4, a double's 8;
+#: a 128-float bias is 512). Where a parameter is one (capturable Adam keeps its steps as scalars on the
+#: device), clip_grad_norm_'s per-parameter norms have a parameter's size too, and began the optimizer
+#: (h7_capturable_adam: 0.58 of its optimizer right; hf_compile_accum 0.45).
+SCALAR = 8
 
 
 def update_read_as_pass(trace: Trace, allocs: np.ndarray, params: np.ndarray, labels: np.ndarray,
@@ -85,11 +85,19 @@ def optimizer_start_past_scalars(trace: Trace, allocs: np.ndarray, params: np.nd
     optimizer's own step). One scalar before it is the optimizer's (Adam's first step makes its step,
     then its state)."""
     start = optimizer_start(trace, allocs, params, b1, end, labels, free_of, top)
-    if trace.size[start] > SCALAR or trace.action[start] != A["alloc"]:
+    if trace.action[start] != A["alloc"]:
         return start
     ours = allocs[np.searchsorted(allocs, start, "left"):np.searchsorted(allocs, end, "right")]
-    big = np.flatnonzero(np.isin(trace.size[ours], params) & (trace.size[ours] > SCALAR))
-    if not len(big) or big[0] < 2:
-        return start
+    return int(ours[past_scalars(trace, ours, params)])
+
+
+def past_scalars(trace: Trace, made: np.ndarray, params: np.ndarray) -> int:
+    """Index in ``made`` (allocations, in order) where an update begins: 0, unless two or more
+    parameter-sized scalars (SCALAR) come before the first larger parameter-sized block, then that
+    block's, or the scalar's right before it (the optimizer's own step)."""
+    sized = np.isin(trace.size[made], params)
+    big = np.flatnonzero(sized & (trace.size[made] > SCALAR))
+    if not len(made) or trace.size[made[0]] > SCALAR or not len(big) or (sized[:big[0]]).sum() < 2:
+        return 0
     k = int(big[0])
-    return int(ours[k - 1]) if trace.size[ours[k - 1]] <= SCALAR and trace.size[ours[k - 1]] in params else int(ours[k])
+    return k - 1 if sized[k - 1] and trace.size[made[k - 1]] <= SCALAR else k
