@@ -81,8 +81,8 @@ def test_a_backward_ends_where_its_seed_is_freed():
 
 def test_a_loss_kept_past_zero_grad_is_no_seed():
     """HF Trainer keeps its loss scalar past the update and zero_grad; taken for the seed, it ran the
-    last backward over AdamW (sharded.SEED_GRADS_FREED: most of the backward's gradients are freed
-    before it)."""
+    last backward over AdamW (sharded.seed_end: the backward's gradients are freed together, by
+    zero_grad, before it)."""
     truth, _, _, seg = _read("integrations/hf_instrument")
     last = truth == P["optimizer"]
     last[:len(last) * 2 // 3] = False  # the last step's optimizer

@@ -15,15 +15,11 @@ import numpy as np
 from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
-from .gradients import makes_gradients, parameter_sizes, sized_like_an_optimizer
+from .anchored import MIN_GRADS
+from .gradients import FREED_TOGETHER, makes_gradients, parameter_sizes, sized_like_an_optimizer
 from .loss import fingerprints
 from .passes import MIN_SAVED
 
-#: Share of a backward's parameter-sized blocks (its gradients) freed between the activations' last
-#: free and a seed's free, from which the seed is no seed: HF Trainer's loss scalar, kept past
-#: zero_grad (39 of 47 freed first: heldout4_llama_hf_trainer, hf_instrument); the real seeds' backward
-#: tails free at most 6 of 26 (heldout_gpt_compile_ckpt; 2 of 17 or fewer elsewhere).
-SEED_GRADS_FREED = 0.5
 
 
 def sharded_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | None:
@@ -70,8 +66,10 @@ def seed_end(trace: Trace, free_of: np.ndarray, params: np.ndarray, span: tuple[
     (``span``: the loss, then backward's first event, its seed) shows one before the next pass: the
     activations' last free is not always the backward's last work (an embedding bag's sparse
     gradients after it: heldout_embbag_adagrad's later backward runs read as optimizer); not where
-    SEED_GRADS_FREED of the parameter-sized blocks the backward made are freed first: then the block
-    is no seed, but a loss kept past zero_grad (HF Trainer's)."""
+    MIN_GRADS of the parameter-sized blocks the backward made are freed together (FREED_TOGETHER)
+    first: a zero_grad, after the backward, so the block is no seed but a loss kept past it (HF
+    Trainer's: 39 freed so; h11_maml's inner loop: 4). A real seed's stretch frees 6 of them at most,
+    apart (heldout_gpt_compile_ckpt's last checkpointed block)."""
     if span is None:
         return b1
     end = int(free_of[span[1]])
@@ -79,8 +77,9 @@ def seed_end(trace: Trace, free_of: np.ndarray, params: np.ndarray, span: tuple[
         return b1
     made = np.flatnonzero(trace.action[top + 1:b1 + 1] == A["alloc"]) + top + 1
     grads = made[np.isin(trace.size[made], params)]
-    freed = (free_of[grads] > b1) & (free_of[grads] <= end)
-    return b1 if len(grads) and freed.mean() >= SEED_GRADS_FREED else end
+    fr = np.sort(free_of[grads][(free_of[grads] > b1) & (free_of[grads] <= end)])
+    together = np.bincount(np.cumsum(np.diff(fr, prepend=fr[:1]) > FREED_TOGETHER)) if len(fr) else [0]
+    return b1 if max(together) >= MIN_GRADS else end
 
 
 def _forward_before(trace: Trace, allocs: np.ndarray, params: np.ndarray, labels: np.ndarray, f0: int) -> int:
