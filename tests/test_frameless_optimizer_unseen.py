@@ -142,3 +142,14 @@ def test_clippings_norms_before_the_optimizer_are_not_it():
     truth, _, _, seg = _read("integrations/hf_compile_accum")
     named = seg.labels == P["optimizer"]
     assert np.mean(truth[named] == P["optimizer"]) > 0.9
+
+
+def test_an_update_ends_after_its_burst_when_other_sizes_follow():
+    """A DQN's next forward makes parameter-sized blocks too, so the update the gradients anchor ran on
+    into it (anchored.py): of what h10_dqn_replay called optimizer, 0.37 was. The foreach step is over
+    once its temporaries are dropped in a burst and another size is allocated (updates.update_end)."""
+    truth, steps, _, seg = _read("heldout10/h10_dqn_replay")
+    assert len(seg.steps) == steps
+    named = seg.labels == P["optimizer"]
+    assert np.mean(truth[named] == P["optimizer"]) > 0.95
+    assert _share(truth, seg.labels, "optimizer") > 0.95

@@ -15,7 +15,8 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
 from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, sized_like_an_optimizer
-from .updates import past_scalars
+from .bursts import burst_freed
+from .updates import past_scalars, update_end
 
 #: Gradients zero_grad must free together to anchor a backward (as ``infer.ZERO_GRAD_MIN``).
 MIN_GRADS = 4
@@ -110,6 +111,7 @@ def _label_passes(trace: Trace, params: np.ndarray, allocs: np.ndarray, free_of:
     starts = [0]
     prev_end = -1
     spans = []
+    burst = burst_freed(trace)
     for g0, g1, _ in bwd:
         # what the forward saved: made since the previous backward, freed in this one
         lo, hi = np.searchsorted(allocs, prev_end, "right"), np.searchsorted(allocs, g0, "left")
@@ -136,6 +138,7 @@ def _label_passes(trace: Trace, params: np.ndarray, allocs: np.ndarray, free_of:
             work = tail[np.isin(trace.size[tail], params)]
             # ... past clipping's norms, where a parameter's size is a scalar's (updates.past_scalars)
             work = work[past_scalars(trace, work, params):]
+            work = work[work <= update_end(trace, tail, params, int(work.min()), burst)]
             fr = free_of[work][free_of[work] < nxt]
             labels[int(work.min()):max(int(work.max()), int(fr.max()) if len(fr) else 0) + 1] = P["optimizer"]
     return labels, starts

@@ -101,3 +101,16 @@ def past_scalars(trace: Trace, made: np.ndarray, params: np.ndarray) -> int:
         return 0
     k = int(big[0])
     return k - 1 if sized[k - 1] and trace.size[made[k - 1]] <= SCALAR else k
+
+
+def update_end(trace: Trace, made: np.ndarray, params: np.ndarray, start: int, burst: np.ndarray) -> int:
+    """The last event an update begun at ``start`` can hold: before the first allocation of another size
+    than the parameters' that follows its first burst of frees (its temporaries dropped, a foreach
+    step is over: what allocates next is the loop's, a forward's); the trace's end where none does.
+    h10_dqn_replay's next forward makes parameter-sized blocks too, and was read as its update.
+    ``burst``: ``bursts.burst_freed`` of the trace."""
+    burst = np.flatnonzero(burst[start:]) + start
+    if not len(burst):
+        return len(trace)
+    later = made[(made > burst[0]) & ~np.isin(trace.size[made], params)]
+    return int(later[0]) - 1 if len(later) else len(trace)
