@@ -138,7 +138,7 @@ def _label_passes(trace: Trace, params: np.ndarray, allocs: np.ndarray, free_of:
             work = tail[np.isin(trace.size[tail], params)]
             # ... past clipping's norms, where a parameter's size is a scalar's (updates.past_scalars)
             work = work[past_scalars(trace, work, params):]
-            work = work[work <= update_end(trace, tail, params, int(work.min()), burst)]
+            work = work[work <= update_end(trace, tail, params, int(work.min()), burst, False)]
             fr = free_of[work][free_of[work] < nxt]
             labels[int(work.min()):max(int(work.max()), int(fr.max()) if len(fr) else 0) + 1] = P["optimizer"]
     return labels, starts

@@ -21,7 +21,7 @@ from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, mak
                         sized_like_an_optimizer)
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
-from .updates import foreach_temporaries, optimizer_start_past_scalars, update_read_as_pass, wrapped_backward
+from .updates import foreach_temporaries, optimizer_start_past_scalars, update_end, update_read_as_pass, wrapped_backward
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -303,6 +303,7 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
     if (len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS
             and not foreach_temporaries(w.trace, made, w.free_of, w.burst, w.params)):
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
+    end = min(end, update_end(w.trace, w.allocs_in(start - 1, end + 1), w.params, start, w.burst))
     labels[start:end + 1] = P["optimizer"]
     if len(w.allocs_in(end, nxt)) >= MIN_SAVED:
         labels[end + 1:nxt] = P["forward"]
