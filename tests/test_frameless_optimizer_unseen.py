@@ -163,3 +163,14 @@ def test_an_update_read_after_a_backward_ends_with_its_burst():
     truth, _, _, seg = _read("heldout15/h15_gradcache_contrastive")
     named = seg.labels == P["optimizer"]
     assert np.mean(truth[named] == P["optimizer"]) > 0.7
+
+
+def test_an_update_before_other_sizes_is_no_late_gradient():
+    """Parameter-sized blocks between backward's last activation free and the first block of another
+    size were taken for backward's last gradients, whatever they were: AdamW's first steps over
+    heldout3_clip_infonce (its state kept for good, its temporaries freed before the next step's other
+    sizes) read as backward, the optimizer unseen (gradients.LATE_SHARE)."""
+    truth, _, _, seg = _read("heldout3/heldout3_clip_infonce")
+    assert _share(truth, seg.labels, "optimizer") > 0.9
+    named = seg.labels == P["backward"]
+    assert np.mean(truth[named] == P["backward"]) > 0.95
