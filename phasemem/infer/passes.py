@@ -8,6 +8,7 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import burst_freed
 from .gradients import parameter_sizes
+from .updates import SCALAR
 
 K = 8  # allocation sizes in a k-gram
 # An activation lives less than this share of a step (checkpointed block inputs live through the
@@ -197,7 +198,11 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
         fk = f[cut[k - 1]:cut[k]]
         c = (fk > bounds[k]) & (fk < bounds[k + 1])
         crossing.append(fk[c])
-        starts.append(forward_start(a[cut[k - 1]:cut[k]][c], bounds[k]) if c.any() else bounds[k])
+        # a scalar the loop keeps across steps (HF Trainer's running loss) is no activation to start it
+        made_k, size_k = a[cut[k - 1]:cut[k]][c], size[cut[k - 1]:cut[k]][c]
+        lead = int(np.argmax(size_k > SCALAR)) if (size_k > SCALAR).any() else 0
+        made_k = made_k[min(lead, TAIL):]
+        starts.append(forward_start(made_k, bounds[k]) if len(made_k) else bounds[k])
     out = []
     for k, fc in enumerate(crossing):
         top = bounds[k + 1]
