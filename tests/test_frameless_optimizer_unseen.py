@@ -183,3 +183,14 @@ def test_a_running_loss_scalar_does_not_start_the_next_forward():
     right, its first two optimizers unseen."""
     truth, _, _, seg = _read("integrations/hf_instrument")
     assert _share(truth, seg.labels, "optimizer") > 0.95
+
+
+def test_a_forward_saved_to_the_host_is_anchored_by_its_loss():
+    """save_on_cpu moves what the forward saves to the host: nothing on the device rises and falls, and
+    the gradients' reading ran each update into the next forward (0.71 of h6_save_on_cpu's events
+    right). The loss and its seed place each backward; the forward starts after the update, which ends
+    after its burst (infer/sharded.py)."""
+    truth, steps, _, seg = _read("heldout6/h6_save_on_cpu")
+    assert len(seg.steps) == steps == 3
+    for phase in ("forward", "backward", "optimizer"):
+        assert _share(truth, seg.labels, phase) > 0.95, phase

@@ -18,14 +18,18 @@ from ..vocab import P
 from .anchored import MIN_GRADS
 from .gradients import FREED_TOGETHER, makes_gradients, parameter_sizes, sized_like_an_optimizer
 from .loss import fingerprints
+from .bursts import burst_freed
 from .passes import MIN_SAVED
+from .updates import update_end
 
 
 
 def sharded_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | None:
     """Labels and step starts with one pass a cross-entropy fingerprint, each saving MIN_SAVED blocks
     or more for its backward, or fewer where that backward makes gradients (a linear probe's head: 2
-    blocks), which ends where its seed (the fingerprint's scalar) is freed: autograd
+    blocks; none on the device where saved_tensors_hooks move them to the host, h6_save_on_cpu: then
+    the forward starts after the previous update, which ends as ``updates.update_end`` says), which
+    ends where its seed (the fingerprint's scalar) is freed: autograd
     drops it when the backward is done (the marked end of every backward in fsdp2_plain,
     fsdp2_instrument, heldout4_gpt_fsdp2_bf16, gpt_foreach, llama_hf, h13_multiscale_seg). Then the
     optimizer, where what follows allocates the parameters' sizes. None where fewer than two such
@@ -42,16 +46,21 @@ def sharded_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] |
         b1 = int(free_of[k])
         made = allocs[np.searchsorted(allocs, prev, "right"):np.searchsorted(allocs, k, "left")]
         saved = made[(free_of[made] > k) & (free_of[made] <= b1)]
-        if not (k < b1 < nk and len(saved)):
+        if not k < b1 < nk:
             return None
         if len(saved) < MIN_SAVED and not makes_gradients(trace, allocs, params, k, b1):
             return None
-        spans.append((int(saved.min()), i, k, b1))
+        # nothing saved on the device (saved_tensors_hooks to the host): the forward starts after the
+        # previous step's update, placed below
+        spans.append((int(saved.min()) if len(saved) else -1, i, k, b1))
         prev = b1
     labels = np.zeros(n, np.int8)
-    nexts = [s[0] for s in spans[1:]] + [n]
+    nexts = [s[0] if s[0] >= 0 else s[1] for s in spans[1:]] + [n]
     starts = []
     for (f0, i, k, b1), nxt in zip(spans, nexts):
+        if f0 < 0:
+            named = np.flatnonzero(labels[:i] != P["other"])
+            f0 = int(allocs[np.searchsorted(allocs, named[-1] if len(named) else -1, "right")])
         starts.append(_forward_before(trace, allocs, params, labels, f0))
         labels[starts[-1]:i] = P["forward"]
         labels[i:k] = P["loss"]
@@ -102,5 +111,6 @@ def _update(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, params: np.nd
     if not (len(tail) and sized_like_an_optimizer(params, np.zeros(0, np.int64), trace.size[tail])):
         return
     work = tail[np.isin(trace.size[tail], params)]
+    work = work[work <= update_end(trace, tail, params, int(work.min()), burst_freed(trace))]
     fr = free_of[work][free_of[work] < nxt]
     labels[int(work.min()):max(int(work.max()), int(fr.max()) if len(fr) else 0) + 1] = P["optimizer"]
