@@ -171,10 +171,15 @@ def test_trained_weights_gradients_and_state(name, key):
         assert len(marked.steps) == meta["nsteps"]
 
 
-@pytest.mark.xfail(strict=True, reason="without frames the frozen copies (GRPO's reference and reward models, "
-                                       "DINO's teacher) and the compiled backward's blocks are taken for "
-                                       "parameters and gradients: infer/gradients, the frameless helper's")
-@pytest.mark.parametrize("name,key", [("h16_grpo", "policy_bytes"), ("h16_dino_multicrop", "student_bytes"),
+_FROZEN = pytest.mark.xfail(strict=True, reason="without frames the frozen copies (GRPO's reference and reward "
+                                                "models) are taken for parameters and gradients: infer/gradients, "
+                                                "the frameless helper's")
+
+
+# DINO's teacher and the compiled backward's blocks are no longer taken for trained weights since the
+# optimizer is read where it runs (the third frameless round: gradients.LATE_SHARE, passes.RECOMPUTE_SPAN)
+@pytest.mark.parametrize("name,key", [pytest.param("h16_grpo", "policy_bytes", marks=_FROZEN),
+                                      ("h16_dino_multicrop", "student_bytes"),
                                       ("h16_compiled_fused", "param_bytes")])
 def test_trained_weights_without_frames(name, key):
     snap = recording(HELDOUT16, name)
