@@ -14,8 +14,8 @@ import numpy as np
 from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
-from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, sized_like_an_optimizer
 from .bursts import burst_freed
+from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, sized_like_an_optimizer
 from .updates import past_scalars, update_end
 
 #: Gradients zero_grad must free together to anchor a backward (as ``infer.ZERO_GRAD_MIN``).

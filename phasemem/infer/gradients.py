@@ -69,8 +69,8 @@ def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: in
         # ... only where what comes before the other sizes is backward's last gradients, alive across
         # them and freed later (by zero_grad), not the update itself: its state kept for good, its
         # temporaries freed before them (heldout3_clip_infonce: AdamW's first steps read as backward)
-        alive = (free_of[before] > ours[other[0]]) & (free_of[before] < len(trace)) if len(other) else before
-        if len(before) >= LATE_UPDATE and np.mean(alive) < LATE_SHARE:
+        if len(before) >= LATE_UPDATE and np.mean((free_of[before] > ours[other[0]])
+                                                  & (free_of[before] < len(trace))) < LATE_SHARE:
             return int(ours[np.argmax(sized)])
         return _first_sized(labels, b1, ours, sized)
     # The embedding's backward runs after the last activation is freed: its sort buffers (other sizes),

@@ -15,13 +15,14 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
-from .hooked import hooked_updates
-from .sharded import seed_end, sharded_passes
-from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
+from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, parameter_sizes,
                         sized_like_an_optimizer)
+from .hooked import hooked_updates
 from .loss import graphed_steps, loss_span
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
-from .updates import foreach_temporaries, optimizer_start_past_scalars, update_end, update_read_as_pass, wrapped_backward
+from .sharded import seed_end, sharded_passes
+from .updates import (foreach_temporaries, optimizer_start_past_scalars, update_end, update_read_as_pass,
+                      wrapped_backward)
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
