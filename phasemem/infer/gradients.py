@@ -20,6 +20,14 @@ GRAD_SHARE = 0.25  # of the parameters' distinct sizes a backward must allocate
 MIN_PARAM_SIZES = 3
 
 
+#: Blocks of at most this many bytes hold a scalar (sizes are as requested: a float's 4, a double's 8; a
+#: 128-float bias is 512). Where a parameter is one (capturable Adam keeps its step counts as scalars on
+#: the device), clip_grad_norm_'s per-parameter norms have a parameter's size too and began the optimizer
+#: (h7_capturable_adam: 0.58 of its optimizer right). Up to 512 bytes cut 0.27 of h8_weight_norm's
+#: optimizer (its small parameters' updates begin it).
+SCALAR = 8
+
+
 def covers_parameters(params: np.ndarray, sizes: np.ndarray) -> bool:
     """Do these blocks come in enough of the parameters' sizes to be gradients, or an optimizer's
     temporaries? With fewer than MIN_PARAM_SIZES parameter sizes known there is nothing to compare: yes."""
@@ -67,6 +75,14 @@ def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: in
     if late < 0:
         late = chunked_gradients(trace, allocs, params, free_of, top, b1, ours, sized)
     if late < 0:
+        other = np.flatnonzero(~sized)
+        before = ours[:other[0]][sized[:other[0]]] if len(other) else ours[:0]
+        # ... only where what comes before the other sizes is backward's last gradients, alive across
+        # them and freed later (by zero_grad), not the update itself: its state kept for good, its
+        # temporaries freed before them (heldout3_clip_infonce: AdamW's first steps read as backward)
+        if len(before) >= LATE_UPDATE and np.mean((free_of[before] > ours[other[0]])
+                                                  & (free_of[before] < len(trace))) < LATE_SHARE:
+            return int(ours[np.argmax(sized)])
         return _first_sized(labels, b1, ours, sized)
     # The embedding's backward runs after the last activation is freed: its sort buffers (other sizes),
     # its gradient, more buffers; the optimizer's blocks come after that, and backward ends with the
@@ -89,6 +105,15 @@ def _first_sized(labels: np.ndarray, b1: int, ours: np.ndarray, sized: np.ndarra
         return int(ours[other[0] + np.argmax(sized[other[0]:])])
     return int(ours[np.argmax(sized)])
 
+
+#: Share of the parameter-sized blocks between a backward's last activation free and the first block
+#: of another size that must outlive the other sizes and be freed (gradients zero_grad frees later) for
+#: them to be backward's last gradients rather than the update itself, where they are LATE_UPDATE or
+#: more (as lifetimes.MIN_UPDATE_BLOCKS): updates so read make 7-312, at most 0.43 of them alive so
+#: (h6_optim_in_backward's hooks); 1-3 blocks are a backward's temporaries (truth_gpt_accum_clip's
+#: embedding gradient's buffer) or its last gradients.
+LATE_SHARE = 0.5
+LATE_UPDATE = 4
 
 #: Frees at most this many events apart are one run: zero_grad freeing the gradients one after another
 #: (each a free_requested/free_completed pair).

@@ -17,11 +17,14 @@ from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
                         sized_like_an_optimizer)
-from .loss import graphed_steps, loss_span
+from .hooked import hooked_updates
+from .loss import graphed_steps
 from .odd_steps import accumulates, earlier_top, update_sized
 from .other_work import InputGradients, covers_an_update, rollout, stopped_step, unfinished_forwards, unwound, update_bursts
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 from .seed import all_seeded, reseat, seeded_loss
+from .sharded import sharded_passes
+from .updates import foreach_temporaries, update_end, update_read_as_pass, wrapped_backward
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -31,6 +34,12 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
         unfinished_forwards(trace, tl, burst_freed(trace), labels)
     else:
         labels, starts = anchored[:2]
+    # Where no pass read frees what a forward saved, the loss may still anchor them (FSDP: infer/sharded.py)
+    if _saved_explained(trace, tl, labels) < MIN_SAVED:
+        sharded = sharded_passes(trace, tl)
+        if sharded is not None:
+            labels, starts = sharded
+    hooked_updates(trace, tl, labels)
     return labels, stopped_step(trace, labels, starts)
 
 
@@ -185,7 +194,11 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill:
         # a seed is a backward's own mark, however few activations it frees (a tiny model's, retain_graph's)
         saves = top + 1 in seeds or has_backward(la, lf, f0, top, min_saved)
         if not (trains and saves and (seeded or makes_gradients(trace, w.allocs, w.params, top, b1))):
-            _label_refused(labels, w, f0, b1, nxt, trains, plain)
+            if update_read_as_pass(trace, w.allocs, w.params, labels, f0, b1):  # no step of its own
+                labels[f0:nxt] = P["optimizer"]
+                starts = starts[:-1] if starts[-1] == f0 else starts
+            else:
+                _label_refused(labels, w, f0, b1, nxt, trains, plain)
             continue
         if inputs.only(labels, f0, top, b1):
             continue  # a backward for the inputs only, no step's (infer/other_work.py): left 'other'
@@ -346,8 +359,10 @@ def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: 
     end = int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
     start = optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
     made = w.allocs_in(start - 1, end + 1)
-    if len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS:
+    if (len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS
+            and not foreach_temporaries(w.trace, made, w.free_of, w.burst, w.params)):
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
+    end = min(end, update_end(w.trace, w.allocs_in(start - 1, end + 1), w.params, start, w.burst))
     labels[start:end + 1] = P["optimizer"]
     if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span and not rollout(end, nxt, top, b1):
         labels[end + 1:nxt] = P["forward"]
@@ -398,7 +413,9 @@ def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> 
     frees, before the first pass, of blocks the trace itself allocated (pre-existing ones freed at the
     start say nothing of a step) are its optimizer, which ends that step; labelled so. Only in a trace
     that trains: an inference loop offloading its layers frees their weights in bursts
-    (h13_layer_offload_infer: 564 events of forward read as optimizer)."""
+    (h13_layer_offload_infer: 564 events of forward read as optimizer). Nor where those blocks are not
+    mostly a parameter's size (a compiled forward's guards free scalars in bursts: h16_compiled_fused,
+    odd_steps.update_sized; forwards that ran out of memory unwind so: h13_oom_retry_halve, other_work.unwound)."""
     freed_in_burst = np.zeros(len(labels), bool)
     freed_in_burst[lf[w.burst[lf]]] = True
     if freed_in_burst[:first].sum() < BURST or unwound(w.params, w.trace.size[:first][freed_in_burst[:first]]):
@@ -407,4 +424,5 @@ def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> 
     if len(w.params) >= MIN_PARAM_SIZES and not update_sized(w.trace.size[w.allocs_in(-1, end + 1)], w.params):
         return False  # no optimizer's blocks (odd_steps.update_sized)
     labels[:end + 1] = P["optimizer"]
+    wrapped_backward(w.trace, w.allocs, w.params, w.free_of, labels, first)
     return True

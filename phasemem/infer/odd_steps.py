@@ -30,18 +30,6 @@ MIN_CHUNKS = 2
 #: the gradient, after one of its temporaries) there. As ``lifetimes.MIN_UPDATE_BLOCKS``.
 ROW = 4
 
-#: Blocks this small are scalars (a loss, a norm, a step counter: 4 or 8 bytes). Capturable Adam keeps
-#: its step counters on the GPU, so a scalar is one of the "parameters'" sizes (blocks alive before the
-#: trace), and gradient clipping's per-parameter norms between backward and the update read as the
-#: optimizer's first blocks (h7_capturable_adam: 38 events a step of clip_grad_norm_ read as Adam's).
-SCALAR = 8
-
-
-def scalar(sizes: np.ndarray) -> np.ndarray:
-    """Which of these sizes are a scalar's (SCALAR): no evidence of an optimizer's work."""
-    return sizes <= SCALAR
-
-
 def held_over(freed: np.ndarray, nxt: int, n: int) -> np.ndarray:
     """Which blocks made after an update, freed inside the next step (after its pass begins at ``nxt``,
     before the trace ends), are that step's batch, not the update's work: an optimizer's temporaries die

@@ -25,7 +25,7 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
 from .bursts import BURST, burst_freed
-from .gradients import MIN_PARAM_SIZES
+from .gradients import MIN_PARAM_SIZES, SCALAR
 
 
 #: Gradients a training backward keeps past its end (keeps_gradients' 2).
@@ -169,11 +169,6 @@ def unwound(params: np.ndarray, sizes: np.ndarray) -> bool:
     """Whether blocks of these sizes, freed in bursts before the first pass, are a failed forward's
     (an exception unwinding it) rather than an update's temporaries (WRAPPED_UPDATE)."""
     return len(params) >= MIN_PARAM_SIZES and float(np.isin(sizes, params).mean()) < WRAPPED_UPDATE
-
-
-#: A scalar's block: at most 8 bytes (a float64, a step count). Blocks up to 512 bytes skipped so cut
-#: 0.27 of h8_weight_norm's optimizer (its small parameters' updates begin it).
-SCALAR = 8
 
 
 def label_update(labels: np.ndarray, trace: Trace, allocs: np.ndarray, free_of: np.ndarray, params: np.ndarray,

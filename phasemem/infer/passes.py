@@ -7,7 +7,7 @@ from ..sizes import in_sorted
 from ..timeline import Timeline
 from ..trace import A, Trace
 from .bursts import burst_freed
-from .gradients import parameter_sizes
+from .gradients import SCALAR, parameter_sizes
 from .odd_steps import held_start
 
 K = 8  # allocation sizes in a k-gram
@@ -32,6 +32,13 @@ MIN_LIFE = 16
 #: prominence): backward's ripples and the loss's spike stand lower (same fixtures as MIN_LIFE).
 PROMINENCE = 0.3
 CORE = 0.05  # a pass's core: its activations' allocations and frees less the first and last 5 %
+#: A quiet stretch before a pass's last frees holds a checkpointed block's recompute only if it is at
+#: most this many times as long as the pass's forward: a recompute re-runs part of the forward, and its
+#: backward. h16_compiled_fused's first step compiles its fused AdamW between the backward and the
+#: batch's and kept loss's frees, 377 forwards long: its many small blocks read as a recompute, and the
+#: whole optimizer as backward (0.06 of its events right). Real recompute stretches: 0.7-2.2 forwards
+#: (pairs2 llama ckpt_1, heldout3_neox_hfckpt_accum2); h16_serve_paged's (no training) up to 13.5.
+RECOMPUTE_SPAN = 30
 
 
 def candidate_periods(trace: Trace) -> list[int]:
@@ -191,13 +198,16 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
         fk = f[cut[k - 1]:cut[k]]
         c = (fk > bounds[k]) & (fk < bounds[k + 1])
         crossing.append(fk[c])
-        made.append(a[cut[k - 1]:cut[k]][c])
-        starts.append(forward_start(made[-1], bounds[k]) if c.any() else bounds[k])
+        # a scalar the loop keeps across steps (HF Trainer's running loss) is no activation to start it
+        made_k, size_k = a[cut[k - 1]:cut[k]][c], size[cut[k - 1]:cut[k]][c]
+        lead = int(np.argmax(size_k > SCALAR)) if (size_k > SCALAR).any() else 0
+        made.append(made_k[min(lead, TAIL):])
+        starts.append(forward_start(made[-1], bounds[k]) if len(made[-1]) else bounds[k])
     out = []
     for k, fc in enumerate(crossing):
         top = bounds[k + 1]
         nxt = starts[k + 1] if k + 1 < len(starts) else n
-        b1 = backward_end(np.sort(fc[fc < nxt]), top, act_a, act_f, act_p)
+        b1 = backward_end(np.sort(fc[fc < nxt]), top, act_a, act_f, act_p, top - starts[k])
         out.append((held_start(made[k], fc, starts[k], top, b1, MIN_SAVED), top, b1))
     return out
 
@@ -224,11 +234,12 @@ def forward_start(made: np.ndarray, top: int) -> int:
 
 
 def backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndarray,
-                  act_p: np.ndarray) -> int:
+                 act_p: np.ndarray, forward: int = 0) -> int:
     """The last of a pass's saved-activation frees (sorted), less a straggling few after a long
     stretch in which no activations live and die: the loss or the batch a loop keeps until after
     the optimizer is no activation backward frees. (A checkpointed backward's last block is a long
-    stretch between two such frees too, but full of its recompute's activations.)"""
+    stretch between two such frees too, but full of its recompute's activations, and not many times
+    longer than the ``forward``, in events: RECOMPUTE_SPAN.)"""
     if not len(frees):
         return top
     best, end = 0, int(frees[-1])
@@ -241,7 +252,8 @@ def backward_end(frees: np.ndarray, top: int, act_a: np.ndarray, act_f: np.ndarr
         inside = act_f[lo:hi] < g1
         recompute = int((inside & ~act_p[lo:hi]).sum())
         quiet = (g1 - g0 > max(STRAGGLE * (g0 - top), GAPS * spacing)
-                 and (recompute < MIN_SAVED or recompute < int(inside.sum()) / 2))
+                 and (recompute < MIN_SAVED or recompute < int(inside.sum()) / 2
+                      or (forward > 0 and g1 - g0 > RECOMPUTE_SPAN * forward)))
         if quiet and g1 - g0 > best:  # the longest quiet stretch, not the first
             best, end = g1 - g0, int(g0)
     return end
