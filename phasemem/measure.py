@@ -77,6 +77,11 @@ def _phases_that_ran(an: Analysis) -> list[dict]:
     if not len(trace):
         return []
     run_max = np.maximum.reduceat(tl.level, fx.run_first)
+    # the runs tile the events: each run's first event at its maximum, for all runs in one pass
+    # (was an argmax per (step, phase): 13,000 calls at 1M events)
+    at = np.flatnonzero(tl.level == np.repeat(run_max, np.diff(np.append(fx.run_first, len(trace)))))
+    run_of = np.searchsorted(fx.run_first, at, "right") - 1
+    run_peak = at[np.concatenate([[True], run_of[1:] != run_of[:-1]])]  # every run holds its maximum
     in_step = np.flatnonzero(fx.run_step >= 0)
     if not len(in_step):
         return []
@@ -88,20 +93,20 @@ def _phases_that_ran(an: Analysis) -> list[dict]:
     gmax = np.maximum.reduceat(run_max[runs], starts)
     # the peak is the first event at the group's maximum: in the first run that reaches it
     hit = np.where(run_max[runs] == np.repeat(gmax, ends - starts), np.arange(len(runs)), len(runs))
-    peak_run = runs[np.minimum.reduceat(hit, starts)]
+    peak_event = run_peak[runs[np.minimum.reduceat(hit, starts)]]
     lengths = fx.run_last[runs] - fx.run_first[runs] + 1
     counts = np.add.reduceat(lengths, starts)
     first, last = fx.run_first[runs[starts]], fx.run_last[runs[ends - 1]]
     tops = _top_allocations(trace, tl, seg)
     out = []
-    for g, f, l, m, r, c in zip(k_sorted[starts].tolist(), first.tolist(), last.tolist(), gmax.tolist(),
-                                peak_run.tolist(), counts.tolist()):
+    for g, f, l, m, p, c, b0, b1 in zip(k_sorted[starts].tolist(), first.tolist(), last.tolist(), gmax.tolist(),
+                                        peak_event.tolist(), counts.tolist(), tl.active_before[first].tolist(),
+                                        tl.active_after[last].tolist()):
         s, code = divmod(g, nph)
         name = PHASES[code]
-        r0, r1 = int(fx.run_first[r]), int(fx.run_last[r])
         out.append(dict(
-            name=name, step=s, peak_bytes=m, start_bytes=int(tl.active_before[f]), end_bytes=int(tl.active_after[l]),
-            start_event=f, end_event=l, peak_event=r0 + int(np.argmax(tl.level[r0:r1 + 1])), n_events=c,
+            name=name, step=s, peak_bytes=m, start_bytes=b0, end_bytes=b1,
+            start_event=f, end_event=l, peak_event=p, n_events=c,
             source=seg.sources.get(name, "markers") if name != "other" else "none",
             confidence=(seg.confidence or {}).get(name, 1.0), top_allocations=tops.get(g, []), at_event=float(f)))
     return out

@@ -248,8 +248,9 @@ def _temporaries(ctx: Context, step: int, temp: np.ndarray, cls: str | None, o0:
     """The 'temple with a flagpole' of the optimizer run from event ``o0`` to ``o1``: its temporaries
     ``temp`` (at least two)."""
     delta = np.zeros(o1 - o0 + 2, dtype=np.int64)
-    np.add.at(delta, ctx.alloc[temp] - o0, ctx.size[temp])
-    np.add.at(delta, ctx.free[temp] - o0, -ctx.size[temp])
+    # an event makes or frees one block, so no two land on one slot: plain stores (np.add.at: 4x slower)
+    delta[ctx.alloc[temp] - o0] = ctx.size[temp]
+    delta[ctx.free[temp] - o0] = -ctx.size[temp].astype(np.int64)
     live = np.cumsum(delta)
     p = o0 + int(np.argmax(live))
     peak = int(live.max())
