@@ -39,47 +39,12 @@ LOSS_GRAD_FIRST = 0.125
 GRAD_SIZE_TOLERANCE = 0.01
 
 
-def microbatches(ctx: Context, step: int) -> list[tuple[int, int, tuple[int, int] | None]]:
-    """(first, last) event of each forward+loss region in a step, with the backward run that follows."""
-    fwd = ctx.runs_of(step, "forward")
-    bwd = ctx.runs_of(step, "backward")
-    out = []
-    for k, (f0, f1) in enumerate(fwd):
-        nxt_fwd = fwd[k + 1][0] if k + 1 < len(fwd) else None
-        b = next((r for r in bwd if r[0] > f1 and (nxt_fwd is None or r[0] < nxt_fwd)), None)
-        if b is not None:
-            out.append((f0, b[0] - 1, b))
-        elif nxt_fwd is None or nxt_fwd > f1 + 1:
-            # Forward with no backward before the next forward: an inner forward (a nested call)
-            # or inference; the region still ends at the next forward.
-            out.append((f0, (nxt_fwd - 1) if nxt_fwd is not None else f1, None))
-    return out
-
-
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out: list[Pattern] = []
-    for first, last, bwd in microbatches(ctx, step):
-        idx = _forward_or_loss(ctx, first, last)
-        if step == 0:
-            # The first step's workspaces (made by the first matmul, never freed) are no tensors; they
-            # come early. Logits a script still holds at the end are late (magma27_cs336 keeps them).
-            early = np.arange(len(idx)) < LATE * len(idx)
-            idx = idx[(ctx.free[idx] < ctx.n) | ~early]
-        if len(idx) < 4:
-            continue
+    for _, last, bwd, idx in ctx.memo("logits_regions", lambda: _regions(ctx)).get(step, ()):
         sizes = ctx.size[idx]
         big = sizes.max()
-        is_vocab = sizes >= VOCAB_SHARE * big
-        k = int(np.argmax(is_vocab))
-        # Compare with the body of the network (the first part of forward), not with what comes
-        # right before the logits: that is often the LM head's own weight cast to bf16 (vocab × d).
-        body = idx[: max(int(LATE * len(idx)), 1)]
-        # ... and among the body's activations: a workspace made lazily by the first matmul (32 MiB
-        # of cuBLAS's on Hopper) is never freed and says nothing about the network.
-        body = ctx.size[body[ctx.free[body] < ctx.n]]
-        if k < LATE * len(idx) or (len(body) and body.max() * ABOVE_ACTIVATIONS > sizes[k]):
-            continue
-        vocab = idx[is_vocab]
+        vocab = idx[sizes >= VOCAB_SHARE * big]
         if not consumed_by_loss(ctx, bwd, VOCAB_SHARE * big):
             continue
         logits = _consumed(ctx, vocab, bwd)
@@ -97,11 +62,83 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
-def _forward_or_loss(ctx: Context, first: int, last: int) -> np.ndarray:
-    """Indices (into the alloc arrays) of the allocations made at events first..last in forward or the loss."""
-    idx = ctx.allocs_between(first, last)
+def _regions(ctx: Context) -> dict[int, list]:
+    """Per step, the microbatches' regions whose forward-or-loss allocations end in logits by size
+    (first, last, backward run, those allocations): every region of every step tested at once."""
+    first, last, bwd, step = all_microbatches(ctx)
+    lo, hi = ctx.alloc.searchsorted(first), ctx.alloc.searchsorted(last + 1)
+    region = np.repeat(np.arange(len(first)), hi - lo)
+    idx = np.arange(len(region)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
     pa = ctx.phase_at_alloc[idx]
-    return idx[(pa == P["forward"]) | (pa == P["loss"])]  # np.isin costs 10x this, once per step
+    keep = (pa == P["forward"]) | (pa == P["loss"])  # np.isin costs 10x this
+    idx, region = idx[keep], region[keep]
+    pos, count = _positions(region, len(first))
+    # The first step's workspaces (made by the first matmul, never freed) are no tensors; they
+    # come early. Logits a script still holds at the end are late (magma27_cs336 keeps them).
+    keep = (ctx.free[idx] < ctx.n) | ~(pos < LATE * count[region]) | (step[region] != 0)
+    idx, region = idx[keep], region[keep]
+    pos, count = _positions(region, len(first))
+    ok = count >= 4
+    at = np.flatnonzero(np.concatenate([[True], region[1:] != region[:-1]])) if len(region) else region
+    sizes = ctx.size[idx]
+    big = np.zeros(len(first), sizes.dtype)
+    big[region[at]] = np.maximum.reduceat(sizes, at) if len(at) else big[:0]
+    is_vocab = sizes >= VOCAB_SHARE * big[region]
+    k = np.full(len(first), len(region))
+    k[region[at]] = np.minimum.reduceat(np.where(is_vocab, pos, len(region)), at) if len(at) else k[:0]
+    # Compare with the body of the network (the first part of forward), not with what comes
+    # right before the logits: that is often the LM head's own weight cast to bf16 (vocab × d);
+    # and among the body's activations: a workspace made lazily by the first matmul (32 MiB
+    # of cuBLAS's on Hopper) is never freed and says nothing about the network.
+    in_body = (pos < np.maximum((LATE * count).astype(np.int64), 1)[region]) & (ctx.free[idx] < ctx.n)
+    body = np.zeros(len(first), sizes.dtype)
+    body[region[at]] = np.maximum.reduceat(np.where(in_body, sizes, 0), at) if len(at) else body[:0]
+    start = np.zeros(len(first), np.int64)
+    start[region[at]] = at
+    vocab_k = sizes[np.minimum(start + k, max(len(sizes) - 1, 0))] if len(sizes) else big
+    ok &= ~(k < LATE * count) & ~(body * ABOVE_ACTIVATIONS > vocab_k)
+    out: dict[int, list] = {}
+    for r in np.flatnonzero(ok).tolist():
+        b = None if bwd[r, 0] < 0 else (int(bwd[r, 0]), int(bwd[r, 1]))
+        out.setdefault(int(step[r]), []).append(
+            (int(first[r]), int(last[r]), b, idx[start[r]:start[r] + count[r]]))
+    return out
+
+
+def _positions(region: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each element's place within its region (the regions are runs in ``region``), and each region's length."""
+    count = np.bincount(region, minlength=n)
+    return np.arange(len(region)) - np.repeat(np.cumsum(count) - count, count), count
+
+
+def all_microbatches(ctx: Context):
+    """Every step's forward+loss regions at once: first and last event of each, the backward run that
+    follows ((-1, -1) for none) and its step, by step then event. A region runs from a forward run to
+    the step's first backward run after it and before the step's next forward run; a forward with no
+    such backward (an inner forward, a nested call, or inference) still ends at the next forward."""
+    n_steps, width = len(ctx.seg.steps), ctx.n + 1
+    none = np.zeros(0, np.int64)
+    in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
+    f = np.flatnonzero((ctx.run_phase == P["forward"]) & in_steps)
+    f = f[np.lexsort((ctx.run_first[f], ctx.run_step[f]))]
+    b = np.flatnonzero((ctx.run_phase == P["backward"]) & in_steps)
+    b = b[np.lexsort((ctx.run_first[b], ctx.run_step[b]))]
+    if not len(f):
+        return none, none, none.reshape(0, 2), none
+    step, f0, f1 = ctx.run_step[f], ctx.run_first[f], ctx.run_last[f]
+    has_nxt = np.append(step[1:] == step[:-1], False)
+    nxt = np.append(f0[1:], -1)
+    j = np.searchsorted(ctx.run_step[b] * width + ctx.run_first[b], step * width + f1, "right")
+    jc = np.minimum(j, max(len(b) - 1, 0))
+    b0 = ctx.run_first[b][jc] if len(b) else np.zeros(len(f), np.int64)
+    b1 = ctx.run_last[b][jc] if len(b) else np.zeros(len(f), np.int64)
+    has_b = (j < len(b)) & (ctx.run_step[b][jc] == step if len(b) else False) & (~has_nxt | (b0 < nxt))
+    # Forward with no backward before the next forward: an inner forward (a nested call)
+    # or inference; the region still ends at the next forward.
+    use = has_b | ~has_nxt | (nxt > f1 + 1)
+    last = np.where(has_b, b0 - 1, np.where(has_nxt, nxt - 1, f1))
+    bwd = np.where(has_b[:, None], np.stack([b0, b1], 1), -1)
+    return f0[use], last[use], bwd[use], step[use]
 
 
 def _backward_opening(ctx: Context, bwd) -> np.ndarray:
