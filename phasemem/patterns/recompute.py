@@ -287,7 +287,12 @@ def _from_rng_replays(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Patt
     (fixtures/fsdp2: 6 runs of 5, one per checkpointed block, the attention's output and logsumexp)."""
     if not len(bwd):
         return None
-    starts, stops = _runs(ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]], 0)
+    table = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))
+    if int(bwd[-1]) - int(bwd[0]) == len(bwd) - 1:  # one stretch: count its replays by two searches first
+        at = ctx.memo("rng_replay_allocs", lambda: np.flatnonzero(table[ctx.trace.stack[ctx.alloc]]))
+        if int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0]))) < MIN_RUNS:
+            return None  # fewer replays than runs wanted (every run of a trace not compiled with checkpoints)
+    starts, stops = _runs(table[ctx.trace.stack[ctx.alloc[bwd]]], 0)
     return _told_runs(ctx, step, bwd, starts, stops, b1, "rng_replay", RNG_REPLAY_CONFIDENCE, lambda count, per_block: (
         f"The forward runs again inside the compiled backward: torch.compile replays the forward's random ops "
         f"with the RNG state the forward saved (torch/_prims/rng_prims.py), {count} times here — activation "
