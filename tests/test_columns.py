@@ -17,7 +17,7 @@ from phasemem.vocab import P
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ["gpt_forloop_accum.pkl.xz", "gpt_inference.pkl.xz", "heldout6/h6_optim_in_backward.pkl.xz",
           "heldout16/h16_accum_grad_buffers.pkl.xz", "heldout5/h5_two_losses.pkl.xz",
-          "heldout16/h16_compiled_fused.pkl.xz", "heldout/heldout_bert_mlm.pkl.xz"]
+          "heldout16/h16_compiled_fused.pkl.xz", "heldout/heldout_bert_mlm.pkl.xz", "gpt_ckpt_fused.pkl.xz"]
 
 
 def _contexts():
@@ -127,3 +127,23 @@ def test_gradient_stripes_of_every_step_are_each_steps_sums(contexts):
             sizes = [int(ctx.size[g]) for g in update_gradients(ctx, step)]
             want = [sum(sizes), sizes[-1], int(sizes[-1] == max(sizes) and sizes.count(sizes[-1]) == 1)] if sizes else [0, 0, 0]
             assert rows[step] == want, (name, step)
+
+
+def test_backward_runs_echoing_their_forward_are_found_at_once(contexts):
+    from phasemem.patterns.recompute import K, echoing_runs, own_forward
+
+    def grams(sizes):
+        return {tuple(sizes[i:i + K]) for i in range(len(sizes) - K + 1)}
+
+    found = 0
+    for name, ctx in contexts:
+        got = echoing_runs(ctx)
+        for step in range(len(ctx.seg.steps)):
+            fwd_runs, bwd_runs = _runs(ctx, step, "forward"), _runs(ctx, step, "backward")
+            for b0, b1 in bwd_runs:
+                fwd = [int(ctx.size[i]) for a, b in own_forward(fwd_runs, bwd_runs, b0) for i in _allocs(ctx, a, b)]
+                echo = bool(grams(fwd) & grams([int(ctx.size[i]) for i in _allocs(ctx, b0, b1)]))
+                # every run that echoes is named (a run named besides would only be read in full)
+                assert echo <= (b0 in got), (name, step, b0)
+                found += echo
+    assert found, "no backward run echoes its forward in these traces (gpt_ckpt_fused should)"

@@ -32,6 +32,7 @@ from ..facts import Context
 from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks, other_python, rng_replays
 from ..model import Pattern
 from ..units import format_bytes
+from ..vocab import P
 
 K = 4  # consecutive sizes that must match
 MIN_RUN = 2 * K  # allocations in one recompute run
@@ -138,6 +139,42 @@ def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int,
     return list(zip(starts[ok].tolist(), stops[ok].tolist()))
 
 
+def echoing_runs(ctx: Context) -> set[int]:
+    """The first events of the backward runs with some K sizes in a row that their own forward
+    (own_forward) made in a row too, every run at once: only these can hold ripples by sizes
+    (_size_runs). A few more may be named (hashes are compared by a key mixed with the run), none missed."""
+    n_steps = len(ctx.seg.steps)
+    in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
+    b = np.flatnonzero((ctx.run_phase == P["backward"]) & in_steps)
+    b = b[np.lexsort((ctx.run_first[b], ctx.run_step[b]))]
+    f = np.flatnonzero((ctx.run_phase == P["forward"]) & in_steps)
+    f = f[np.lexsort((ctx.run_first[f], ctx.run_step[f]))]
+    if not len(b) or not len(f):
+        return set()
+    # a forward run is its step's next backward run's own (the backward runs between are none)
+    width = ctx.n + 1
+    j = np.searchsorted(ctx.run_step[b] * width + ctx.run_first[b], ctx.run_step[f] * width + ctx.run_last[f])
+    owned = (j < len(b)) & (ctx.run_step[b][np.minimum(j, len(b) - 1)] == ctx.run_step[f])
+    f, j = f[owned], j[owned]
+    f, j = f[np.argsort(j, kind="stable")], np.sort(j, kind="stable")
+    fkeys, bkeys = (_grams_by_group(ctx, ctx.run_first[r], ctx.run_last[r], g)
+                    for r, g in ((f, j), (b, np.arange(len(b)))))
+    hit = np.unique(bkeys[1][np.isin(bkeys[0], fkeys[0])])
+    return set(ctx.run_first[b][hit].tolist())
+
+
+def _grams_by_group(ctx: Context, first: np.ndarray, last: np.ndarray, group: np.ndarray):
+    """(key, group) of every K-gram of sizes inside one group's allocations, the allocations of runs
+    first..last taken in order; the key mixes the hash with the group."""
+    lo, hi = ctx.alloc.searchsorted(first), ctx.alloc.searchsorted(last + 1)
+    g = np.repeat(group, hi - lo)
+    idx = np.arange(len(g)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
+    h = _kgrams(ctx.size[idx], K)
+    inside = g[:len(h)] == g[K - 1:K - 1 + len(h)]  # groups are runs in g: the window's ends share one
+    g = g[:len(h)][inside]
+    return h[inside] * np.uint64(0x9E3779B97F4A7C15) + g.astype(np.uint64), g
+
+
 def own_forward(fwd_runs, bwd_runs, b0: int) -> list[tuple[int, int]]:
     """The forward runs that the backward run starting at ``b0`` differentiates: those after the step's
     previous backward run and before ``b0``. With accumulated micro-batches each backward has its own."""
@@ -149,15 +186,19 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
     fwd_runs = ctx.runs_of(step, "forward")
     bwd_runs = ctx.runs_of(step, "backward")
-    if bwd_runs:  # the step's k-grams hashed once, sliced per run (not kept: 8 bytes an allocation)
+    echoing = ctx.memo("echoing_backward_runs", lambda: echoing_runs(ctx))
+    if echoing.intersection(b0 for b0, _ in bwd_runs):
+        # the step's k-grams hashed once, sliced per run (not kept: 8 bytes an allocation)
         lo = int(ctx.alloc.searchsorted(min(r[0] for r in fwd_runs + bwd_runs)))
         hi = int(ctx.alloc.searchsorted(max(r[1] for r in fwd_runs + bwd_runs) + 1))
         step_grams = (lo, _kgrams(ctx.size[lo:hi], K))
     for b0, b1 in bwd_runs:
-        fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
-        fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
         bwd = ctx.allocs_between(b0, b1)
-        good = _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
+        good = []
+        if b0 in echoing:
+            fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
+            fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
+            good = _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
         if len(good) < MIN_RUNS:
             # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
             # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
