@@ -147,3 +147,24 @@ def test_backward_runs_echoing_their_forward_are_found_at_once(contexts):
                 assert echo <= (b0 in got), (name, step, b0)
                 found += echo
     assert found, "no backward run echoes its forward in these traces (gpt_ckpt_fused should)"
+
+
+def test_losses_consuming_are_each_backward_runs_opening(contexts):
+    from phasemem.patterns.logits import LOSS_GRAD_FIRST, LOSS_GRAD_WITHIN, TINY, losses_consuming
+
+    seen = 0
+    for name, ctx in contexts:
+        rows = [(f, l) for s in range(len(ctx.seg.steps)) for f, l in _runs(ctx, s, "backward")]
+        if not rows:
+            continue
+        # the largest block made before each run: a vocabulary-sized output's threshold to test against
+        vocab = np.array([0.45 * int(ctx.size[ctx.alloc < f].max(initial=0)) for f, _ in rows])
+        sizes, bounds, consumed = losses_consuming(ctx, np.array(rows, np.int64), vocab)
+        for k, ((b0, b1), vb) in enumerate(zip(rows, vocab)):
+            opening = [int(x) for x in ctx.size[_allocs(ctx, b0, b1)] if x > TINY][:LOSS_GRAD_WITHIN]
+            assert sizes[bounds[k]:bounds[k + 1]].tolist() == opening, (name, b0)
+            hit = next((i for i, x in enumerate(opening) if x >= vb), None)
+            want = hit is not None and all(x < LOSS_GRAD_FIRST * opening[hit] for x in opening[:hit])
+            assert bool(consumed[k]) == want, (name, b0)
+            seen += want
+    assert seen, "no loss consumed a large output in these traces"

@@ -41,13 +41,11 @@ GRAD_SIZE_TOLERANCE = 0.01
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out: list[Pattern] = []
-    for _, last, bwd, idx in ctx.memo("logits_regions", lambda: _regions(ctx)).get(step, ()):
+    for last, bwd, idx, opening in ctx.memo("logits_regions", lambda: _regions(ctx)).get(step, ()):
         sizes = ctx.size[idx]
         big = sizes.max()
         vocab = idx[sizes >= VOCAB_SHARE * big]
-        if not consumed_by_loss(ctx, bwd, VOCAB_SHARE * big):
-            continue
-        logits = _consumed(ctx, vocab, bwd)
+        logits = _consumed(ctx, vocab, opening)
         vocab = vocab[ctx.alloc[vocab] >= ctx.alloc[logits]]  # what the loss made from them, not a workspace before
         made = int(ctx.memo("made_by_linear", lambda: made_by_linear(ctx.trace))[ctx.trace.stack[int(ctx.alloc[logits])]])
         noun = "vocabulary-sized" if made == LINEAR else "logits-sized"
@@ -96,13 +94,40 @@ def _regions(ctx: Context) -> dict[int, list]:
     start = np.zeros(len(first), np.int64)
     start[region[at]] = at
     vocab_k = sizes[np.minimum(start + k, max(len(sizes) - 1, 0))] if len(sizes) else big
-    ok &= ~(k < LATE * count) & ~(body * ABOVE_ACTIVATIONS > vocab_k)
+    ok &= ~(k < LATE * count) & ~(body * ABOVE_ACTIVATIONS > vocab_k) & (bwd[:, 0] >= 0)
+    pre = np.flatnonzero(ok)
+    opening, bounds, consumed = losses_consuming(ctx, bwd[pre], VOCAB_SHARE * big[pre])
     out: dict[int, list] = {}
-    for r in np.flatnonzero(ok).tolist():
-        b = None if bwd[r, 0] < 0 else (int(bwd[r, 0]), int(bwd[r, 1]))
-        out.setdefault(int(step[r]), []).append(
-            (int(first[r]), int(last[r]), b, idx[start[r]:start[r] + count[r]]))
+    for j, r in zip(np.flatnonzero(consumed).tolist(), pre[consumed].tolist()):
+        out.setdefault(int(step[r]), []).append((int(last[r]), (int(bwd[r, 0]), int(bwd[r, 1])),
+                                                 idx[start[r]:start[r] + count[r]], opening[bounds[j]:bounds[j + 1]]))
     return out
+
+
+def losses_consuming(ctx: Context, bwd: np.ndarray, vocab_bytes: np.ndarray):
+    """Evidence, for many regions at once, that a loss consumed a vocabulary-sized output (at least
+    ``vocab_bytes``): its backward run (``bwd``: rows of first, last event) begins with a gradient of
+    that size, among its first LOSS_GRAD_WITHIN allocations above TINY bytes (its opening), and what
+    comes before that gradient is small beside it. Returns the openings' sizes one after another,
+    each region's bounds in them, and the evidence per region."""
+    lo, hi = ctx.alloc.searchsorted(bwd[:, 0]), ctx.alloc.searchsorted(bwd[:, 1] + 1)
+    reg = np.repeat(np.arange(len(bwd)), hi - lo)
+    idx = np.arange(len(reg)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
+    size = ctx.size[idx]
+    above = size > TINY
+    c = np.concatenate([[0], np.cumsum(above)])
+    seen = c[1:] - np.repeat(c[np.cumsum(hi - lo) - (hi - lo)], hi - lo)
+    keep = above & (seen <= LOSS_GRAD_WITHIN)  # seen: how many above TINY so far in its run, itself included
+    size, reg, pos = size[keep], reg[keep], seen[keep] - 1
+    bounds = np.searchsorted(reg, np.arange(len(bwd) + 1))
+    hit = np.full(len(bwd), LOSS_GRAD_WITHIN)
+    np.minimum.at(hit, reg[size >= vocab_bytes[reg]], pos[size >= vocab_bytes[reg]])
+    found = hit < LOSS_GRAD_WITHIN
+    at_hit = size[np.minimum(bounds[:-1] + hit, max(len(size) - 1, 0))] if len(size) else np.zeros(len(bwd), np.int64)
+    small = np.ones(len(bwd), bool)  # what comes before the gradient is small beside it
+    early = pos < hit[reg]
+    np.logical_and.at(small, reg[early], size[early] < LOSS_GRAD_FIRST * at_hit[reg[early]])
+    return size, bounds, found & small
 
 
 def _positions(region: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -141,36 +166,16 @@ def all_microbatches(ctx: Context):
     return f0[use], last[use], bwd[use], step[use]
 
 
-def _backward_opening(ctx: Context, bwd) -> np.ndarray:
-    """Sizes of backward's first LOSS_GRAD_WITHIN allocations above TINY bytes: where the loss's
-    gradient of the logits is. Read twice per backward run (consumed_by_loss, _consumed), so kept."""
-    def compute():
-        sizes = ctx.size[ctx.allocs_between(bwd[0], bwd[1])]
-        return sizes[sizes > TINY][:LOSS_GRAD_WITHIN]
-
-    return ctx.memo(("backward_opening", int(bwd[0]), int(bwd[1])), compute)
-
-
-def consumed_by_loss(ctx: Context, bwd, vocab_bytes: float) -> bool:
-    """Evidence that a loss consumed a vocabulary-sized output: its backward begins with a gradient
-    of that size (see LOSS_GRAD_WITHIN)."""
-    if bwd is None:
-        return False
-    first = _backward_opening(ctx, bwd)
-    hit = np.flatnonzero(first >= vocab_bytes)
-    return bool(len(hit)) and bool((first[:hit[0]] < LOSS_GRAD_FIRST * first[hit[0]]).all())
-
-
 def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, region_last: int,
             made: int) -> Pattern:
     a, f, size = int(ctx.alloc[logits]), int(ctx.free[logits]), int(ctx.size[logits])
     s0, s1, _ = ctx.seg.steps[step]
     p = ctx.peak_in(s0, s1 - 1)
     # Every vocabulary-sized tensor alive at the step's peak: logits, their copies, their gradients.
-    step_allocs = ctx.allocs_between(s0, s1 - 1)
-    vs = step_allocs[ctx.size[step_allocs] >= VOCAB_SHARE * big]
-    live = vs[(ctx.alloc[vs] <= p) & (ctx.free[vs] > p)]
-    vocab_bytes = int(ctx.size[live].sum())
+    lo, hi = int(ctx.alloc.searchsorted(s0)), int(ctx.alloc.searchsorted(s1))  # the step's allocations
+    sizes = ctx.size[lo:hi]
+    live = (sizes >= VOCAB_SHARE * big) & (ctx.alloc[lo:hi] <= p) & (ctx.free[lo:hi] > p)
+    vocab_bytes = int(sizes[live].sum())
     share = vocab_bytes / max(int(ctx.level[p]), 1)
     end = min(f, ctx.n - 1)
     # a library's workspace made in forward can be larger (cuDNN's LSTM: h11_tbptt_lstm)
@@ -194,15 +199,13 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
     )
 
 
-def _consumed(ctx: Context, vocab: np.ndarray, bwd) -> int:
+def _consumed(ctx: Context, vocab: np.ndarray, sizes: np.ndarray) -> int:
     """The logits among the vocabulary-sized blocks: the first, unless its size is none of the
     logits' gradient's (the same, or 2x either way: bf16 logits and an fp32 gradient) while a later
     one's is. A library's workspace can be the first: cuDNN's LSTM makes a 124 MB one before the 82 MB
-    logits (h11_tbptt_lstm, where it was "the LM head's output")."""
+    logits (h11_tbptt_lstm, where it was "the LM head's output"). ``sizes``: the backward run's opening
+    (losses_consuming), where that gradient is."""
     first = int(vocab[0])
-    if bwd is None:
-        return first
-    sizes = _backward_opening(ctx, bwd)
     grad = sizes[sizes >= VOCAB_SHARE * int(ctx.size[vocab].max())]
     if not len(grad):
         return first

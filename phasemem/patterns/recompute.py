@@ -187,6 +187,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     fwd_runs = ctx.runs_of(step, "forward")
     bwd_runs = ctx.runs_of(step, "backward")
     echoing = ctx.memo("echoing_backward_runs", lambda: echoing_runs(ctx))
+    told = len(_checkpoint_positions(ctx)) or len(_replay_positions(ctx))
     if echoing.intersection(b0 for b0, _ in bwd_runs):
         # the step's k-grams hashed once, sliced per run (not kept: 8 bytes an allocation)
         lo = int(ctx.alloc.searchsorted(min(r[0] for r in fwd_runs + bwd_runs)))
@@ -200,6 +201,8 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
             good = _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
         if len(good) < MIN_RUNS:
+            if not told:
+                continue  # no allocation of checkpoint's or of a replay anywhere: neither can tell a run
             # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
             # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
             framed = _from_frames(ctx, step, bwd, b1) or _from_rng_replays(ctx, step, bwd, b1)
@@ -291,14 +294,26 @@ def _checkpoint_runs(ctx: Context, bwd: np.ndarray):
 def _checkpoint_allocs(ctx: Context, bwd: np.ndarray) -> int:
     """How many of the consecutive allocations ``bwd`` checkpoint's recompute made, workspaces aside
     (what _checkpoint_runs would find runs in), by two searches in the trace's list of them."""
-    def compute():  # their positions, sorted: none in a trace without checkpointing
+    if int(bwd[-1]) - int(bwd[0]) != len(bwd) - 1:
+        return len(bwd)  # not one stretch: count nothing, _checkpoint_runs reads them one by one
+    at = _checkpoint_positions(ctx)
+    return int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0])))
+
+
+def _checkpoint_positions(ctx: Context) -> np.ndarray:
+    """The allocations (positions, sorted) that checkpoint's recompute made, workspaces aside: none in
+    a trace without checkpointing."""
+    def compute():
         ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc]]
         return np.flatnonzero(ck & ~ctx.made_by_workspace_getter(ctx.alloc))
 
-    if int(bwd[-1]) - int(bwd[0]) != len(bwd) - 1:
-        return len(bwd)  # not one stretch: count nothing, _checkpoint_runs reads them one by one
-    at = ctx.memo("checkpoint_allocs", compute)
-    return int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0])))
+    return ctx.memo("checkpoint_allocs", compute)
+
+
+def _replay_positions(ctx: Context) -> np.ndarray:
+    """The allocations (positions, sorted) of a compiled backward's RNG replays (infer.frames.rng_replays)."""
+    table = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))
+    return ctx.memo("rng_replay_allocs", lambda: np.flatnonzero(table[ctx.trace.stack[ctx.alloc]]))
 
 
 def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
@@ -330,7 +345,7 @@ def _from_rng_replays(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Patt
         return None
     table = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))
     if int(bwd[-1]) - int(bwd[0]) == len(bwd) - 1:  # one stretch: count its replays by two searches first
-        at = ctx.memo("rng_replay_allocs", lambda: np.flatnonzero(table[ctx.trace.stack[ctx.alloc]]))
+        at = _replay_positions(ctx)
         if int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0]))) < MIN_RUNS:
             return None  # fewer replays than runs wanted (every run of a trace not compiled with checkpoints)
     starts, stops = _runs(table[ctx.trace.stack[ctx.alloc[bwd]]], 0)
