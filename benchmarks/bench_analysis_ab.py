@@ -4,7 +4,8 @@ Each round runs both trees in fresh processes, in alternating order (A B, B A, .
 reading the trace once (unprofiled) and timing ``analyze_trace`` under ``no_gc()`` (as ``analyze``
 runs it) ``--inner`` times, keeping its best. The table gives each tree's median over rounds, and
 the median of the per-round ratios B / A (which the other agents' load moves less than either
-alone). CPU seconds are ``time.process_time``: wall time on a shared 2-core machine moves ±30 %.
+alone), and each beside the floor: ``pickle.load`` of the file with the collector off, in a fresh
+process at the start of every round. CPU seconds are ``time.process_time``: wall time on a shared 2-core machine moves ±30 %.
 
 Run (from the repository root; A is usually an export of the commit before, B this tree):
 
@@ -38,6 +39,18 @@ print(json.dumps({"cpu": best_cpu, "wall": best_wall, "events": len(trace)}))
 """
 
 
+_FLOOR = ("import gc, pickle, sys, time\ngc.disable()\nt, c = time.perf_counter(), time.process_time()\n"
+          "with open(sys.argv[1], 'rb') as f:\n    pickle.load(f)\n"
+          "print(time.perf_counter() - t, time.process_time() - c)\n")
+
+
+def floor(trace: Path) -> dict:
+    """``pickle.load`` of the file with the collector off (the floor), in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", _FLOOR, str(trace)], capture_output=True, text=True, check=True)
+    wall, cpu = map(float, out.stdout.split())
+    return {"wall": wall, "cpu": cpu}
+
+
 def run_one(tree: Path, trace: Path, markers: str, inner: int) -> dict:
     """One fresh process of ``tree`` timing ``analyze_trace`` of ``trace``."""
     out = subprocess.run([sys.executable, "-c", _CHILD, str(tree.resolve()), str(trace), markers, str(inner)],
@@ -54,20 +67,24 @@ def main(argv=None) -> int:
     ap.add_argument("--inner", type=int, default=2)
     ap.add_argument("--markers", default="")
     args = ap.parse_args(argv)
-    res: dict[str, list[dict]] = {"A": [], "B": []}
+    res: dict[str, list[dict]] = {"A": [], "B": [], "floor": []}
     for r in range(args.rounds):
+        res["floor"].append(floor(args.trace))
         order = (("A", args.a), ("B", args.b)) if r % 2 == 0 else (("B", args.b), ("A", args.a))
         for name, tree in order:
             res[name].append(run_one(tree, args.trace, args.markers, args.inner))
         print(f"round {r + 1}: " + "  ".join(f"{k} cpu {v[-1]['cpu']:.3f} s wall {v[-1]['wall']:.3f} s"
                                             for k, v in res.items()), flush=True)
+    print("(floor: pickle.load of the file, collector off, in a fresh process each round)")
     print(f"\n{args.trace.name}: {res['A'][0]['events']:,} events; A = {args.a}, B = {args.b}; "
           f"{args.rounds} rounds, best of {args.inner} each")
     for key in ("cpu", "wall"):
         a = statistics.median(x[key] for x in res["A"])
         b = statistics.median(x[key] for x in res["B"])
         ratio = statistics.median(y[key] / x[key] for x, y in zip(res["A"], res["B"]))
-        print(f"  analyze_trace {key:<4}  A {a:6.3f} s   B {b:6.3f} s   B / A (median of rounds) {ratio:5.2f}")
+        f = statistics.median(x[key] for x in res["floor"])
+        print(f"  analyze_trace {key:<4}  A {a:6.3f} s ({a / f:4.2f} x floor)   B {b:6.3f} s ({b / f:4.2f} x floor)"
+              f"   B / A (median of rounds) {ratio:5.2f}   floor {f:6.3f} s")
     return 0
 
 

@@ -188,18 +188,10 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     bwd_runs = ctx.runs_of(step, "backward")
     echoing = ctx.memo("echoing_backward_runs", lambda: echoing_runs(ctx))
     told = len(_checkpoint_positions(ctx)) or len(_replay_positions(ctx))
-    if echoing.intersection(b0 for b0, _ in bwd_runs):
-        # the step's k-grams hashed once, sliced per run (not kept: 8 bytes an allocation)
-        lo = int(ctx.alloc.searchsorted(min(r[0] for r in fwd_runs + bwd_runs)))
-        hi = int(ctx.alloc.searchsorted(max(r[1] for r in fwd_runs + bwd_runs) + 1))
-        step_grams = (lo, _kgrams(ctx.size[lo:hi], K))
+    step_grams = _step_grams(ctx, fwd_runs, bwd_runs) if echoing.intersection(b0 for b0, _ in bwd_runs) else None
     for b0, b1 in bwd_runs:
         bwd = ctx.allocs_between(b0, b1)
-        good = []
-        if b0 in echoing:
-            fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
-            fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
-            good = _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
+        good = _echoed(ctx, fwd_runs, bwd_runs, bwd, b0, b1, step_grams) if b0 in echoing else []
         if len(good) < MIN_RUNS:
             if not told:
                 continue  # no allocation of checkpoint's or of a replay anywhere: neither can tell a run
@@ -248,6 +240,20 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                       "evidence": "sizes" if blocks is None else "frames"},
             confidence=SIZES_CONFIDENCE if blocks is None else 1.0))
     return out
+
+
+def _step_grams(ctx: Context, fwd_runs, bwd_runs) -> tuple[int, np.ndarray]:
+    """The step's k-grams hashed once, sliced per run (not kept: 8 bytes an allocation), from its first allocation."""
+    lo = int(ctx.alloc.searchsorted(min(r[0] for r in fwd_runs + bwd_runs)))
+    hi = int(ctx.alloc.searchsorted(max(r[1] for r in fwd_runs + bwd_runs) + 1))
+    return lo, _kgrams(ctx.size[lo:hi], K)
+
+
+def _echoed(ctx: Context, fwd_runs, bwd_runs, bwd: np.ndarray, b0: int, b1: int, step_grams) -> list[tuple[int, int]]:
+    """_size_runs of the backward run b0..b1 (its allocations ``bwd``) against its own forward."""
+    fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
+    fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
+    return _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
 
 
 def _span(ctx: Context, bwd: np.ndarray, starts, stops, b1: int) -> tuple[int, int, int]:
