@@ -116,11 +116,11 @@ def _frees_by_run(ctx: Context) -> dict[int, tuple[int, int]]:
     """Per zero_grad run (by its first event): the bytes its frees release and how many, every run at
     once. Counted by the curve, so gradients made before recording began (a warm-up step) count too."""
     runs = np.flatnonzero(ctx.run_phase == P["zero_grad"])
+    if not len(runs):
+        return {}
     z0, z1 = ctx.run_first[runs], ctx.run_last[runs]
     ev = np.arange(int((z1 - z0 + 1).sum())) - np.repeat(np.cumsum(z1 - z0 + 1) - (z1 - z0 + 1) - z0, z1 - z0 + 1)
     d = ctx.timeline.active_after[ev] - ctx.before[ev]  # their changes (no whole-trace delta)
-    if not len(runs):
-        return {}
     starts = np.concatenate([[0], np.cumsum(z1 - z0 + 1)[:-1]])
     freed = np.add.reduceat(np.where(d < 0, -d, 0), starts)
     count = np.add.reduceat(d < 0, starts)

@@ -61,8 +61,9 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
 
 
 def _regions(ctx: Context) -> dict[int, list]:
-    """Per step, the microbatches' regions whose forward-or-loss allocations end in logits by size
-    (first, last, backward run, those allocations): every region of every step tested at once."""
+    """Per step, the microbatches' regions whose forward-or-loss allocations end in logits by size and
+    whose loss consumed them (last event, backward run, those allocations, the backward run's opening):
+    every region of every step tested at once."""
     first, last, bwd, step = all_microbatches(ctx)
     lo, hi = ctx.alloc.searchsorted(first), ctx.alloc.searchsorted(last + 1)
     region = np.repeat(np.arange(len(first)), hi - lo)
