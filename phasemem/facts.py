@@ -65,15 +65,18 @@ class Context:
 
     def runs_of(self, step: int, phase: str) -> tuple[tuple[int, int], ...]:
         """The (first, last) events of a step's runs of a phase, in event order."""
-        def compute():
-            # grouped once: every detector asks for every step, and a mask per call is steps x runs
-            out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            for f, l, p, s in zip(self.run_first.tolist(), self.run_last.tolist(), self.run_phase.tolist(),
-                                  self.run_step.tolist()):
-                out.setdefault((s, p), []).append((f, l))
-            return {k: tuple(v) for k, v in out.items()}  # shared by every caller: not to be changed
+        table = self._memo.get("runs_by_step_phase")  # (no closure made per call: ~20,000 calls at 1M events)
+        if table is None:
+            table = self.memo("runs_by_step_phase", self._runs_by_step_phase)
+        return table.get((step, P[phase]), ())
 
-        return self.memo("runs_by_step_phase", compute).get((step, P[phase]), ())
+    def _runs_by_step_phase(self) -> dict:
+        # grouped once: every detector asks for every step, and a mask per call is steps x runs
+        out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for f, l, p, s in zip(self.run_first.tolist(), self.run_last.tolist(), self.run_phase.tolist(),
+                              self.run_step.tolist()):
+            out.setdefault((s, p), []).append((f, l))
+        return {k: tuple(v) for k, v in out.items()}  # shared by every caller: not to be changed
 
     def optimizer_in_backward(self, step: int) -> bool:
         """Whether the step's optimizer runs inside its backward (spans.backward_resumed)."""
@@ -177,24 +180,37 @@ def update_gradients(ctx: Context, step: int) -> np.ndarray:
     are gradients, but no update reads them and zero_grad does not release them
     (h16_accum_grad_buffers: 4 x 113 MiB were "gradients, 452 MiB ... they stay until zero_grad"
     and Adam's state "0.50x the gradients")."""
-    def compute():
-        idx = gradient_allocs(ctx, step)
-        if not len(idx):
-            return idx
-        later = np.array([b0 for b0, _ in ctx.runs_of(step, "backward")] +
-                         [o0 for o0, _ in ctx.runs_of(step, "optimizer")], dtype=np.int64)
-        a, f = ctx.alloc[idx], ctx.free[idx]
-        after = np.sort(later)
-        k = np.searchsorted(after, a, "right")  # the first backward or update run begun after it was made
-        # with no backward or update after it in the step, nothing tells (the update may lie in a
-        # step the phases cut apart: heldout_bert_mlm without frames lost 30 MiB of its 43 that way)
-        has_next = k < len(after)
-        nxt = after[np.minimum(k, max(len(after) - 1, 0))] if len(after) else np.zeros(len(idx), np.int64)
-        at_free = ctx.seg.labels[np.minimum(f, ctx.n - 1)]
-        passed = has_next & (f < nxt) & ~np.isin(at_free, [P["zero_grad"], P["optimizer"]])
-        return idx[~passed]
+    idx, bounds = update_gradients_by_step(ctx)
+    if not 0 <= step < len(bounds) - 1:
+        return idx[:0]
+    return idx[bounds[step]:bounds[step + 1]]
 
-    return ctx.memo(("update_gradients", step), compute)
+
+def update_gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    """update_gradients of every step at once (gradients_by_step's form: the allocation indices by
+    step then event, and each step's bounds in them)."""
+    return ctx.memo("update_gradients_by_step", lambda: _update_gradients(ctx))
+
+
+def _update_gradients(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    idx, bounds = gradients_by_step(ctx)
+    n_steps, width = len(bounds) - 1, ctx.n + 1
+    step = np.repeat(np.arange(n_steps, dtype=np.int64), np.diff(bounds))
+    # every step's backward and update runs by (step, first event) in one sorted key: the first one
+    # begun after a gradient was made, in its own step, is one search for all of them
+    sel = (((ctx.run_phase == P["backward"]) | (ctx.run_phase == P["optimizer"]))
+           & (ctx.run_step >= 0) & (ctx.run_step < n_steps))
+    later = np.sort(ctx.run_step[sel] * width + ctx.run_first[sel])
+    a, f = ctx.alloc[idx], ctx.free[idx]
+    k = np.searchsorted(later, step * width + a, "right")
+    nxt = later[np.minimum(k, len(later) - 1)] if len(later) else np.zeros(len(idx), np.int64)
+    # with no backward or update after it in the step, nothing tells (the update may lie in a
+    # step the phases cut apart: heldout_bert_mlm without frames lost 30 MiB of its 43 that way)
+    has_next = (k < len(later)) & (nxt // width == step)
+    at_free = ctx.seg.labels[np.minimum(f, ctx.n - 1)]
+    passed = has_next & (f < nxt % width) & (at_free != P["zero_grad"]) & (at_free != P["optimizer"])
+    kept = np.concatenate([[0], np.cumsum(~passed)])
+    return idx[~passed], kept[bounds]
 
 
 def _released_sizes(ctx: Context) -> np.ndarray:

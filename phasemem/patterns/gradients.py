@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context, update_gradients
+from ..facts import Context, update_gradients, update_gradients_by_step
 from ..model import Pattern
 from ..units import format_bytes
+from ..vocab import P
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
@@ -15,18 +16,33 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     return _stripes(ctx, step, grads) + _releases(ctx, step) + _accumulation(ctx, step, grads)
 
 
+def stripes_by_step(ctx: Context) -> np.ndarray:
+    """Per step, of its update gradients (facts.update_gradients_by_step): bytes in all, the last one's
+    bytes, and whether the last is alone the largest; one row a step, every step at once."""
+    idx, bounds = update_gradients_by_step(ctx)
+    out = np.zeros((len(bounds) - 1, 3), np.int64)
+    some = np.flatnonzero(np.diff(bounds) > 0)
+    if not len(some):
+        return out
+    starts, ends = bounds[some], bounds[some + 1]
+    size = ctx.size[idx].astype(np.int64)
+    total = np.add.reduceat(size, starts)
+    largest = np.maximum.reduceat(size, starts)
+    tail = size[ends - 1]
+    ties = np.add.reduceat(size == np.repeat(tail, ends - starts), starts)
+    out[some] = np.stack([total, tail, (tail == largest) & (ties == 1)], 1)
+    return out
+
+
 def _stripes(ctx: Context, step: int, grads) -> list[Pattern]:
     out = []
     if len(grads):
         first, last = int(ctx.alloc[grads[0]]), int(ctx.alloc[grads[-1]])
-        total = int(ctx.size[grads].sum())
-        tail = int(ctx.size[grads[-1]])
+        total, tail, alone = ctx.memo("gradient_stripes", lambda: stripes_by_step(ctx))[step].tolist()
         # The embedding's gradient comes last and is the one largest (vocabulary × width); a last gradient
         # that is not alone at the top is some other first layer (cranberrii_ftcourse: a LoRA adapter's,
         # 128 KiB like a dozen others, the embedding frozen), so nothing is said of it.
-        sizes = ctx.size[grads]
-        embedding = (" — in a language model that is the embedding's, the first layer of forward"
-                     if tail == int(sizes.max()) and int((sizes == tail).sum()) == 1 else "")
+        embedding = " — in a language model that is the embedding's, the first layer of forward" if alone else ""
         text = (f"Gradients: {len(grads)} buffers, {format_bytes(total)} in all, allocated as backward reaches "
                 f"each layer (the stripes); the last ({format_bytes(tail)}) comes at the very end{embedding}. They "
                 f"stay until zero_grad or the next step. A dense gradient has its parameter's size, so their total is "
@@ -69,12 +85,9 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
     for z0, z1 in ctx.runs_of(step, "zero_grad"):
         if inside and bwd[0][0] < z0 < bwd[-1][1]:
             continue  # a per-parameter zero_grad of an update inside backward: the stripes say so
-        # count by the curve, so gradients made before recording began (a warm-up step) count too
-        d = ctx.timeline.active_after[z0:z1 + 1] - ctx.before[z0:z1 + 1]  # their changes (no whole-trace delta)
-        freed = d[d < 0]
-        if not len(freed):
+        nbytes, count = ctx.memo("zero_grad_frees", lambda: _frees_by_run(ctx)).get(z0, (0, 0))
+        if not count:
             continue
-        nbytes = int(-freed.sum())
         # the advice only where it applies: a zero_grad after this step's forward began
         fwd = ctx.runs_of(step, "forward")
         late = any(f0 < z0 for f0, _ in fwd)
@@ -94,9 +107,24 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
                 f"The gradients are released (zero_grad(set_to_none=True), or each .grad set to none by hand): "
                 f"{format_bytes(nbytes)} freed at once.{advice}"
             ),
-            details={"release": True, "count": int(len(freed))},
+            details={"release": True, "count": count},
         ))
     return out
+
+
+def _frees_by_run(ctx: Context) -> dict[int, tuple[int, int]]:
+    """Per zero_grad run (by its first event): the bytes its frees release and how many, every run at
+    once. Counted by the curve, so gradients made before recording began (a warm-up step) count too."""
+    runs = np.flatnonzero(ctx.run_phase == P["zero_grad"])
+    if not len(runs):
+        return {}
+    z0, z1 = ctx.run_first[runs], ctx.run_last[runs]
+    ev = np.arange(int((z1 - z0 + 1).sum())) - np.repeat(np.cumsum(z1 - z0 + 1) - (z1 - z0 + 1) - z0, z1 - z0 + 1)
+    d = ctx.timeline.active_after[ev] - ctx.before[ev]  # their changes (no whole-trace delta)
+    starts = np.concatenate([[0], np.cumsum(z1 - z0 + 1)[:-1]])
+    freed = np.add.reduceat(np.where(d < 0, -d, 0), starts)
+    count = np.add.reduceat(d < 0, starts)
+    return {f: (b, c) for f, b, c in zip(z0.tolist(), freed.tolist(), count.tolist())}
 
 
 #: The first micro-batch's backward makes the gradients the later ones add into: at least this share

@@ -39,50 +39,13 @@ LOSS_GRAD_FIRST = 0.125
 GRAD_SIZE_TOLERANCE = 0.01
 
 
-def microbatches(ctx: Context, step: int) -> list[tuple[int, int, tuple[int, int] | None]]:
-    """(first, last) event of each forward+loss region in a step, with the backward run that follows."""
-    fwd = ctx.runs_of(step, "forward")
-    bwd = ctx.runs_of(step, "backward")
-    out = []
-    for k, (f0, f1) in enumerate(fwd):
-        nxt_fwd = fwd[k + 1][0] if k + 1 < len(fwd) else None
-        b = next((r for r in bwd if r[0] > f1 and (nxt_fwd is None or r[0] < nxt_fwd)), None)
-        if b is not None:
-            out.append((f0, b[0] - 1, b))
-        elif nxt_fwd is None or nxt_fwd > f1 + 1:
-            # Forward with no backward before the next forward: an inner forward (a nested call)
-            # or inference; the region still ends at the next forward.
-            out.append((f0, (nxt_fwd - 1) if nxt_fwd is not None else f1, None))
-    return out
-
-
 def detect(ctx: Context, step: int) -> list[Pattern]:
     out: list[Pattern] = []
-    for first, last, bwd in microbatches(ctx, step):
-        idx = _forward_or_loss(ctx, first, last)
-        if step == 0:
-            # The first step's workspaces (made by the first matmul, never freed) are no tensors; they
-            # come early. Logits a script still holds at the end are late (magma27_cs336 keeps them).
-            early = np.arange(len(idx)) < LATE * len(idx)
-            idx = idx[(ctx.free[idx] < ctx.n) | ~early]
-        if len(idx) < 4:
-            continue
+    for last, bwd, idx, opening in ctx.memo("logits_regions", lambda: _regions(ctx)).get(step, ()):
         sizes = ctx.size[idx]
         big = sizes.max()
-        is_vocab = sizes >= VOCAB_SHARE * big
-        k = int(np.argmax(is_vocab))
-        # Compare with the body of the network (the first part of forward), not with what comes
-        # right before the logits: that is often the LM head's own weight cast to bf16 (vocab × d).
-        body = idx[: max(int(LATE * len(idx)), 1)]
-        # ... and among the body's activations: a workspace made lazily by the first matmul (32 MiB
-        # of cuBLAS's on Hopper) is never freed and says nothing about the network.
-        body = ctx.size[body[ctx.free[body] < ctx.n]]
-        if k < LATE * len(idx) or (len(body) and body.max() * ABOVE_ACTIVATIONS > sizes[k]):
-            continue
-        vocab = idx[is_vocab]
-        if not consumed_by_loss(ctx, bwd, VOCAB_SHARE * big):
-            continue
-        logits = _consumed(ctx, vocab, bwd)
+        vocab = idx[sizes >= VOCAB_SHARE * big]
+        logits = _consumed(ctx, vocab, opening)
         vocab = vocab[ctx.alloc[vocab] >= ctx.alloc[logits]]  # what the loss made from them, not a workspace before
         made = int(ctx.memo("made_by_linear", lambda: made_by_linear(ctx.trace))[ctx.trace.stack[int(ctx.alloc[logits])]])
         noun = "vocabulary-sized" if made == LINEAR else "logits-sized"
@@ -97,31 +60,111 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
-def _forward_or_loss(ctx: Context, first: int, last: int) -> np.ndarray:
-    """Indices (into the alloc arrays) of the allocations made at events first..last in forward or the loss."""
-    idx = ctx.allocs_between(first, last)
+def _regions(ctx: Context) -> dict[int, list]:
+    """Per step, the microbatches' regions whose forward-or-loss allocations end in logits by size and
+    whose loss consumed them (last event, backward run, those allocations, the backward run's opening):
+    every region of every step tested at once."""
+    first, last, bwd, step = all_microbatches(ctx)
+    lo, hi = ctx.alloc.searchsorted(first), ctx.alloc.searchsorted(last + 1)
+    region = np.repeat(np.arange(len(first)), hi - lo)
+    idx = np.arange(len(region)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
     pa = ctx.phase_at_alloc[idx]
-    return idx[(pa == P["forward"]) | (pa == P["loss"])]  # np.isin costs 10x this, once per step
+    keep = (pa == P["forward"]) | (pa == P["loss"])  # np.isin costs 10x this
+    idx, region = idx[keep], region[keep]
+    pos, count = _positions(region, len(first))
+    # The first step's workspaces (made by the first matmul, never freed) are no tensors; they
+    # come early. Logits a script still holds at the end are late (magma27_cs336 keeps them).
+    keep = (ctx.free[idx] < ctx.n) | ~(pos < LATE * count[region]) | (step[region] != 0)
+    idx, region = idx[keep], region[keep]
+    pos, count = _positions(region, len(first))
+    ok = count >= 4
+    at = np.flatnonzero(np.concatenate([[True], region[1:] != region[:-1]])) if len(region) else region
+    sizes = ctx.size[idx]
+    big = np.zeros(len(first), sizes.dtype)
+    big[region[at]] = np.maximum.reduceat(sizes, at) if len(at) else big[:0]
+    is_vocab = sizes >= VOCAB_SHARE * big[region]
+    k = np.full(len(first), len(region))
+    k[region[at]] = np.minimum.reduceat(np.where(is_vocab, pos, len(region)), at) if len(at) else k[:0]
+    # Compare with the body of the network (the first part of forward), not with what comes
+    # right before the logits: that is often the LM head's own weight cast to bf16 (vocab × d);
+    # and among the body's activations: a workspace made lazily by the first matmul (32 MiB
+    # of cuBLAS's on Hopper) is never freed and says nothing about the network.
+    in_body = (pos < np.maximum((LATE * count).astype(np.int64), 1)[region]) & (ctx.free[idx] < ctx.n)
+    body = np.zeros(len(first), sizes.dtype)
+    body[region[at]] = np.maximum.reduceat(np.where(in_body, sizes, 0), at) if len(at) else body[:0]
+    start = np.zeros(len(first), np.int64)
+    start[region[at]] = at
+    vocab_k = sizes[np.minimum(start + k, max(len(sizes) - 1, 0))] if len(sizes) else big
+    ok &= ~(k < LATE * count) & ~(body * ABOVE_ACTIVATIONS > vocab_k) & (bwd[:, 0] >= 0)
+    pre = np.flatnonzero(ok)
+    opening, bounds, consumed = losses_consuming(ctx, bwd[pre], VOCAB_SHARE * big[pre])
+    out: dict[int, list] = {}
+    for j, r in zip(np.flatnonzero(consumed).tolist(), pre[consumed].tolist()):
+        out.setdefault(int(step[r]), []).append((int(last[r]), (int(bwd[r, 0]), int(bwd[r, 1])),
+                                                 idx[start[r]:start[r] + count[r]], opening[bounds[j]:bounds[j + 1]]))
+    return out
 
 
-def _backward_opening(ctx: Context, bwd) -> np.ndarray:
-    """Sizes of backward's first LOSS_GRAD_WITHIN allocations above TINY bytes: where the loss's
-    gradient of the logits is. Read twice per backward run (consumed_by_loss, _consumed), so kept."""
-    def compute():
-        sizes = ctx.size[ctx.allocs_between(bwd[0], bwd[1])]
-        return sizes[sizes > TINY][:LOSS_GRAD_WITHIN]
+def losses_consuming(ctx: Context, bwd: np.ndarray, vocab_bytes: np.ndarray):
+    """Evidence, for many regions at once, that a loss consumed a vocabulary-sized output (at least
+    ``vocab_bytes``): its backward run (``bwd``: rows of first, last event) begins with a gradient of
+    that size, among its first LOSS_GRAD_WITHIN allocations above TINY bytes (its opening), and what
+    comes before that gradient is small beside it. Returns the openings' sizes one after another,
+    each region's bounds in them, and the evidence per region."""
+    lo, hi = ctx.alloc.searchsorted(bwd[:, 0]), ctx.alloc.searchsorted(bwd[:, 1] + 1)
+    reg = np.repeat(np.arange(len(bwd)), hi - lo)
+    idx = np.arange(len(reg)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
+    size = ctx.size[idx]
+    above = size > TINY
+    c = np.concatenate([[0], np.cumsum(above)])
+    seen = c[1:] - np.repeat(c[np.cumsum(hi - lo) - (hi - lo)], hi - lo)
+    keep = above & (seen <= LOSS_GRAD_WITHIN)  # seen: how many above TINY so far in its run, itself included
+    size, reg, pos = size[keep], reg[keep], seen[keep] - 1
+    bounds = np.searchsorted(reg, np.arange(len(bwd) + 1))
+    hit = np.full(len(bwd), LOSS_GRAD_WITHIN)
+    np.minimum.at(hit, reg[size >= vocab_bytes[reg]], pos[size >= vocab_bytes[reg]])
+    found = hit < LOSS_GRAD_WITHIN
+    at_hit = size[np.minimum(bounds[:-1] + hit, max(len(size) - 1, 0))] if len(size) else np.zeros(len(bwd), np.int64)
+    small = np.ones(len(bwd), bool)  # what comes before the gradient is small beside it
+    early = pos < hit[reg]
+    np.logical_and.at(small, reg[early], size[early] < LOSS_GRAD_FIRST * at_hit[reg[early]])
+    return size, bounds, found & small
 
-    return ctx.memo(("backward_opening", int(bwd[0]), int(bwd[1])), compute)
+
+def _positions(region: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each element's place within its region (the regions are runs in ``region``), and each region's length."""
+    count = np.bincount(region, minlength=n)
+    return np.arange(len(region)) - np.repeat(np.cumsum(count) - count, count), count
 
 
-def consumed_by_loss(ctx: Context, bwd, vocab_bytes: float) -> bool:
-    """Evidence that a loss consumed a vocabulary-sized output: its backward begins with a gradient
-    of that size (see LOSS_GRAD_WITHIN)."""
-    if bwd is None:
-        return False
-    first = _backward_opening(ctx, bwd)
-    hit = np.flatnonzero(first >= vocab_bytes)
-    return bool(len(hit)) and bool((first[:hit[0]] < LOSS_GRAD_FIRST * first[hit[0]]).all())
+def all_microbatches(ctx: Context):
+    """Every step's forward+loss regions at once: first and last event of each, the backward run that
+    follows ((-1, -1) for none) and its step, by step then event. A region runs from a forward run to
+    the step's first backward run after it and before the step's next forward run; a forward with no
+    such backward (an inner forward, a nested call, or inference) still ends at the next forward."""
+    n_steps, width = len(ctx.seg.steps), ctx.n + 1
+    none = np.zeros(0, np.int64)
+    in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
+    f = np.flatnonzero((ctx.run_phase == P["forward"]) & in_steps)
+    f = f[np.lexsort((ctx.run_first[f], ctx.run_step[f]))]
+    b = np.flatnonzero((ctx.run_phase == P["backward"]) & in_steps)
+    b = b[np.lexsort((ctx.run_first[b], ctx.run_step[b]))]
+    if not len(f):
+        return none, none, none.reshape(0, 2), none
+    step, f0, f1 = ctx.run_step[f], ctx.run_first[f], ctx.run_last[f]
+    has_nxt = np.append(step[1:] == step[:-1], False)
+    nxt = np.append(f0[1:], -1)
+    j = np.searchsorted(ctx.run_step[b] * width + ctx.run_first[b], step * width + f1, "right")
+    jc = np.minimum(j, max(len(b) - 1, 0))
+    b0 = ctx.run_first[b][jc] if len(b) else np.zeros(len(f), np.int64)
+    b1 = ctx.run_last[b][jc] if len(b) else np.zeros(len(f), np.int64)
+    has_b = (j < len(b)) & (ctx.run_step[b][jc] == step if len(b) else False) & (~has_nxt | (b0 < nxt))
+    # Forward with no backward before the next forward: an inner forward (a nested call)
+    # or inference; the region still ends at the next forward.
+    use = has_b | ~has_nxt | (nxt > f1 + 1)
+    last = np.where(has_b, b0 - 1, np.where(has_nxt, nxt - 1, f1))
+    bwd = np.where(has_b[:, None], np.stack([b0, b1], 1), -1)
+    return f0[use], last[use], bwd[use], step[use]
 
 
 def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, region_last: int,
@@ -130,10 +173,10 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
     s0, s1, _ = ctx.seg.steps[step]
     p = ctx.peak_in(s0, s1 - 1)
     # Every vocabulary-sized tensor alive at the step's peak: logits, their copies, their gradients.
-    step_allocs = ctx.allocs_between(s0, s1 - 1)
-    vs = step_allocs[ctx.size[step_allocs] >= VOCAB_SHARE * big]
-    live = vs[(ctx.alloc[vs] <= p) & (ctx.free[vs] > p)]
-    vocab_bytes = int(ctx.size[live].sum())
+    lo, hi = int(ctx.alloc.searchsorted(s0)), int(ctx.alloc.searchsorted(s1))  # the step's allocations
+    sizes = ctx.size[lo:hi]
+    live = (sizes >= VOCAB_SHARE * big) & (ctx.alloc[lo:hi] <= p) & (ctx.free[lo:hi] > p)
+    vocab_bytes = int(sizes[live].sum())
     share = vocab_bytes / max(int(ctx.level[p]), 1)
     end = min(f, ctx.n - 1)
     # a library's workspace made in forward can be larger (cuDNN's LSTM: h11_tbptt_lstm)
@@ -157,15 +200,13 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
     )
 
 
-def _consumed(ctx: Context, vocab: np.ndarray, bwd) -> int:
+def _consumed(ctx: Context, vocab: np.ndarray, sizes: np.ndarray) -> int:
     """The logits among the vocabulary-sized blocks: the first, unless its size is none of the
     logits' gradient's (the same, or 2x either way: bf16 logits and an fp32 gradient) while a later
     one's is. A library's workspace can be the first: cuDNN's LSTM makes a 124 MB one before the 82 MB
-    logits (h11_tbptt_lstm, where it was "the LM head's output")."""
+    logits (h11_tbptt_lstm, where it was "the LM head's output"). ``sizes``: the backward run's opening
+    (losses_consuming), where that gradient is."""
     first = int(vocab[0])
-    if bwd is None:
-        return first
-    sizes = _backward_opening(ctx, bwd)
     grad = sizes[sizes >= VOCAB_SHARE * int(ctx.size[vocab].max())]
     if not len(grad):
         return first

@@ -232,31 +232,62 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     state = _created_state(ctx, step, grad_bytes)
     if len(state):
         out.append(_state_pattern(ctx, step, state, grad_bytes, cls))
-    for o0, o1 in ctx.runs_of(step, "optimizer"):
-        idx = ctx.allocs_between(o0, o1)
-        idx = idx[ctx.phase_at_alloc[idx] == P["optimizer"]]
-        temp = idx[ctx.free[idx] <= o1]
-        temp = temp[~compiling[ctx.alloc[temp]]]
-        if len(temp) >= 2:
-            out.append(_temporaries(ctx, step, temp, cls, o0, o1))
+    for temp, numbers in ctx.memo("optimizer_temporaries", lambda: temporaries_by_run(ctx, compiling)).get(step, ()):
+        out.append(_temporaries(ctx, step, temp, cls, *numbers))
     if ctx.optimizer_in_backward(step):
         out = _one_update_per_step(out)
     return out
 
 
-def _temporaries(ctx: Context, step: int, temp: np.ndarray, cls: str | None, o0: int, o1: int) -> Pattern:
-    """The 'temple with a flagpole' of the optimizer run from event ``o0`` to ``o1``: its temporaries
-    ``temp`` (at least two)."""
-    delta = np.zeros(o1 - o0 + 2, dtype=np.int64)
-    np.add.at(delta, ctx.alloc[temp] - o0, ctx.size[temp])
-    np.add.at(delta, ctx.free[temp] - o0, -ctx.size[temp])
-    live = np.cumsum(delta)
-    p = o0 + int(np.argmax(live))
-    peak = int(live.max())
-    at_peak = temp[(ctx.alloc[temp] <= p) & (ctx.free[temp] > p)]
+def temporaries_by_run(ctx: Context, compiling: np.ndarray) -> dict[int, list]:
+    """Per step, each optimizer run's temporaries (made and freed inside it, not by torch.compile
+    compiling: ``compiling`` per event), where it has at least two, with (most alive at once, the
+    event where that is first reached, the flagpole): every run of the trace at once. Each
+    temporary lives inside its run, so one running sum over all of them is each run's curve."""
+    n_steps = len(ctx.seg.steps)
+    runs = np.flatnonzero((ctx.run_phase == P["optimizer"]) & (ctx.run_step >= 0) & (ctx.run_step < n_steps))
+    o0, o1 = ctx.run_first[runs], ctx.run_last[runs]
+    lo, hi = ctx.alloc.searchsorted(o0), ctx.alloc.searchsorted(o1 + 1)
+    rid = np.repeat(np.arange(len(runs)), hi - lo)
+    idx = np.arange(len(rid)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
+    keep = (ctx.phase_at_alloc[idx] == P["optimizer"]) & (ctx.free[idx] <= o1[rid])
+    keep[keep] = ~compiling[ctx.alloc[idx[keep]]]
+    idx, rid = idx[keep], rid[keep]
+    keep = (np.bincount(rid, minlength=len(runs)) >= 2)[rid]
+    idx, rid = idx[keep], rid[keep]
+    if not len(idx):
+        return {}
+    a, f, size = ctx.alloc[idx], ctx.free[idx], ctx.size[idx].astype(np.int64)
+    at = np.concatenate([a, f])  # an event makes or frees one block: no two are equal
+    order = np.argsort(at)
+    live, ev, rs = np.cumsum(np.concatenate([size, -size])[order]), at[order], np.concatenate([rid, rid])[order]
+    seg = np.flatnonzero(np.concatenate([[True], rs[1:] != rs[:-1]]))
+    peak = np.maximum.reduceat(live, seg)
+    top = np.minimum.reduceat(np.where(live == np.repeat(peak, np.diff(np.append(seg, len(rs)))),
+                                       np.arange(len(rs)), len(rs)), seg)
+    p = np.where(peak > 0, ev[top], o0[rs[seg]])  # (a run of empty blocks peaks at its start, as argmax did)
+    starts = np.flatnonzero(np.concatenate([[True], rid[1:] != rid[:-1]]))
+    p_of = np.repeat(p, np.diff(np.append(starts, len(rid))))
+    at_peak = (a <= p_of) & (f > p_of)
     # The flagpole is the last sizeable temporary up there, not a scalar made after it.
-    at_peak = at_peak[ctx.size[at_peak] >= 0.1 * ctx.size[at_peak].max()] if len(at_peak) else temp[-1:]
-    pole = at_peak[np.argmax(ctx.alloc[at_peak])]
+    most = np.maximum.reduceat(np.where(at_peak, size, 0), starts)
+    pole = np.maximum.reduceat(np.where(at_peak & (size >= 0.1 * np.repeat(most, np.diff(np.append(starts, len(rid))))),
+                                        np.arange(len(rid)), -1), starts)
+    ends = np.append(starts[1:], len(rid))
+    pole = np.where(pole >= 0, pole, ends - 1)
+    last = np.maximum.reduceat(f, starts)
+    out: dict[int, list] = {}
+    for k, (s0, s1, r) in enumerate(zip(starts.tolist(), ends.tolist(), rid[starts].tolist())):
+        out.setdefault(int(ctx.run_step[runs[r]]), []).append(
+            (idx[s0:s1], (int(peak[k]), int(p[k]), int(idx[pole[k]]), int(a[s0]), int(last[k]))))
+    return out
+
+
+def _temporaries(ctx: Context, step: int, temp: np.ndarray, cls: str | None, peak: int, p: int, pole: int,
+                 first: int, last: int) -> Pattern:
+    """The 'temple with a flagpole' of one optimizer run: its temporaries ``temp`` (at least two), at
+    most ``peak`` bytes of them alive at once, first at event ``p``, the flagpole ``pole`` on top, from
+    event ``first`` to ``last`` (temporaries_by_run)."""
     pole_bytes = int(ctx.size[pole])
     mine = own_code(ctx)
     if mine:
@@ -267,7 +298,6 @@ def _temporaries(ctx: Context, step: int, temp: np.ndarray, cls: str | None, o0:
                   "temporaries.")
     else:
         advice = " A fused implementation, where one exists for this optimizer, avoids them."
-    first, last = int(ctx.alloc[temp].min()), int(ctx.free[temp].max())
     pole_text = "for the division just before" if cls in _DIVIDING else "made just before"
     # torch.optim's updates make per-parameter intermediates; one's own may make anything
     # (h10_shampoo_subclass: eigh's workspaces and inverse roots of its preconditioners)

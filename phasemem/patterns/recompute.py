@@ -32,6 +32,7 @@ from ..facts import Context
 from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks, other_python, rng_replays
 from ..model import Pattern
 from ..units import format_bytes
+from ..vocab import P
 
 K = 4  # consecutive sizes that must match
 MIN_RUN = 2 * K  # allocations in one recompute run
@@ -138,6 +139,42 @@ def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int,
     return list(zip(starts[ok].tolist(), stops[ok].tolist()))
 
 
+def echoing_runs(ctx: Context) -> set[int]:
+    """The first events of the backward runs with some K sizes in a row that their own forward
+    (own_forward) made in a row too, every run at once: only these can hold ripples by sizes
+    (_size_runs). A few more may be named (hashes are compared by a key mixed with the run), none missed."""
+    n_steps = len(ctx.seg.steps)
+    in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
+    b = np.flatnonzero((ctx.run_phase == P["backward"]) & in_steps)
+    b = b[np.lexsort((ctx.run_first[b], ctx.run_step[b]))]
+    f = np.flatnonzero((ctx.run_phase == P["forward"]) & in_steps)
+    f = f[np.lexsort((ctx.run_first[f], ctx.run_step[f]))]
+    if not len(b) or not len(f):
+        return set()
+    # a forward run is its step's next backward run's own (the backward runs between are none)
+    width = ctx.n + 1
+    j = np.searchsorted(ctx.run_step[b] * width + ctx.run_first[b], ctx.run_step[f] * width + ctx.run_last[f])
+    owned = (j < len(b)) & (ctx.run_step[b][np.minimum(j, len(b) - 1)] == ctx.run_step[f])
+    f, j = f[owned], j[owned]
+    f, j = f[np.argsort(j, kind="stable")], np.sort(j, kind="stable")
+    fkeys, bkeys = (_grams_by_group(ctx, ctx.run_first[r], ctx.run_last[r], g)
+                    for r, g in ((f, j), (b, np.arange(len(b)))))
+    hit = np.unique(bkeys[1][np.isin(bkeys[0], fkeys[0])])
+    return set(ctx.run_first[b][hit].tolist())
+
+
+def _grams_by_group(ctx: Context, first: np.ndarray, last: np.ndarray, group: np.ndarray):
+    """(key, group) of every K-gram of sizes inside one group's allocations, the allocations of runs
+    first..last taken in order; the key mixes the hash with the group."""
+    lo, hi = ctx.alloc.searchsorted(first), ctx.alloc.searchsorted(last + 1)
+    g = np.repeat(group, hi - lo)
+    idx = np.arange(len(g)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
+    h = _kgrams(ctx.size[idx], K)
+    inside = g[:len(h)] == g[K - 1:K - 1 + len(h)]  # groups are runs in g: the window's ends share one
+    g = g[:len(h)][inside]
+    return h[inside] * np.uint64(0x9E3779B97F4A7C15) + g.astype(np.uint64), g
+
+
 def own_forward(fwd_runs, bwd_runs, b0: int) -> list[tuple[int, int]]:
     """The forward runs that the backward run starting at ``b0`` differentiates: those after the step's
     previous backward run and before ``b0``. With accumulated micro-batches each backward has its own."""
@@ -149,16 +186,15 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
     fwd_runs = ctx.runs_of(step, "forward")
     bwd_runs = ctx.runs_of(step, "backward")
-    if bwd_runs:  # the step's k-grams hashed once, sliced per run (not kept: 8 bytes an allocation)
-        lo = int(ctx.alloc.searchsorted(min(r[0] for r in fwd_runs + bwd_runs)))
-        hi = int(ctx.alloc.searchsorted(max(r[1] for r in fwd_runs + bwd_runs) + 1))
-        step_grams = (lo, _kgrams(ctx.size[lo:hi], K))
+    echoing = ctx.memo("echoing_backward_runs", lambda: echoing_runs(ctx))
+    told = len(_checkpoint_positions(ctx)) or len(_replay_positions(ctx))
+    step_grams = _step_grams(ctx, fwd_runs, bwd_runs) if echoing.intersection(b0 for b0, _ in bwd_runs) else None
     for b0, b1 in bwd_runs:
-        fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
-        fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
         bwd = ctx.allocs_between(b0, b1)
-        good = _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
+        good = _echoed(ctx, fwd_runs, bwd_runs, bwd, b0, b1, step_grams) if b0 in echoing else []
         if len(good) < MIN_RUNS:
+            if not told:
+                continue  # no allocation of checkpoint's or of a replay anywhere: neither can tell a run
             # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
             # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
             framed = _from_frames(ctx, step, bwd, b1) or _from_rng_replays(ctx, step, bwd, b1)
@@ -206,6 +242,20 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
+def _step_grams(ctx: Context, fwd_runs, bwd_runs) -> tuple[int, np.ndarray]:
+    """The step's k-grams hashed once, sliced per run (not kept: 8 bytes an allocation), from its first allocation."""
+    lo = int(ctx.alloc.searchsorted(min(r[0] for r in fwd_runs + bwd_runs)))
+    hi = int(ctx.alloc.searchsorted(max(r[1] for r in fwd_runs + bwd_runs) + 1))
+    return lo, _kgrams(ctx.size[lo:hi], K)
+
+
+def _echoed(ctx: Context, fwd_runs, bwd_runs, bwd: np.ndarray, b0: int, b1: int, step_grams) -> list[tuple[int, int]]:
+    """_size_runs of the backward run b0..b1 (its allocations ``bwd``) against its own forward."""
+    fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
+    fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
+    return _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
+
+
 def _span(ctx: Context, bwd: np.ndarray, starts, stops, b1: int) -> tuple[int, int, int]:
     """(first event, last event, median bytes per run) of runs ``bwd[starts[i]:stops[i]]``: from the
     first run's first allocation to the last run's last free inside the backward run (or its last
@@ -250,14 +300,26 @@ def _checkpoint_runs(ctx: Context, bwd: np.ndarray):
 def _checkpoint_allocs(ctx: Context, bwd: np.ndarray) -> int:
     """How many of the consecutive allocations ``bwd`` checkpoint's recompute made, workspaces aside
     (what _checkpoint_runs would find runs in), by two searches in the trace's list of them."""
-    def compute():  # their positions, sorted: none in a trace without checkpointing
+    if int(bwd[-1]) - int(bwd[0]) != len(bwd) - 1:
+        return len(bwd)  # not one stretch: count nothing, _checkpoint_runs reads them one by one
+    at = _checkpoint_positions(ctx)
+    return int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0])))
+
+
+def _checkpoint_positions(ctx: Context) -> np.ndarray:
+    """The allocations (positions, sorted) that checkpoint's recompute made, workspaces aside: none in
+    a trace without checkpointing."""
+    def compute():
         ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc]]
         return np.flatnonzero(ck & ~ctx.made_by_workspace_getter(ctx.alloc))
 
-    if int(bwd[-1]) - int(bwd[0]) != len(bwd) - 1:
-        return len(bwd)  # not one stretch: count nothing, _checkpoint_runs reads them one by one
-    at = ctx.memo("checkpoint_allocs", compute)
-    return int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0])))
+    return ctx.memo("checkpoint_allocs", compute)
+
+
+def _replay_positions(ctx: Context) -> np.ndarray:
+    """The allocations (positions, sorted) of a compiled backward's RNG replays (infer.frames.rng_replays)."""
+    table = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))
+    return ctx.memo("rng_replay_allocs", lambda: np.flatnonzero(table[ctx.trace.stack[ctx.alloc]]))
 
 
 def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
@@ -287,7 +349,12 @@ def _from_rng_replays(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Patt
     (fixtures/fsdp2: 6 runs of 5, one per checkpointed block, the attention's output and logsumexp)."""
     if not len(bwd):
         return None
-    starts, stops = _runs(ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]], 0)
+    table = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))
+    if int(bwd[-1]) - int(bwd[0]) == len(bwd) - 1:  # one stretch: count its replays by two searches first
+        at = _replay_positions(ctx)
+        if int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0]))) < MIN_RUNS:
+            return None  # fewer replays than runs wanted (every run of a trace not compiled with checkpoints)
+    starts, stops = _runs(table[ctx.trace.stack[ctx.alloc[bwd]]], 0)
     return _told_runs(ctx, step, bwd, starts, stops, b1, "rng_replay", RNG_REPLAY_CONFIDENCE, lambda count, per_block: (
         f"The forward runs again inside the compiled backward: torch.compile replays the forward's random ops "
         f"with the RNG state the forward saved (torch/_prims/rng_prims.py), {count} times here — activation "
