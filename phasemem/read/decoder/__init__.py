@@ -61,7 +61,9 @@ PAD_BYTES = bytes(PAD)
 #: 465 for the 1,398 events of fixtures/plain_gpt_torch_defaults, none in a later step; a snapshot
 #: whose every event has its own frame dicts (rebuilt by another tool) creates 31 an event with C++
 #: frames, 4 with Python frames only, and took 62 s (100,000 events) where pickle.load and the
-#: columnar pass take 2.3 s (benchmarks/bench_forms.py).
+#: columnar pass take 2.3 s (benchmarks/bench_forms.py). Only dicts between a chunk's first and last
+#: event count: the annotations after the list are all in its last chunk (10M events of torch's form:
+#: 257,926 of them beside 38,164 events, which gave way to pickle.load at 7 GiB).
 NEW_DICTS_PER_EVENT = 0.5
 NEW_DICTS_MIN = 5_000
 #: Give up where the VM has read more than this many events and this share of all: the files
@@ -279,8 +281,12 @@ class Region:
         if self.template is None:
             return np.zeros(0, np.int64)
         c = candidates(b, w, limit, self.template.prefix).astype(np.int64)
-        at = np.flatnonzero(b[:limit] == 0x7D)
-        new_dicts = int(np.count_nonzero((w[at] & np.uint64(0xFFFFFF)) == np.uint64(_DICT))) - len(c)
+        if len(c) < 2:
+            return c
+        # only the dicts among the events: those after the last (the annotations, other devices'
+        # events) are the unpickler's, and the tail of a long run holds all of its annotations
+        at = np.flatnonzero(b[c[0]:c[-1]] == 0x7D) + c[0]
+        new_dicts = int(np.count_nonzero((w[at] & np.uint64(0xFFFFFF)) == np.uint64(_DICT))) - (len(c) - 1)
         if new_dicts > max(NEW_DICTS_MIN, NEW_DICTS_PER_EVENT * len(c)) and not self.always:
             raise Unprofitable(f"{new_dicts:,} new dicts for {len(c):,} events")
         return c
