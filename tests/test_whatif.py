@@ -71,6 +71,12 @@ def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
     base_pts = points(n, life.alloc_event, life.free_event, life.size)
     pts = changed_points(base_pts, life.alloc_event, life.free_event, life.size, free, size, added)
     assert np.array_equal(np.maximum(pts[:-1], pts[1:]), want)
+    # the timeline's own curve as the base (what whatif.replays gives, no copy): the same points
+    tl = report.timeline
+    assert np.array_equal(base_pts, np.concatenate([[tl.baseline], tl.active_after]))
+    on_timeline = changed_points((tl.baseline, tl.active_after), life.alloc_event, life.free_event, life.size,
+                                 free, size, added)
+    assert np.array_equal(on_timeline, pts)
     # what the report keeps of it, read from the points, is what the level itself gives
     runs = report.analysis.facts.run_first
     ooms = [0, n // 2, n - 1]
