@@ -27,7 +27,7 @@ PARTIAL_NOTE = "some steps are partial (the trace starts or ends inside them)"
 
 
 def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
-            marker_prefix: str | None = None, steps: str | int | None = None) -> Report:
+            marker_prefix: str | None = None, steps: str | int | None = None, what_ifs: bool = True) -> Report:
     """Analyse a memory snapshot: a path to a ``_dump_snapshot`` pickle (.pickle, .gz, .xz), the
     columnar file ``phasemem convert`` writes (.npz), or the snapshot dict.
 
@@ -37,7 +37,9 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
     (``snapshot["phasemem"]["markers"]``), else ``phasemem::``. ``steps`` ("3", "2-4", "2-", "-4",
     by ``Step.number``) analyses only those steps when their phases come from markers, with the
     numbers the whole analysis gives them (from a columnar file, only their events are read); the
-    report's notes say so. Otherwise (inferred phases) the whole trace is analysed.
+    report's notes say so. Otherwise (inferred phases) the whole trace is analysed. ``what_ifs=False``
+    leaves ``report.what_if`` empty and skips the remedies' replays (a fifth of the analysis at 1M
+    events) where no out-of-memory needs them (``phasemem diff`` reads none).
 
     Example:
         >>> report = phasemem.analyze("snapshot.pickle")
@@ -48,9 +50,10 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
     with no_gc():  # the analysis builds many small objects too; freed while the collector is paused
         got = read(snapshot, device, trusted=trusted, steps=steps, marker_prefix=marker_prefix)
         got = cut(got)  # the steps asked for, where a step index can cut them from a trace read whole
-        report = _report(got)
+        report = _report(got, what_ifs)
         # An out-of-memory on another device is the first thing to say, with its step and phase there.
-        theirs = [o for other in report.other_devices if other.ooms for o in _report(got.device(other.index)).ooms]
+        theirs = [o for other in report.other_devices if other.ooms
+                  for o in _report(got.device(other.index), what_ifs).ooms]
     return replace(report, ooms=report.ooms + theirs) if theirs else report
 
 
@@ -65,15 +68,15 @@ def _live_report(got: Reading) -> Report:
                   by_category=dict(live.by_category), live=live)
 
 
-def _report(got: Reading) -> Report:
+def _report(got: Reading, what_ifs: bool = True) -> Report:
     """The report of what was read: without history, of the live memory; of the steps asked for
     alone where they were cut from the trace (and the result checks), else of the whole trace."""
     if got.trace is None:  # no allocation history: what was alive when it was taken
         return _live_report(got)
     if got.window is not None:
-        report = _sliced(got.trace, *got.window, got.prefix)
-        return report if report is not None else analyze_trace(got.whole(), marker_prefix=got.prefix)
-    report = analyze_trace(got.trace, marker_prefix=got.prefix)
+        report = _sliced(got.trace, *got.window, got.prefix, what_ifs)
+        return report if report is not None else analyze_trace(got.whole(), marker_prefix=got.prefix, what_ifs=what_ifs)
+    report = analyze_trace(got.trace, marker_prefix=got.prefix, what_ifs=what_ifs)
     if got.steps is None:
         return report
     return replace(report, notes=report.notes + [
@@ -81,9 +84,9 @@ def _report(got: Reading) -> Report:
         f"trace (its steps are found from all of it); only the picture shows those steps"])
 
 
-def _sliced(part: Trace, index: StepIndex, k0: int, k1: int, prefix: str) -> Report | None:
+def _sliced(part: Trace, index: StepIndex, k0: int, k1: int, prefix: str, what_ifs: bool = True) -> Report | None:
     """The report of a slice, checked against the index: None if its steps are not the index's."""
-    report = analyze_trace(part, marker_prefix=prefix)
+    report = analyze_trace(part, marker_prefix=prefix, what_ifs=what_ifs)
     a = int(index.first[k0])
     want = [(int(index.number[k]), int(index.first[k]) - a, int(index.stop[k]) - a - 1) for k in range(k0, k1 + 1)]
     if [(s.number, s.start_event, s.end_event) for s in report.steps] != want:
@@ -103,12 +106,12 @@ def _sliced(part: Trace, index: StepIndex, k0: int, k1: int, prefix: str) -> Rep
     return replace(report, steps=steps, notes=notes)
 
 
-def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report:
-    """The Report of one device's trace, built complete."""
+def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX, what_ifs: bool = True) -> Report:
+    """The Report of one device's trace, built complete (``what_ifs=False``: without ``what_if``)."""
     an = Analysis.of(trace, marker_prefix)
     steps = measure(an)
     patterns = detect_patterns(an.facts)
-    replayed = replays(an, patterns)
+    replayed = replays(an, patterns) if what_ifs or trace.oom_device_free else []  # an OOM's would_fit reads them
     level = an.timeline.level
     peak_event = int(np.argmax(level))
     name = str(trace.meta.get("device") or f"cuda:{trace.device}")
@@ -132,7 +135,7 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX) -> Report
                                      ooms=len(d["ooms"]))
                        for d in trace.other_devices if d["events"] or d["allocated_bytes"]],
         peak=breakdown(an, patterns, steps, peak_event) if len(trace) else None,
-        what_if=what_if(an, patterns, replayed),
+        what_if=what_if(an, patterns, replayed) if what_ifs else [],
         analysis=an,
     )
 

@@ -35,7 +35,8 @@ MAX_ALIGN_CELLS = 250_000
 
 def compare(a: Any, b: Any, *, steps: str | None = None, device: int | None = None, trusted: bool = False,
             marker_prefix: str | None = None, names: tuple[str, str] | None = None) -> Comparison:
-    """Compare run B with run A. Each is a path (``analyze`` reads it), a snapshot dict or a ``Report``.
+    """Compare run B with run A. Each is a path (``analyze`` reads it, without the what-ifs, which a
+    comparison does not read), a snapshot dict or a ``Report``.
 
     ``steps``: ``None`` or ``"steady"`` compares a steady step of each (the complete step after the
     first whose peak is the median of them); ``"3"`` step 3 of both; ``"2:3"`` A's step 2 with B's
@@ -132,7 +133,7 @@ def choose_steps(ra: Report, rb: Report, spec, names=("A", "B")) -> tuple[Step |
 def _as_report(x, device, trusted, marker_prefix) -> Report:
     if isinstance(x, Report):
         return x
-    return analyze(x, device, trusted=trusted, marker_prefix=marker_prefix)
+    return analyze(x, device, trusted=trusted, marker_prefix=marker_prefix, what_ifs=False)  # a comparison reads none
 
 
 def _name(x, default: str) -> str:

@@ -32,12 +32,22 @@ def replays(an: Analysis, patterns: list[Pattern]) -> list[tuple[str, Replayed |
             out.append((name, change))
             continue
         if base is None:
-            base = points(n, life.alloc_event, life.free_event, life.size)
+            base = _base(an)
         pts = changed_points(base, life.alloc_event, life.free_event, life.size, change.free, change.size,
                              change.added)
         out.append((name, Replayed.of_points(pts, an.facts.run_first, ooms, change.explanation, change.assumptions)))
         del pts, change  # a curve and a change are ~130 MB at 10M events: one of each at a time
     return out
+
+
+def _base(an: Analysis):
+    """The unchanged blocks' points: the timeline's own curve where they equal it (the blocks are
+    its lifetimes, so they do: no 80 MB copy held through the replays at 10M events), else summed."""
+    life, tl = an.timeline.lifetimes, an.timeline
+    pts = points(len(an.trace), life.alloc_event, life.free_event, life.size)
+    if pts[0] == tl.baseline and np.array_equal(pts[1:], tl.active_after):
+        return tl.baseline, tl.active_after
+    return pts
 
 
 def what_if(an: Analysis, patterns: list[Pattern], replayed=None) -> list[WhatIf]:

@@ -132,6 +132,26 @@ def test_a_stretched_torch_defaults_trace_is_read_with_numpy(tmp_path, share, on
     assert len(one_by_one) < len(seed["device_traces"][0])
 
 
+def test_annotations_after_the_events_do_not_count_as_events_with_frame_dicts(tmp_path, monkeypatch, one_by_one):
+    """Every annotation is a dict, and all of them come after the events, in the list's last chunk:
+    10M events of torch's form (257,926 annotations beside that chunk's 38,164 events) gave way to
+    pickle.load (7 GiB) as if each event had frame dicts of its own. Here a run whose modules are
+    all marked: 30 annotations where the stretched seed has one."""
+    from phasemem.read import decoder as decode
+
+    big = replicate(load_snapshot(TORCH_DEFAULTS), 30, share="torch")
+    anns = big["external_annotations"]
+    big["external_annotations"] = anns + [{**a, "name": f"module.{k}"} for a in anns for k in range(29)]
+    n = len(big["device_traces"][0])
+    assert len(big["external_annotations"]) > max(decode.NEW_DICTS_MIN, decode.NEW_DICTS_PER_EVENT * n)
+    p = write(tmp_path, big)
+    monkeypatch.setattr(decode, "HEAD", 1 << 16)  # as if the file were large: the events decide
+    trace = decode_trace(p)
+    assert trace is not None and len(trace) == n
+    assert_same_trace(trace, plain(p))
+    assert len(one_by_one) < len(load_snapshot(TORCH_DEFAULTS)["device_traces"][0])
+
+
 def _tweak(snap, kind):
     ev = snap["device_traces"][0]
     if kind == "oom":  # an extra key: read one by one, device_free kept

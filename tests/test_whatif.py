@@ -71,6 +71,12 @@ def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
     base_pts = points(n, life.alloc_event, life.free_event, life.size)
     pts = changed_points(base_pts, life.alloc_event, life.free_event, life.size, free, size, added)
     assert np.array_equal(np.maximum(pts[:-1], pts[1:]), want)
+    # the timeline's own curve as the base (what whatif.replays gives, no copy): the same points
+    tl = report.timeline
+    assert np.array_equal(base_pts, np.concatenate([[tl.baseline], tl.active_after]))
+    on_timeline = changed_points((tl.baseline, tl.active_after), life.alloc_event, life.free_event, life.size,
+                                 free, size, added)
+    assert np.array_equal(on_timeline, pts)
     # what the report keeps of it, read from the points, is what the level itself gives
     runs = report.analysis.facts.run_first
     ooms = [0, n // 2, n - 1]
@@ -184,3 +190,17 @@ def test_batch_x2_predicted_from_the_base_matches_the_uncapped_2b_run(base, run)
     assert abs(got - measured) <= WITHIN * measured
     if not UNCAPPED[run][0]:
         assert got == {w.remedy: w for w in base.what_if}["batch_x2"].predicted_peak_bytes
+
+
+@pytest.mark.parametrize("path", [PAIRS / "base.pkl.xz", OOM / "oom_base.pkl.xz"], ids=lambda p: p.name.split(".")[0])
+def test_without_what_ifs_the_report_is_the_same_but_its_what_if_list(path):
+    """``phasemem diff`` reads no what-if: it analyses without them, and an out-of-memory's
+    would_fit (which the replays give) is still there."""
+    if not path.exists():
+        pytest.skip("fixture not recorded")
+    full, lean = phasemem.analyze(str(path)).to_dict(), phasemem.analyze(str(path), what_ifs=False).to_dict()
+    assert full["what_if"] and lean["what_if"] == []
+    assert {k: v for k, v in lean.items() if k != "what_if"} == {k: v for k, v in full.items() if k != "what_if"}
+    assert all(o["would_fit"] for o in lean["ooms"]) and (path.parent != OOM or lean["ooms"])
+    c = phasemem.compare(str(path), str(path))
+    assert c.a_report.what_if == [] and c.delta == 0

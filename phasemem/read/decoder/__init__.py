@@ -25,6 +25,7 @@ bring frame dicts of their own) it says so first (``Unprofitable``, the constant
 from __future__ import annotations
 
 import bisect
+import ctypes
 import io
 import os
 import pickle
@@ -61,7 +62,9 @@ PAD_BYTES = bytes(PAD)
 #: 465 for the 1,398 events of fixtures/plain_gpt_torch_defaults, none in a later step; a snapshot
 #: whose every event has its own frame dicts (rebuilt by another tool) creates 31 an event with C++
 #: frames, 4 with Python frames only, and took 62 s (100,000 events) where pickle.load and the
-#: columnar pass take 2.3 s (benchmarks/bench_forms.py).
+#: columnar pass take 2.3 s (benchmarks/bench_forms.py). Only dicts between a chunk's first and last
+#: event count: the annotations after the list are all in its last chunk (10M events of torch's form:
+#: 257,926 of them beside 38,164 events, which gave way to pickle.load at 7 GiB).
 NEW_DICTS_PER_EVENT = 0.5
 NEW_DICTS_MIN = 5_000
 #: Give up where the VM has read more than this many events and this share of all: the files
@@ -84,14 +87,36 @@ def decode_trace(path: str | os.PathLike, device: int | None = None, *, trusted:
         >>> trace = decode_trace("snapshot.pickle") or read_trace("snapshot.pickle")
     """
     where = os.fspath(path)
-    with open_snapshot(where) as f, no_gc():
-        try:
-            return _decode(f, where, device, trusted, always)
-        except Unprofitable:
-            raise
-        except (Unsupported, IndexError, KeyError, TypeError, ValueError, OverflowError, pickle.UnpicklingError,
-                EOFError, AttributeError, UnicodeDecodeError):
-            return None
+    try:
+        with open_snapshot(where) as f, no_gc():
+            try:
+                return _decode(f, where, device, trusted, always)
+            except Unprofitable:
+                raise
+            except (Unsupported, IndexError, KeyError, TypeError, ValueError, OverflowError, pickle.UnpicklingError,
+                    EOFError, AttributeError, UnicodeDecodeError):
+                return None
+    finally:
+        _give_back(os.path.getsize(where) if os.path.isfile(where) else 0)
+
+
+#: Files from this size on hand the C heap's free pages back after decoding (``_give_back``): the
+#: heap a file leaves grows with its events (~40 bytes an event at 10M); every fixture and wild
+#: snapshot is under 4 MiB, the 1M-event torch-form replication 150 MiB.
+GIVE_BACK_BYTES = 64 << 20
+
+
+def _give_back(size: int) -> None:
+    """The C heap's free pages returned to the system (glibc's ``malloc_trim``; elsewhere nothing).
+    The decoder's per-window arrays (~100 kB each, thousands of them) are freed into the heap, and
+    glibc keeps what it cannot release from the top: with 10M events, `phasemem analyze` held 757 MiB
+    after reading, 635 with them returned (its peak: 2,037 and 2,004 MiB). Skipped for small files."""
+    if size < GIVE_BACK_BYTES:
+        return
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _decode(f, where: str, device: int | None, trusted: bool, always: bool) -> Trace | None:
@@ -279,8 +304,12 @@ class Region:
         if self.template is None:
             return np.zeros(0, np.int64)
         c = candidates(b, w, limit, self.template.prefix).astype(np.int64)
-        at = np.flatnonzero(b[:limit] == 0x7D)
-        new_dicts = int(np.count_nonzero((w[at] & np.uint64(0xFFFFFF)) == np.uint64(_DICT))) - len(c)
+        if len(c) < 2:
+            return c
+        # only the dicts among the events: those after the last (the annotations, other devices'
+        # events) are the unpickler's, and the tail of a long run holds all of its annotations
+        at = np.flatnonzero(b[c[0]:c[-1]] == 0x7D) + c[0]
+        new_dicts = int(np.count_nonzero((w[at] & np.uint64(0xFFFFFF)) == np.uint64(_DICT))) - (len(c) - 1)
         if new_dicts > max(NEW_DICTS_MIN, NEW_DICTS_PER_EVENT * len(c)) and not self.always:
             raise Unprofitable(f"{new_dicts:,} new dicts for {len(c):,} events")
         return c

@@ -20,6 +20,13 @@ from ...trace import _CODES, A, _stack_table
 from ...torch_labels import FIELD as LABEL_FIELD
 
 _INT_FIELDS = ("addr", "size", "stream", "time_us")
+_NAMES = ("action", "addr", "size", "stream", "time_us", "stack")
+_DTYPES = (np.int8, np.int64, np.int64, np.int64, np.int64, np.int32)
+#: Events the columns first make room for; they double when full. Each column is one array, not a
+#: list of the 16,384-event windows joined at the end: those windows went to the C heap, and 10M
+#: events left ~380 MB of it freed but held by the process (the analysis's peak RSS came on top).
+#: Room not yet written is never touched (address space, not memory) and is given back at the end.
+FIRST_ROOM = 1 << 20
 _OOM = A["oom"]
 _I64 = 1 << 63
 
@@ -29,7 +36,7 @@ class Columns:
 
     def __init__(self, memo: Memo):
         self.memo, self.n = memo, 0
-        self.parts: list[tuple] = []
+        self.cols = [np.empty(0, dt) for dt in _DTYPES]
         self.sid = np.full(1024, -1, np.int32)  # content id → stack id, by first use
         self.order: list[int] = []  # content ids in stack-id order
         self.oom_device_free: dict[int, int] = {}
@@ -58,8 +65,20 @@ class Columns:
         if device_free is not None:
             for i in np.flatnonzero(action == _OOM).tolist():
                 self.oom_device_free[self.n + i] = int(device_free[i])
-        self.parts.append([action.astype(np.int8), addr, size, stream, time_us, self.stacks_of(cids)])
-        self.n += len(action)
+        self._put([action, addr, size, stream, time_us, self.stacks_of(cids)])
+
+    def _put(self, values: list) -> None:
+        """Appends equal-length columns of values; a full column is copied once into one twice its size."""
+        end = self.n + len(values[0])
+        if end > len(self.cols[0]):
+            room = max(end, 2 * len(self.cols[0]), FIRST_ROOM)
+            for k, dt in enumerate(_DTYPES):
+                grown = np.empty(room, dt)
+                grown[:self.n] = self.cols[k][:self.n]
+                self.cols[k] = grown  # one column at a time: the old one goes before the next grows
+        for col, v in zip(self.cols, values):
+            col[self.n:end] = v
+        self.n = end
 
     def add_one(self, ev: dict) -> None:
         """One event the VM read, checked and converted as ``phasemem.read.batched._Events`` converts it."""
@@ -99,21 +118,17 @@ class Columns:
         one = self.one
         if not len(one[0]):
             return
-        cols = [np.frombuffer(c, dtype=np.int8 if i == 0 else np.int64).copy() for i, c in enumerate(one[:5])]
-        self.parts.append([*cols, self.stacks_of(np.array(one[5], dtype=np.int32))])
-        self.n += len(one[0])
+        cols = [np.frombuffer(c, dtype=np.int8 if i == 0 else np.int64) for i, c in enumerate(one[:5])]
+        self._put([*cols, self.stacks_of(np.array(one[5], dtype=np.int32))])
         self.one = [array.array("b"), *(array.array("q") for _ in _INT_FIELDS), []]
 
     def columns(self) -> dict:
         self.flush()
-        names = ("action", "addr", "size", "stream", "time_us", "stack")
-        dtypes = (np.int8, np.int64, np.int64, np.int64, np.int64, np.int32)
         out = {}
-        for k, (name, dt) in enumerate(zip(names, dtypes)):
-            out[name] = np.concatenate([p[k] for p in self.parts]).astype(dt, copy=False) if self.parts else np.zeros(0, dt)
-            for p in self.parts:  # each part's column goes once copied: the peak is one column, not all
-                p[k] = None
-        self.parts = []
+        for name, col in zip(_NAMES, self.cols):
+            col.resize(self.n, refcheck=False)  # the room not used given back (realloc: nothing copied); no views exist
+            out[name] = col
+        self.cols = [np.empty(0, dt) for dt in _DTYPES]
         stacks, frames = _stack_table({self.memo.contents[c]: s for s, c in enumerate(self.order)})
         return dict(out, stacks=stacks, frames=frames, oom_device_free=dict(self.oom_device_free))
 
