@@ -168,7 +168,7 @@ def test_no_optimizer_claimed_where_no_update_allocates():
     """Momentum SGD with zero_grad(set_to_none=False) updates in place: after its first step the update
     allocates nothing. What the loop ran between backward and the next forward (353 events, the
     next batch's preparation) was called optimizer, none of it right; an optimizer read from lifetimes
-    now needs MIN_UPDATE_BLOCKS parameter-sized blocks (lifetimes._label_after_backward)."""
+    now needs MIN_UPDATE_BLOCKS parameter-sized blocks (pass_labels.label_after_backward)."""
     truth, steps, _, seg = _read("heldout5/h5_seq2seq_sgd_keep")
     assert len(seg.steps) == steps == 3
     said = seg.labels == P["optimizer"]
@@ -248,7 +248,7 @@ def test_gradients_overruling_passes_with_other_steps_is_doubted():
 def test_an_update_that_goes_on_allocating_parameter_sized_blocks_is_no_pass():
     """A hand-written Adam replacing its state out of place frees no burst after its first parameters;
     its later updates, parameter-sized blocks only, made mountains read as forward-only passes (0.58 of
-    the events right). They continue the optimizer (lifetimes._update_goes_on)."""
+    the events right). They continue the optimizer (pass_labels.update_goes_on)."""
     truth, steps, _, seg = _read("heldout5/h5_vae_handadam")
     assert len(seg.steps) == steps == 3
     said = seg.labels == P["forward"]
@@ -260,7 +260,7 @@ def test_a_backward_that_makes_its_gradients_after_its_last_saved_free():
     """int8 LoRA: after the first step the adapters' gradients are made once every saved activation is
     freed, while two of backward's own blocks live on; the pass ended at the last saved free, made no
     gradient and read forward-only (0.60 of the events right). Its backward goes on until its own
-    blocks are freed (lifetimes._backward_goes_on)."""
+    blocks are freed (pass_labels.backward_goes_on)."""
     truth, steps, _, seg = _read("heldout16/h16_int8_lora")
     assert len(seg.steps) == steps == 3
     assert _share(truth, seg.labels, "backward") > 0.95

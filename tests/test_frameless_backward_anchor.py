@@ -129,7 +129,7 @@ def test_the_loss_s_scalars_are_no_seed_of_a_checkpointed_backward():
 def test_generate_after_the_optimizer_is_no_evaluation_forward():
     """With its backward ending at its seed's free, h8_generate_then_train's optimizer is found, and the
     generate() loop after it (25 passes' events) was taken for an evaluation forward: 0.05 right. An
-    evaluation forward is no longer than EVAL_SPAN passes (lifetimes._label_after_backward)."""
+    evaluation forward is no longer than EVAL_SPAN passes (pass_labels.label_after_backward)."""
     truth, _, _, seg = _read("heldout8/h8_generate_then_train")
     assert _accuracy(truth, seg.labels) > 0.95
 

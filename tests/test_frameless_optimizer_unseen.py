@@ -91,7 +91,7 @@ def test_a_loss_kept_past_zero_grad_is_no_seed():
 
 def test_a_compiled_forwards_scalar_bursts_are_no_wrapped_optimizer():
     """A compiled forward's guards free scalars in bursts before the first pass: read as the optimizer of
-    a step the recording began inside (lifetimes._wrapped_start), a step too many. An optimizer's or
+    a step the recording began inside (pass_labels.wrapped_start), a step too many. An optimizer's or
     zero_grad's burst frees have the parameters' sizes."""
     _, steps, _, seg = _read("heldout16/h16_compiled_fused")
     assert len(seg.steps) == steps == 3
@@ -99,7 +99,7 @@ def test_a_compiled_forwards_scalar_bursts_are_no_wrapped_optimizer():
 
 def test_a_wrapped_steps_backward_is_not_its_optimizer():
     """h8_mid_step_start's recording begins before a backward: everything before the first pass read as
-    that step's optimizer (lifetimes._wrapped_start). The gradients it makes, kept until a later
+    that step's optimizer (pass_labels.wrapped_start). The gradients it makes, kept until a later
     zero_grad, between its first allocation (the seed) and that block's free, are a backward
     (updates.wrapped_backward)."""
     truth, _, _, seg = _read("heldout8/h8_mid_step_start")
@@ -109,7 +109,7 @@ def test_a_wrapped_steps_backward_is_not_its_optimizer():
 
 def test_foreach_temporaries_are_an_update():
     """RMSprop over an LSTM, after its first step, makes three parameter-sized blocks an update: too few
-    for one (lifetimes.MIN_UPDATE_BLOCKS), and three of four optimizers went unread. Its foreach
+    for one (pass_labels.MIN_UPDATE_BLOCKS), and three of four optimizers went unread. Its foreach
     temporaries, freed in one burst, some parameter-sized, are one (updates.foreach_temporaries)."""
     truth, _, _, seg = _read("heldout/heldout_lstm_rmsprop")
     assert _share(truth, seg.labels, "optimizer") > 0.9
@@ -118,7 +118,7 @@ def test_foreach_temporaries_are_an_update():
 def test_forwards_that_ran_out_of_memory_are_no_wrapped_optimizer():
     """h13_oom_retry_halve's first forwards run out of memory and free their activations in bursts: read
     as the optimizer of a step the recording began inside, a step too many and 1,000 events of
-    optimizer (lifetimes.WRAPPED_SHARE: few of those blocks have a parameter's size)."""
+    optimizer (odd_steps.update_sized, other_work.unwound: few of those blocks have a parameter's size)."""
     truth, steps, _, seg = _read("heldout13/h13_oom_retry_halve")
     assert len(seg.steps) == steps == 3
     named = seg.labels == P["optimizer"]
@@ -127,7 +127,7 @@ def test_forwards_that_ran_out_of_memory_are_no_wrapped_optimizer():
 
 def test_an_update_ends_after_its_burst_when_other_sizes_follow():
     """A foreach step is over once its temporaries are dropped in a burst and another size is allocated
-    (updates.update_end, in lifetimes._label_after_backward): what the loop allocates next is not the
+    (updates.update_end, in pass_labels.label_after_backward): what the loop allocates next is not the
     update. Without it 0.967 of what heldout2_unet_denoise_adam called optimizer was. (h10_dqn_replay was
     this test's trace until other_work.label_update ended its anchored update at its last burst.)"""
     truth, steps, _, seg = _read("heldout2/heldout2_unet_denoise_adam")

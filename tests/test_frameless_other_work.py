@@ -70,7 +70,7 @@ def test_forwards_that_ran_out_of_memory_are_no_update():
     """h13_oom_retry_halve runs out of memory three times, halving its batch, before its first step:
     each failed forward's blocks are freed in bursts as the exception unwinds, 0.16 of them
     parameter-sized. They were taken for the previous step's optimizer cut by the ring buffer
-    (lifetimes._wrapped_start): one step too many, 1,000 events of optimizer (other_work.unwound).
+    (pass_labels.wrapped_start): one step too many, 1,000 events of optimizer (other_work.unwound).
     Each is a forward an error stopped (other_work.unfinished_forwards)."""
     truth, steps, _, seg = _read("heldout13/h13_oom_retry_halve")
     assert len(seg.steps) == steps == 3

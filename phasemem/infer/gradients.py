@@ -109,7 +109,7 @@ def _first_sized(labels: np.ndarray, b1: int, ours: np.ndarray, sized: np.ndarra
 #: Share of the parameter-sized blocks between a backward's last activation free and the first block
 #: of another size that must outlive the other sizes and be freed (gradients zero_grad frees later) for
 #: them to be backward's last gradients rather than the update itself, where they are LATE_UPDATE or
-#: more (as lifetimes.MIN_UPDATE_BLOCKS): updates so read make 7-312, at most 0.43 of them alive so
+#: more (as pass_labels.MIN_UPDATE_BLOCKS): updates so read make 7-312, at most 0.43 of them alive so
 #: (h6_optim_in_backward's hooks); 1-3 blocks are a backward's temporaries (truth_gpt_accum_clip's
 #: embedding gradient's buffer) or its last gradients.
 LATE_SHARE = 0.5

@@ -6,8 +6,6 @@ how accurate they are.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..vocab import P
@@ -15,16 +13,16 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
-from .gradients import (MIN_PARAM_SIZES, covers_parameters, keeps_gradients, makes_gradients, optimizer_start, parameter_sizes,
-                        sized_like_an_optimizer)
+from .gradients import MIN_PARAM_SIZES, keeps_gradients, makes_gradients, parameter_sizes
 from .hooked import hooked_updates
 from .loss import graphed_steps
-from .odd_steps import accumulates, earlier_top, update_sized
-from .other_work import InputGradients, covers_an_update, rollout, stopped_step, unfinished_forwards, unwound, update_bursts
+from .odd_steps import accumulates, earlier_top
+from .other_work import InputGradients, covers_an_update, stopped_step, unfinished_forwards
+from .pass_labels import (Work, backward_goes_on, label_after_backward, label_refused, label_training_pass,
+                          update_going_on, wrapped_start)
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
-from .seed import all_seeded, reseat, seeded_loss
+from .seed import all_seeded, reseat
 from .sharded import sharded_passes
-from .updates import foreach_temporaries, update_end, update_read_as_pass, wrapped_backward
 
 
 def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]]:
@@ -131,12 +129,6 @@ def _saved_explained(trace: Trace, tl: Timeline, labels: np.ndarray) -> int:
 #: (MIN_SAVED of them): a checkpointed model's second micro-batch saves 8 (heldout3_neox_hfckpt_accum2).
 MIN_SAVED_PEER = 4
 
-#: Parameter-sized blocks an optimizer read from lifetimes must allocate between its start and end: the
-#: regions so labelled with 0-3 were never the optimizer (fused AdamW after its first step in `fused`,
-#: `gpt_ckpt_fused`, `h14_pure_fp16_scaled`; HF's code between micro-batches in `hf_compile_accum`;
-#: clip_infonce, seq2seq_sgd_keep, truth_gpt_ckpt_dropout, h5_gpt_varlen_ema: 0.00 of their events
-#: right), the smallest real ones make 4 (h6_optim_in_backward, h9_scaler_skips_first).
-MIN_UPDATE_BLOCKS = 4
 
 #: Passes closer together than this share of a step's period are micro-batches of one step
 #: (gradient accumulation): gpt_forloop_accum's and gpt_fp16_accum's passes are 0.25-0.5 of a period
@@ -158,7 +150,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill:
     life = tl.lifetimes
     born = life.paired
     la, lf = life.alloc_event[born], life.free_event[born]
-    w = _Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
+    w = Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
     # A trace trains only if some backward leaves gradients behind: parameter-sized blocks made
     # after a top that outlive its pass (until zero_grad, or for good), or a seeded one any. An inference loop's
     # parameter-sized activations (a CNN's per-channel tensors) die within the pass.
@@ -168,7 +160,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill:
     ) or any(_updates_after(w, la, lf, f0, top, b1, nx) for (f0, top, b1), nx in zip(mts, nexts))
     starts = [0]
     lengths = []
-    if trains and _wrapped_start(labels, w, lf, mts[0][0]):
+    if trains and wrapped_start(labels, w, lf, mts[0][0]):
         starts.append(mts[0][0])
     # Where some pass is plainly a training pass, a pass that saves fewer activations is one too if it
     # makes gradients: the second micro-batch of a checkpointed model (heldout3_neox_hfckpt_accum2).
@@ -182,34 +174,31 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill:
             starts.append(f0)
         seeded = top + 1 in graded
         if trains and not seeded and not makes_gradients(trace, w.allocs, w.params, top, b1):
-            b1 = _backward_goes_on(w, top, b1, nxt)
+            b1 = backward_goes_on(w, top, b1, nxt)
         prev_end = b1
         # A refused pass's top may lie inside its backward (odd_steps.earlier_top), where others plainly train;
         # a seed's pass keeps its top (infer/seed.py placed it)
         if move_tops and plain and not has_backward(la, lf, f0, top, min_saved) \
-                and not _update_going_on(labels, w, f0, nxt):
+                and not update_going_on(labels, w, f0, nxt):
             top = earlier_top(la, lf, w.allocs, f0, top, min_saved)
             if moved is not None:
                 moved.append(top)
         # a seed is a backward's own mark, however few activations it frees (a tiny model's, retain_graph's)
         saves = top + 1 in seeds or has_backward(la, lf, f0, top, min_saved)
         if not (trains and saves and (seeded or makes_gradients(trace, w.allocs, w.params, top, b1))):
-            if update_read_as_pass(trace, w.allocs, w.params, labels, f0, b1):  # no step of its own
-                labels[f0:nxt] = P["optimizer"]
-                starts = starts[:-1] if starts[-1] == f0 else starts
-            else:
-                _label_refused(labels, w, f0, b1, nxt, trains, plain)
+            if label_refused(labels, w, f0, b1, nxt, trains, plain) and starts[-1] == f0:
+                starts.pop()  # an update read as a pass: no step of its own
             continue
         if inputs.only(labels, f0, top, b1):
             continue  # a backward for the inputs only, no step's (infer/other_work.py): left 'other'
         lengths.append(b1 - f0)
-        _label_training_pass(labels, w, f0, top, b1, seeds)
-        _label_after_backward(labels, w, top, b1, nxt, b1 - f0)
+        label_training_pass(labels, w, f0, top, b1, seeds)
+        label_after_backward(labels, w, top, b1, nxt, b1 - f0)
     _label_before_first(labels, w, [f0 for f0, _, _ in mts])
     return labels, starts, lengths, [top for _, top, _ in mts]
 
 
-def _new_step(w: _Work, la: np.ndarray, lf: np.ndarray, period_events: float | None, start: int, prev_end: int,
+def _new_step(w: Work, la: np.ndarray, lf: np.ndarray, period_events: float | None, start: int, prev_end: int,
               mt: tuple[int, int, int], min_saved: int) -> bool:
     """Whether the pass ``mt`` begins a step (the current one began at ``start``; the previous pass
     ended at ``prev_end``). Passes closer together than a step are micro-batches of one step
@@ -223,9 +212,9 @@ def _new_step(w: _Work, la: np.ndarray, lf: np.ndarray, period_events: float | N
                 and has_backward(la, lf, f0, top, min_saved) and makes_gradients(w.trace, w.allocs, w.params, top, b1))
 
 
-def _label_before_first(labels: np.ndarray, w: _Work, firsts: list[int]) -> None:
+def _label_before_first(labels: np.ndarray, w: Work, firsts: list[int]) -> None:
     """The first step made like the others: where every later pass is preceded by forward work that
-    saves nothing for backward (``_label_after_backward``'s evaluation forward: a frozen teacher's
+    saves nothing for backward (``label_after_backward``'s evaluation forward: a frozen teacher's
     no-grad forward, heldout3_distill_kl), what allocates MIN_SAVED blocks or more before the first
     pass, and frees most of them there, is that work too. Only then: a ``generate()`` before training
     (h8_generate_then_train) or a rollout (h6_ppo) is no step's forward."""
@@ -237,21 +226,6 @@ def _label_before_first(labels: np.ndarray, w: _Work, firsts: list[int]) -> None
     made = w.allocs_in(lo - 1, f0)
     if len(made) >= MIN_SAVED and (w.free_of[made] < f0).mean() > 0.5:
         labels[int(made[0]):f0] = P["forward"]
-
-
-@dataclass(frozen=True)
-class _Work:
-    """What every pass's labelling reads: the trace, when each event's block is freed, the alloc
-    events, the parameters' sizes, and which frees come in bursts."""
-    trace: Trace
-    free_of: np.ndarray
-    allocs: np.ndarray
-    params: np.ndarray
-    burst: np.ndarray
-
-    def allocs_in(self, after: int, before: int) -> np.ndarray:
-        """Alloc events e with after < e < before."""
-        return self.allocs[np.searchsorted(self.allocs, after, "right"):np.searchsorted(self.allocs, before, "left")]
 
 
 def gradients_unplaced(trace: Trace, tl: Timeline) -> bool:
@@ -266,7 +240,7 @@ def gradients_unplaced(trace: Trace, tl: Timeline) -> bool:
     mts = passes(trace, tl, mts)
     life = tl.lifetimes
     la, lf = life.alloc_event[life.paired], life.free_event[life.paired]
-    w = _Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
+    w = Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
     if len(w.params) < MIN_PARAM_SIZES:
         return False
     nexts = [f0 for f0, _, _ in mts[1:]] + [len(trace)]
@@ -284,7 +258,7 @@ def _has_saved_passes(trace: Trace, tl: Timeline) -> bool:
     return any(has_backward(la, lf, f0, top) for f0, top, _ in passes(trace, tl, mts))
 
 
-def _updates_after(w: _Work, la: np.ndarray, lf: np.ndarray, f0: int, top: int, b1: int, nxt: int) -> bool:
+def _updates_after(w: Work, la: np.ndarray, lf: np.ndarray, f0: int, top: int, b1: int, nxt: int) -> bool:
     """A pass with a backward and a gradient's sizes after its top, followed by an optimizer's bursts
     of parameter-sized temporaries before the next pass: the trace trains even where no backward is
     seen to keep its gradients (DDP's gradients as bucket views are made before the trace:
@@ -301,128 +275,3 @@ def _updates_after(w: _Work, la: np.ndarray, lf: np.ndarray, f0: int, top: int, 
     return len(temps) >= BURST and covers_an_update(w.params, w.trace.size[temps])
 
 
-def _label_refused(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int, trains: bool, plain: bool) -> None:
-    """A pass refused as a training pass: a forward, and where others plainly train and long work
-    follows it, a decoding step of a rollout whose rest is left 'other' (infer/other_work.rollout)."""
-    _label_forward_only(labels, w, f0, b1, nxt, trains)
-    if plain and rollout(b1, nxt, f0, b1):
-        labels[b1 + 1:nxt][labels[b1 + 1:nxt] == P["forward"]] = P["other"]
-
-
-def _label_training_pass(labels: np.ndarray, w: _Work, f0: int, top: int, b1: int, seeds) -> None:
-    """Forward up to the top, backward after it; the loss between where the backward's seed shows it
-    (infer/seed.seeded_loss)."""
-    labels[f0:top + 1] = P["forward"]
-    labels[top + 1:b1 + 1] = P["backward"]
-    span = seeded_loss(w.trace, w.free_of, f0, top, seeds, w.allocs)
-    if span and span[1] <= b1:
-        labels[span[0]:span[1]] = P["loss"]
-        labels[span[1]:b1 + 1] = P["backward"]
-
-
-def _label_forward_only(labels: np.ndarray, w: _Work, f0: int, b1: int, nxt: int, trains: bool = True) -> None:
-    """A pass with no backward, so no optimizer either (inference) -- unless what follows makes
-    parameter-sized temporaries and frees them in bursts, as a foreach optimizer does after a
-    backward the trace cannot see (a CUDA-graphed model's replay makes no events); in a trace that
-    shows no training otherwise (not ``trains``), in as many of the parameters' sizes as an update
-    (other_work.covers_an_update)."""
-    n = len(w.trace)
-    if f0 and labels[f0 - 1] == P["optimizer"]:
-        end = _update_goes_on(w, f0 - 1, nxt)
-        if end >= f0:  # no pass: the update, going on
-            labels[f0:end + 1] = P["optimizer"]
-            return
-    made = w.allocs_in(b1, nxt)
-    temps = made[w.burst[np.minimum(w.free_of[made], n - 1)] & (w.free_of[made] < nxt)]
-    labels[f0:nxt] = P["forward"]
-    if len(temps) >= BURST and (covers_parameters if trains else covers_an_update)(w.params, w.trace.size[temps]):
-        labels[b1 + 1:nxt] = P["optimizer"]
-
-
-#: An evaluation forward between steps is a batch or two, no longer than this many training passes
-#: (forward and backward: gpt_train_eval's 0.9, heldout3_distill_kl's teacher 1.0); h8_generate_then_train's
-#: generate() runs 25 passes' events of decoding, which the marks leave unnamed.
-EVAL_SPAN = 2
-
-
-def _label_after_backward(labels: np.ndarray, w: _Work, top: int, b1: int, nxt: int, span: int) -> None:
-    """What follows backward up to the next forward is the optimizer, if it allocates at all -- up
-    to its last burst of frees when it has them (a foreach optimizer's temporaries, or zero_grad's);
-    what allocates after that is a forward the loop ran with no backward (an evaluation), the rest
-    'other'."""
-    tail_allocs = w.allocs_in(b1, nxt)
-    made = w.allocs_in(top, b1 + 1)
-    grads = w.trace.size[made[w.free_of[made] > b1]]
-    if not (len(tail_allocs) and sized_like_an_optimizer(w.params, grads, w.trace.size[tail_allocs])):
-        return
-    bursts = update_bursts(w.trace, w.allocs, w.params, w.burst, b1, nxt, b1 - top)
-    end = int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
-    start = optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
-    made = w.allocs_in(start - 1, end + 1)
-    if (len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS
-            and not foreach_temporaries(w.trace, made, w.free_of, w.burst, w.params)):
-        return  # no update seen: a fused optimizer's later steps, or code between micro-batches
-    end = min(end, update_end(w.trace, w.allocs_in(start - 1, end + 1), w.params, start, w.burst))
-    labels[start:end + 1] = P["optimizer"]
-    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span and not rollout(end, nxt, top, b1):
-        labels[end + 1:nxt] = P["forward"]
-
-
-def _update_going_on(labels: np.ndarray, w: _Work, f0: int, nxt: int) -> bool:
-    """Whether a pass starting at ``f0`` is the optimizer going on (``_update_goes_on``): no pass, so
-    its top is not moved (h5_vae_handadam's state replaced out of place)."""
-    return bool(f0 and labels[f0 - 1] == P["optimizer"] and _update_goes_on(w, f0 - 1, nxt) >= f0)
-
-
-def _update_goes_on(w: _Work, end: int, nxt: int) -> int:
-    """Where the optimizer ended (at ``end``) but goes on allocating parameter-sized blocks only (at
-    least MIN_UPDATE_BLOCKS of them before any other size), the last event of that run; else ``end``.
-    A hand-written Adam replacing its state out of place makes mountains of its own after its first
-    parameters' updates, read as forward-only passes (h5_vae_handadam: 0.58 of its events right). An
-    evaluation forward's first blocks are activations, of other sizes."""
-    tail = w.allocs_in(end, nxt)
-    if not len(tail) or not len(w.params):
-        return end
-    other = np.flatnonzero(~np.isin(w.trace.size[tail], w.params))
-    k = int(other[0]) if len(other) else len(tail)
-    if k < MIN_UPDATE_BLOCKS:
-        return end
-    run = tail[:k]
-    stop = int(tail[k]) if k < len(tail) else nxt
-    fr = w.free_of[run][w.free_of[run] < stop]
-    return max(int(run.max()), int(fr.max()) if len(fr) else 0)
-
-
-def _backward_goes_on(w: _Work, top: int, b1: int, nxt: int) -> int:
-    """Where a pass's last saved activation is freed before its gradients are made, its backward goes
-    on until what it made of other sizes than the parameters' is freed, if that makes gradients:
-    h16_int8_lora's later steps make their LoRA gradients after every saved activation is freed,
-    while two of backward's own blocks live on (0.60 of its events right, 2 of 3 passes read
-    forward-only). Else ``b1``."""
-    made = w.allocs_in(top, b1 + 1)
-    fr = w.free_of[made]
-    own = (fr > b1) & (fr < nxt) & ~np.isin(w.trace.size[made], w.params)
-    if not own.any():
-        return b1
-    end = int(fr[own].max())
-    return end if makes_gradients(w.trace, w.allocs, w.params, top, end) else b1
-
-
-def _wrapped_start(labels: np.ndarray, w: _Work, lf: np.ndarray, first: int) -> bool:
-    """Whether a training trace starts inside a step (the ring buffer wrapped): BURST or more burst
-    frees, before the first pass, of blocks the trace itself allocated (pre-existing ones freed at the
-    start say nothing of a step) are its optimizer, which ends that step; labelled so. Only in a trace
-    that trains: an inference loop offloading its layers frees their weights in bursts
-    (h13_layer_offload_infer: 564 events of forward read as optimizer). Nor where those blocks are not
-    mostly a parameter's size (a compiled forward's guards free scalars in bursts: h16_compiled_fused,
-    odd_steps.update_sized; forwards that ran out of memory unwind so: h13_oom_retry_halve, other_work.unwound)."""
-    freed_in_burst = np.zeros(len(labels), bool)
-    freed_in_burst[lf[w.burst[lf]]] = True
-    if freed_in_burst[:first].sum() < BURST or unwound(w.params, w.trace.size[:first][freed_in_burst[:first]]):
-        return False
-    end = int(np.flatnonzero(freed_in_burst[:first])[-1])
-    if len(w.params) >= MIN_PARAM_SIZES and not update_sized(w.trace.size[w.allocs_in(-1, end + 1)], w.params):
-        return False  # no optimizer's blocks (odd_steps.update_sized)
-    labels[:end + 1] = P["optimizer"]
-    wrapped_backward(w.trace, w.allocs, w.params, w.free_of, labels, first)
-    return True

@@ -27,7 +27,7 @@ MIN_CHUNKS = 2
 
 #: Parameter-sized blocks made in a row, no free between, that are an optimizer's foreach outputs, not
 #: a chunk of backward: Adagrad's 8 in heldout_embbag_adagrad; a chunk makes at most 2 (its slice of
-#: the gradient, after one of its temporaries) there. As ``lifetimes.MIN_UPDATE_BLOCKS``.
+#: the gradient, after one of its temporaries) there. As ``pass_labels.MIN_UPDATE_BLOCKS``.
 ROW = 4
 
 def held_over(freed: np.ndarray, nxt: int, n: int) -> np.ndarray:
@@ -187,7 +187,7 @@ def accumulates(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: n
 
 
 #: Share of the allocations before a trace's first pass that must have a parameter's size for them to be
-#: the end of an optimizer (the ring buffer wrapped mid-step; ``lifetimes._wrapped_start``): gpt_wrapped
+#: the end of an optimizer (the ring buffer wrapped mid-step; ``pass_labels.wrapped_start``): gpt_wrapped
 #: 1.0 and h8_mid_step_start 0.84 are; what else frees in bursts there is not: GradCache's no-grad
 #: forward (h15_gradcache_contrastive 0.14, its first step read as an optimizer: 4 steps of 3),
 #: truth_lbfgs's first closure 0.59, generate()'s rollouts (h16_grpo 0.02), a serving loop 0.0,

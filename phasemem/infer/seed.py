@@ -130,7 +130,7 @@ def reseat(trace: Trace, tl: Timeline,
         out.append((max(f0, prev_end + 1), top, b1))
     # Where seeds placed backward, a mountain with neither a seed nor a backward's frees is no pass: an
     # optimizer's temporaries (h10_shampoo_subclass's matrix roots), or what follows it; left to what
-    # reads after a backward (lifetimes._label_after_backward)
+    # reads after a backward (pass_labels.label_after_backward)
     if found:
         out = [p for p in out if p[1] + 1 in found or has_backward(la, lf, p[0], p[1])]
     graded = {p[1] + 1 for p in out if p[1] + 1 in found and seeded_gradients(trace, allocs, free_of, burst, p[1] + 1, p[2])}

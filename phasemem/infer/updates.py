@@ -42,7 +42,7 @@ MIN_HEAD_GRADS = 4
 def wrapped_backward(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
                      labels: np.ndarray, first: int) -> None:
     """In a trace that begins inside a step, read up to its first pass ``first`` as that step's
-    optimizer (``lifetimes._wrapped_start``), the backward that comes before the optimizer: from the
+    optimizer (``pass_labels.wrapped_start``), the backward that comes before the optimizer: from the
     head's first allocation (its seed) to that block's free, where it makes MIN_HEAD_GRADS gradients or
     more between (parameter-sized blocks that outlive the head, freed by a later zero_grad).
     h8_mid_step_start's recording begins before a backward: 466 of its events read as optimizer."""
