@@ -193,7 +193,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill:
             continue  # a backward for the inputs only, no step's (infer/other_work.py): left 'other'
         lengths.append(b1 - f0)
         label_training_pass(labels, w, f0, top, b1, seeds)
-        label_after_backward(labels, w, top, b1, nxt, b1 - f0)
+        label_after_backward(labels, w, top, b1, nxt, b1 - f0, next((e for s, _, e in mts if s == nxt), n))
     _label_before_first(labels, w, [f0 for f0, _, _ in mts])
     return labels, starts, lengths, [top for _, top, _ in mts]
 

@@ -13,7 +13,7 @@ from ..vocab import P
 from .bursts import BURST
 from .gradients import MIN_PARAM_SIZES, covers_parameters, makes_gradients, optimizer_start, sized_like_an_optimizer
 from .odd_steps import update_sized
-from .other_work import covers_an_update, rollout, unwound, update_bursts
+from .other_work import covers_an_update, held_for_step, rollout, unwound, update_bursts
 from .passes import MIN_SAVED
 from .seed import seeded_loss
 from .updates import foreach_temporaries, update_end, update_read_as_pass, wrapped_backward
@@ -92,11 +92,11 @@ def label_forward_only(labels: np.ndarray, w: Work, f0: int, b1: int, nxt: int, 
 EVAL_SPAN = 2
 
 
-def label_after_backward(labels: np.ndarray, w: Work, top: int, b1: int, nxt: int, span: int) -> None:
+def label_after_backward(labels: np.ndarray, w: Work, top: int, b1: int, nxt: int, span: int, nxt_end: int) -> None:
     """What follows backward up to the next forward is the optimizer, if it allocates at all -- up
     to its last burst of frees when it has them (a foreach optimizer's temporaries, or zero_grad's);
     what allocates after that is a forward the loop ran with no backward (an evaluation), the rest
-    'other'."""
+    'other'; so is the next step's data (``held_for_step``; ``nxt_end``: the next pass's backward end)."""
     tail_allocs = w.allocs_in(b1, nxt)
     made = w.allocs_in(top, b1 + 1)
     grads = w.trace.size[made[w.free_of[made] > b1]]
@@ -111,7 +111,8 @@ def label_after_backward(labels: np.ndarray, w: Work, top: int, b1: int, nxt: in
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
     end = min(end, update_end(w.trace, w.allocs_in(start - 1, end + 1), w.params, start, w.burst))
     labels[start:end + 1] = P["optimizer"]
-    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span and not rollout(end, nxt, top, b1):
+    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span and not rollout(end, nxt, top, b1) \
+            and not held_for_step(w.trace, w.allocs, w.free_of, w.burst, end, (nxt, nxt_end)):
         labels[end + 1:nxt] = P["forward"]
 
 
