@@ -113,7 +113,8 @@ HELD_FOR_STEP = 4
 HELD_SHARE = 0.1
 
 
-def held_for_step(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, burst: np.ndarray, end: int, nxt: tuple[int, int]) -> bool:
+def held_for_step(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, burst: np.ndarray, end: int,
+                  nxt: tuple[int, int]) -> bool:
     """Whether what is made after ``end`` (an update's) and before the next pass (``nxt``: its forward's
     start and backward's end) is the next step's data: HELD_FOR_STEP or more of its blocks freed after
     that pass's backward, in a burst (the loop dropping a step's data after its update). A checkpointed
