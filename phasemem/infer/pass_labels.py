@@ -11,6 +11,7 @@ import numpy as np
 from ..trace import Trace
 from ..vocab import P
 from .bursts import BURST
+from .cached import repeats_forward
 from .gradients import MIN_PARAM_SIZES, covers_parameters, makes_gradients, optimizer_start, sized_like_an_optimizer
 from .odd_steps import update_sized
 from .other_work import covers_an_update, held_for_step, rollout, unwound, update_bursts
@@ -111,7 +112,8 @@ def label_after_backward(labels: np.ndarray, w: Work, top: int, b1: int, nxt: in
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
     end = min(end, update_end(w.trace, w.allocs_in(start - 1, end + 1), w.params, start, w.burst))
     labels[start:end + 1] = P["optimizer"]
-    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span and not rollout(end, nxt, top, b1) \
+    long = nxt - end > EVAL_SPAN * span and not repeats_forward(w.trace, w.allocs, (b1 - span, top), (end, nxt))
+    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and not long and not rollout(end, nxt, top, b1) \
             and not held_for_step(w.trace, w.allocs, w.free_of, w.burst, end, (nxt, nxt_end)):
         labels[end + 1:nxt] = P["forward"]
 
