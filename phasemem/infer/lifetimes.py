@@ -13,6 +13,7 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
+from .cached import repeats_forward
 from .gradients import MIN_PARAM_SIZES, keeps_gradients, makes_gradients, parameter_sizes
 from .hooked import hooked_updates
 from .loss import graphed_steps
@@ -194,7 +195,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill:
         lengths.append(b1 - f0)
         label_training_pass(labels, w, f0, top, b1, seeds)
         label_after_backward(labels, w, top, b1, nxt, b1 - f0, next((e for s, _, e in mts if s == nxt), n))
-    _label_before_first(labels, w, [f0 for f0, _, _ in mts])
+    _label_before_first(labels, w, mts, starts)
     return labels, starts, lengths, [top for _, top, _ in mts]
 
 
@@ -212,17 +213,25 @@ def _new_step(w: Work, la: np.ndarray, lf: np.ndarray, period_events: float | No
                 and has_backward(la, lf, f0, top, min_saved) and makes_gradients(w.trace, w.allocs, w.params, top, b1))
 
 
-def _label_before_first(labels: np.ndarray, w: Work, firsts: list[int]) -> None:
-    """The first step made like the others: where every later pass is preceded by forward work that
-    saves nothing for backward (``label_after_backward``'s evaluation forward: a frozen teacher's
+def _label_before_first(labels: np.ndarray, w: Work, mts: list[tuple[int, int, int]], starts: list[int]) -> None:
+    """The first step made like the others: where every later pass (of ``mts``) is preceded by forward work
+    that saves nothing for backward (``label_after_backward``'s evaluation forward: a frozen teacher's
     no-grad forward, heldout3_distill_kl), what allocates MIN_SAVED blocks or more before the first
     pass, and frees most of them there, is that work too. Only then: a ``generate()`` before training
-    (h8_generate_then_train) or a rollout (h6_ppo) is no step's forward."""
-    f0 = firsts[0]
-    if len(firsts) < 2 or labels[f0] != P["forward"] or not all(labels[f - 1] == P["forward"] for f in firsts[1:]):
+    (h8_generate_then_train) or a rollout (h6_ppo) is no step's forward. Or where every later step's
+    first pass (of ``starts``) is so preceded and that work repeats the first pass's forward: GradCache's
+    no-grad forward precedes each step's chunks, not each chunk (infer/cached.py)."""
+    f0, top = mts[0][:2]
+    later = [f for f, _, _ in mts[1:]]
+    steps = [s for s in starts if s > f0]
+    if not later or labels[f0] != P["forward"]:
         return
     begun = np.flatnonzero(labels[:f0] != P["other"])
     lo = int(begun[-1]) + 1 if len(begun) else 0
+    if not all(labels[f - 1] == P["forward"] for f in later) and not (
+            steps and all(labels[f - 1] == P["forward"] for f in steps)
+            and repeats_forward(w.trace, w.allocs, (f0, top), (lo - 1, f0))):
+        return
     made = w.allocs_in(lo - 1, f0)
     if len(made) >= MIN_SAVED and (w.free_of[made] < f0).mean() > 0.5:
         labels[int(made[0]):f0] = P["forward"]
