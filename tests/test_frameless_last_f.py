@@ -57,3 +57,13 @@ def test_gradcache_first_no_grad_forward_is_forward():
     truth, steps, _, seg = _read("heldout15/h15_gradcache_contrastive")
     assert _no_grad_forwards(seg, truth)[0] > 0.95
     assert float((seg.labels == truth).mean()) >= 0.7
+
+
+def test_sparse_adam_begins_the_update():
+    """SparseAdam coalesces the embedding's sparse gradient (blocks of the sizes of its values and indices,
+    which the backward made and zero_grad frees) before the dense Adam allocates a parameter's size: 51
+    events a step read 'other' (updates.sparse_update_start)."""
+    truth, steps, _, seg = _read("heldout16/h16_graphsage_sampled")
+    assert _share(truth, seg.labels, "optimizer") > 0.9
+    opt = seg.labels == P["optimizer"]
+    assert float((truth[opt] == P["optimizer"]).mean()) > 0.8

@@ -17,7 +17,7 @@ from .odd_steps import update_sized
 from .other_work import covers_an_update, held_for_step, rollout, unwound, update_bursts
 from .passes import MIN_SAVED
 from .seed import seeded_loss
-from .updates import foreach_temporaries, update_end, update_read_as_pass, wrapped_backward
+from .updates import foreach_temporaries, sparse_update_start, update_end, update_read_as_pass, wrapped_backward
 
 
 #: Parameter-sized blocks an optimizer read from lifetimes must allocate between its start and end: the
@@ -106,6 +106,7 @@ def label_after_backward(labels: np.ndarray, w: Work, top: int, b1: int, nxt: in
     bursts = update_bursts(w.trace, w.allocs, w.params, w.burst, b1, nxt, b1 - top)
     end = int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
     start = optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
+    start = sparse_update_start(w.trace, w.allocs, w.free_of, w.burst, w.params, top, b1, start)
     made = w.allocs_in(start - 1, end + 1)
     if (len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS
             and not foreach_temporaries(w.trace, made, w.free_of, w.burst, w.params)):
