@@ -67,3 +67,13 @@ def test_sparse_adam_begins_the_update():
     assert _share(truth, seg.labels, "optimizer") > 0.9
     opt = seg.labels == P["optimizer"]
     assert float((truth[opt] == P["optimizer"]).mean()) > 0.8
+
+
+def test_gradcache_chunks_after_the_no_grad_forward_are_backward():
+    """After GradCache's no-grad forward, each chunk's forward is run again with grad and backward with the
+    cached gradients: the marks call all of it, up to the update, backward. Each chunk read as a pass of
+    its own, its forward and surrogate loss ~110 events, 16 a step (cached.label_reforwards)."""
+    truth, steps, _, seg = _read("heldout15/h15_gradcache_contrastive")
+    assert _share(truth, seg.labels, "backward") > 0.95
+    bwd = seg.labels == P["backward"]
+    assert float((truth[bwd] == P["backward"]).mean()) > 0.95

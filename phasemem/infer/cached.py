@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace import Trace
+from ..vocab import P
 
 #: Share of the allocations between an update and the next pass (or before the first) whose sizes the
 #: pass's own forward allocates, for that work to be the step's forward run over the same chunks:
@@ -31,3 +32,15 @@ def repeats_forward(trace: Trace, allocs: np.ndarray, forward: tuple[int, int], 
     if not len(made) or not len(own):
         return False
     return float(np.isin(trace.size[made], trace.size[own]).mean()) >= REPEAT_SHARE
+
+
+def label_reforwards(labels: np.ndarray, ends: list[int]) -> None:
+    """After each no-grad forward found (``ends``: where each ended, at its step's first chunk), up to the
+    update: the chunks' re-forwards, their surrogate losses and what runs between them are the marks'
+    backward (GradCache's second phase: forward and backward again per chunk with the cached gradients),
+    read so far as passes of their own."""
+    for e in ends:
+        upd = np.flatnonzero(labels[e:] == P["optimizer"])
+        stop = e + int(upd[0]) if len(upd) else len(labels)
+        part = labels[e:stop]
+        part[np.isin(part, [P["forward"], P["loss"], P["other"]])] = P["backward"]

@@ -4,7 +4,7 @@ that begins inside a step. docs/accuracy.md describes every rule and how accurat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,12 +31,14 @@ MIN_UPDATE_BLOCKS = 4
 @dataclass(frozen=True)
 class Work:
     """What every pass's labelling reads: the trace, when each event's block is freed, the alloc
-    events, the parameters' sizes, and which frees come in bursts."""
+    events, the parameters' sizes, and which frees come in bursts; and where a forward run again
+    without grad ended (``cached.repeats_forward``), which the labelling adds to."""
     trace: Trace
     free_of: np.ndarray
     allocs: np.ndarray
     params: np.ndarray
     burst: np.ndarray
+    cached: list[int] = field(default_factory=list)
 
     def allocs_in(self, after: int, before: int) -> np.ndarray:
         """Alloc events e with after < e < before."""
@@ -113,10 +115,13 @@ def label_after_backward(labels: np.ndarray, w: Work, top: int, b1: int, nxt: in
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
     end = min(end, update_end(w.trace, w.allocs_in(start - 1, end + 1), w.params, start, w.burst))
     labels[start:end + 1] = P["optimizer"]
-    long = nxt - end > EVAL_SPAN * span and not repeats_forward(w.trace, w.allocs, (b1 - span, top), (end, nxt))
-    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and not long and not rollout(end, nxt, top, b1) \
+    long = nxt - end > EVAL_SPAN * span
+    rerun = long and repeats_forward(w.trace, w.allocs, (b1 - span, top), (end, nxt))
+    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and (rerun or not long) and not rollout(end, nxt, top, b1) \
             and not held_for_step(w.trace, w.allocs, w.free_of, w.burst, end, (nxt, nxt_end)):
         labels[end + 1:nxt] = P["forward"]
+        if rerun:
+            w.cached.append(nxt)
 
 
 def update_going_on(labels: np.ndarray, w: Work, f0: int, nxt: int) -> bool:
