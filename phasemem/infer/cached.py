@@ -9,7 +9,8 @@ no-grad forward before them saves nothing for a backward, is far longer than an 
 between steps (pass_labels.EVAL_SPAN), and was left 'other' (h15_gradcache_contrastive: 0.21 of its
 events). What tells it: it allocates the very sizes the chunks' forwards do, as a forward of the same
 model over same-shaped chunks must (``repeats_forward``); an evaluation's or a rollout's inputs have
-other shapes.
+other shapes. After it, up to the update, the chunks' passes are the marks' backward
+(``label_reforwards``).
 """
 from __future__ import annotations
 
