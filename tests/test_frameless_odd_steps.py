@@ -33,7 +33,6 @@ def test_graph_network_first_top_inside_backward_moves_back():
     assert _share(truth, seg.labels, "forward") > 0.8
 
 
-@pytest.mark.xfail(strict=True, reason="since the third round's merge the seeded reading places GraphSAGE's passes and held_start no longer applies: its sampled neighbourhoods begin the forward again (h16_graphsage_sampled 0.53; docs/accuracy.md)")
 def test_sampled_neighbourhoods_are_not_the_forward():
     """GraphSAGE samples each step's neighbourhoods long before its forward and frees them after Adam:
     one such block alive across the top began the forward 126 events early (passes.forward_start only

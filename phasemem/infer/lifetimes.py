@@ -13,6 +13,7 @@ from ..timeline import Timeline
 from ..trace import A, Trace
 from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
+from .cached import label_reforwards, repeats_forward
 from .gradients import MIN_PARAM_SIZES, keeps_gradients, makes_gradients, parameter_sizes
 from .hooked import hooked_updates
 from .loss import graphed_steps
@@ -89,7 +90,8 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
             if lengths2 and np.median(lengths2) <= est:
                 period_events = est
     moved: list[int] = []
-    labels, starts = _label_passes(trace, tl, period_events, moved=moved)[:2]
+    cached: list[int] = []
+    labels, starts = _label_passes(trace, tl, period_events, moved=moved, cached=cached)[:2]
     if not (labels == P["backward"]).any():
         # No pass reads as training: a tiny model's gradients may still anchor its backward runs
         # (infer/anchored.py).
@@ -104,6 +106,7 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
     if anchored is not None and not all_seeded(trace, tl, labels, anchored[0]) and \
             _saved_explained(trace, tl, anchored[0]) >= EXPLAINS * _saved_explained(trace, tl, found):
         return labels, starts, anchored, True
+    label_reforwards(labels, cached)  # after the readings were weighed: the marks' backward saves nothing
     return labels, starts, None, False
 
 
@@ -137,19 +140,18 @@ MICROBATCH_SHARE = 0.8
 
 
 def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill: bool = True, move_tops: bool = True,
-                  moved: list[int] | None = None) -> tuple[np.ndarray, list[int], list[int], list[int]]:
+                  moved: list[int] | None = None,
+                  cached: list[int] | None = None) -> tuple[np.ndarray, list[int], list[int], list[int]]:
     """Labels, step starts, the length in events of each training pass found, and every pass's top. Tops
     found inside a backward are moved back (``odd_steps.earlier_top``) with ``move_tops``, each appended
-    to ``moved`` if given."""
+    to ``moved`` if given; where each no-grad forward run again ended (``Work.cached``) to ``cached``."""
     n = len(trace)
     labels = np.zeros(n, np.int8)
     mts = mountains(trace, tl, period_events, fill)
     if not mts:
         return labels, [0], [], []
     mts, seeds, graded = reseat(trace, tl, passes(trace, tl, mts))
-    life = tl.lifetimes
-    born = life.paired
-    la, lf = life.alloc_event[born], life.free_event[born]
+    la, lf = tl.lifetimes.alloc_event[tl.lifetimes.paired], tl.lifetimes.free_event[tl.lifetimes.paired]
     w = Work(trace, tl.freed_at, np.flatnonzero(trace.action == A["alloc"]), parameter_sizes(tl), burst_freed(trace))
     # A trace trains only if some backward leaves gradients behind: parameter-sized blocks made
     # after a top that outlive its pass (until zero_grad, or for good), or a seeded one any. An inference loop's
@@ -158,8 +160,7 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill:
     trains = bool(graded) or len(w.params) < MIN_PARAM_SIZES or any(
         keeps_gradients(trace, w.allocs, w.params, w.free_of, top, b1, nx) for (_, top, b1), nx in zip(mts, nexts)
     ) or any(_updates_after(w, la, lf, f0, top, b1, nx) for (f0, top, b1), nx in zip(mts, nexts))
-    starts = [0]
-    lengths = []
+    starts, lengths = [0], []
     if trains and wrapped_start(labels, w, lf, mts[0][0]):
         starts.append(mts[0][0])
     # Where some pass is plainly a training pass, a pass that saves fewer activations is one too if it
@@ -193,8 +194,10 @@ def _label_passes(trace: Trace, tl: Timeline, period_events: float | None, fill:
             continue  # a backward for the inputs only, no step's (infer/other_work.py): left 'other'
         lengths.append(b1 - f0)
         label_training_pass(labels, w, f0, top, b1, seeds)
-        label_after_backward(labels, w, top, b1, nxt, b1 - f0)
-    _label_before_first(labels, w, [f0 for f0, _, _ in mts])
+        label_after_backward(labels, w, top, b1, nxt, b1 - f0, next((e for s, _, e in mts if s == nxt), n))
+    _label_before_first(labels, w, mts, starts)
+    if cached is not None:
+        cached.extend(w.cached)
     return labels, starts, lengths, [top for _, top, _ in mts]
 
 
@@ -212,20 +215,30 @@ def _new_step(w: Work, la: np.ndarray, lf: np.ndarray, period_events: float | No
                 and has_backward(la, lf, f0, top, min_saved) and makes_gradients(w.trace, w.allocs, w.params, top, b1))
 
 
-def _label_before_first(labels: np.ndarray, w: Work, firsts: list[int]) -> None:
-    """The first step made like the others: where every later pass is preceded by forward work that
-    saves nothing for backward (``label_after_backward``'s evaluation forward: a frozen teacher's
+def _label_before_first(labels: np.ndarray, w: Work, mts: list[tuple[int, int, int]], starts: list[int]) -> None:
+    """The first step made like the others: where every later pass (of ``mts``) is preceded by forward work
+    that saves nothing for backward (``label_after_backward``'s evaluation forward: a frozen teacher's
     no-grad forward, heldout3_distill_kl), what allocates MIN_SAVED blocks or more before the first
     pass, and frees most of them there, is that work too. Only then: a ``generate()`` before training
-    (h8_generate_then_train) or a rollout (h6_ppo) is no step's forward."""
-    f0 = firsts[0]
-    if len(firsts) < 2 or labels[f0] != P["forward"] or not all(labels[f - 1] == P["forward"] for f in firsts[1:]):
+    (h8_generate_then_train) or a rollout (h6_ppo) is no step's forward. Or where every later step's
+    first pass (of ``starts``) is so preceded and that work repeats the first pass's forward: GradCache's
+    no-grad forward precedes each step's chunks, not each chunk (infer/cached.py)."""
+    f0, top = mts[0][:2]
+    later = [f for f, _, _ in mts[1:]]
+    steps = [s for s in starts if s > f0]
+    if not later or labels[f0] != P["forward"]:
         return
     begun = np.flatnonzero(labels[:f0] != P["other"])
     lo = int(begun[-1]) + 1 if len(begun) else 0
+    if not all(labels[f - 1] == P["forward"] for f in later) and not (
+            steps and all(labels[f - 1] == P["forward"] for f in steps)
+            and repeats_forward(w.trace, w.allocs, (f0, top), (lo - 1, f0))):
+        return
     made = w.allocs_in(lo - 1, f0)
     if len(made) >= MIN_SAVED and (w.free_of[made] < f0).mean() > 0.5:
         labels[int(made[0]):f0] = P["forward"]
+        if not all(labels[f - 1] == P["forward"] for f in later):
+            w.cached.append(f0)
 
 
 def gradients_unplaced(trace: Trace, tl: Timeline) -> bool:

@@ -14,6 +14,8 @@ and read so they were called forward, backward and optimizer. What tells them ap
   (``covers_an_update``), a failed forward's unwound blocks mostly in others (``unwound``);
 - a forward an error stopped is no inference loop: its blocks are freed at once, in bursts, when
   the exception unwinds around the out-of-memory event (``unfinished_forwards``, ``stopped_step``);
+- data a loop samples for its next step (a GNN's neighbourhoods) is no evaluation forward: some of it
+  is held across the whole next pass and freed with that step's end, in a burst (``held_for_step``);
 - the update the gradients' sets anchor ends at its last burst, as one read after a pass does
   (``label_update``).
 """
@@ -98,6 +100,31 @@ def update_bursts(trace: Trace, allocs: np.ndarray, params: np.ndarray, burst: n
 #: for this many times the pass's own length: h16_grpo's decoding steps (50 events each) read as
 #: passes, the last of them then 15,000 events of rollout before the training pass.
 ROLLOUT = 10
+
+
+#: Blocks made between an update and the next pass, freed after that pass's backward in a burst, that
+#: make the work there the loop's data for the next step, not an evaluation forward ...
+HELD_FOR_STEP = 4
+#: ... and the share of that work's allocations they must be. GraphSAGE's sampled neighbourhoods
+#: (h16_graphsage_sampled) hold 8 of 49 (0.16) until the next step's update is done, an embedding bag's
+#: batch (heldout_embbag_adagrad) 18 of 18; DINO's crops before its teacher's no-grad forward 4 of 84
+#: (0.05, the forward marked so), an evaluation loop followed by the next batch 4 of 141 (0.03,
+#: h9_train_eval_interleaved).
+HELD_SHARE = 0.1
+
+
+def held_for_step(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, burst: np.ndarray, end: int,
+                  nxt: tuple[int, int]) -> bool:
+    """Whether what is made after ``end`` (an update's) and before the next pass (``nxt``: its forward's
+    start and backward's end) is the next step's data: HELD_FOR_STEP or more of its blocks freed after
+    that pass's backward, in a burst (the loop dropping a step's data after its update). A checkpointed
+    forward's first blocks, made before its pass's start, are freed inside the backward (llama__ckpt_1);
+    a batch's input and target after the update, but they are two."""
+    n = len(trace)
+    made = allocs[np.searchsorted(allocs, end, "right"):np.searchsorted(allocs, nxt[0], "left")]
+    fr = free_of[made]
+    held = (fr > nxt[1]) & (fr < n) & burst[np.minimum(fr, n - 1)]
+    return int(held.sum()) >= max(HELD_FOR_STEP, HELD_SHARE * len(made))
 
 
 def rollout(end: int, nxt: int, top: int, b1: int) -> bool:

@@ -4,19 +4,20 @@ that begins inside a step. docs/accuracy.md describes every rule and how accurat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..trace import Trace
 from ..vocab import P
 from .bursts import BURST
+from .cached import repeats_forward
 from .gradients import MIN_PARAM_SIZES, covers_parameters, makes_gradients, optimizer_start, sized_like_an_optimizer
 from .odd_steps import update_sized
-from .other_work import covers_an_update, rollout, unwound, update_bursts
+from .other_work import covers_an_update, held_for_step, rollout, unwound, update_bursts
 from .passes import MIN_SAVED
 from .seed import seeded_loss
-from .updates import foreach_temporaries, update_end, update_read_as_pass, wrapped_backward
+from .updates import foreach_temporaries, sparse_update_start, update_end, update_read_as_pass, wrapped_backward
 
 
 #: Parameter-sized blocks an optimizer read from lifetimes must allocate between its start and end: the
@@ -30,12 +31,14 @@ MIN_UPDATE_BLOCKS = 4
 @dataclass(frozen=True)
 class Work:
     """What every pass's labelling reads: the trace, when each event's block is freed, the alloc
-    events, the parameters' sizes, and which frees come in bursts."""
+    events, the parameters' sizes, and which frees come in bursts; and where a forward run again
+    without grad ended (``cached.repeats_forward``), which the labelling adds to."""
     trace: Trace
     free_of: np.ndarray
     allocs: np.ndarray
     params: np.ndarray
     burst: np.ndarray
+    cached: list[int] = field(default_factory=list)
 
     def allocs_in(self, after: int, before: int) -> np.ndarray:
         """Alloc events e with after < e < before."""
@@ -92,11 +95,11 @@ def label_forward_only(labels: np.ndarray, w: Work, f0: int, b1: int, nxt: int, 
 EVAL_SPAN = 2
 
 
-def label_after_backward(labels: np.ndarray, w: Work, top: int, b1: int, nxt: int, span: int) -> None:
+def label_after_backward(labels: np.ndarray, w: Work, top: int, b1: int, nxt: int, span: int, nxt_end: int) -> None:
     """What follows backward up to the next forward is the optimizer, if it allocates at all -- up
     to its last burst of frees when it has them (a foreach optimizer's temporaries, or zero_grad's);
     what allocates after that is a forward the loop ran with no backward (an evaluation), the rest
-    'other'."""
+    'other'; so is the next step's data (``held_for_step``; ``nxt_end``: the next pass's backward end)."""
     tail_allocs = w.allocs_in(b1, nxt)
     made = w.allocs_in(top, b1 + 1)
     grads = w.trace.size[made[w.free_of[made] > b1]]
@@ -105,14 +108,20 @@ def label_after_backward(labels: np.ndarray, w: Work, top: int, b1: int, nxt: in
     bursts = update_bursts(w.trace, w.allocs, w.params, w.burst, b1, nxt, b1 - top)
     end = int(bursts[-1]) if len(bursts) >= BURST else nxt - 1
     start = optimizer_start(w.trace, w.allocs, w.params, b1, end, labels, w.free_of, top)
+    start = sparse_update_start(w.trace, w.allocs, w.free_of, w.burst, w.params, top, b1, start)
     made = w.allocs_in(start - 1, end + 1)
     if (len(w.params) >= MIN_PARAM_SIZES and np.isin(w.trace.size[made], w.params).sum() < MIN_UPDATE_BLOCKS
             and not foreach_temporaries(w.trace, made, w.free_of, w.burst, w.params)):
         return  # no update seen: a fused optimizer's later steps, or code between micro-batches
     end = min(end, update_end(w.trace, w.allocs_in(start - 1, end + 1), w.params, start, w.burst))
     labels[start:end + 1] = P["optimizer"]
-    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and nxt - end <= EVAL_SPAN * span and not rollout(end, nxt, top, b1):
+    long = nxt - end > EVAL_SPAN * span
+    rerun = long and repeats_forward(w.trace, w.allocs, (b1 - span, top), (end, nxt))
+    if len(w.allocs_in(end, nxt)) >= MIN_SAVED and (rerun or not long) and not rollout(end, nxt, top, b1) \
+            and not held_for_step(w.trace, w.allocs, w.free_of, w.burst, end, (nxt, nxt_end)):
         labels[end + 1:nxt] = P["forward"]
+        if rerun:
+            w.cached.append(nxt)
 
 
 def update_going_on(labels: np.ndarray, w: Work, f0: int, nxt: int) -> bool:
