@@ -15,7 +15,7 @@ from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .gradients import MIN_PARAM_SIZES, keeps_gradients, makes_gradients, parameter_sizes
 from .hooked import hooked_updates
-from .loss import graphed_steps
+from .loss import graphed_steps, seeded_steps
 from .odd_steps import accumulates, earlier_top
 from .other_work import InputGradients, covers_an_update, stopped_step, unfinished_forwards
 from .pass_labels import (Work, backward_goes_on, label_after_backward, label_refused, label_training_pass,
@@ -37,6 +37,10 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
         sharded = sharded_passes(trace, tl)
         if sharded is not None:
             labels, starts = sharded
+    # Read as no training at all: a graphed model's backward may still show its seed (an MSE loss)
+    seeded = None if (labels == P["backward"]).any() else seeded_steps(trace, tl)
+    if seeded is not None:
+        labels, starts = seeded
     hooked_updates(trace, tl, labels)
     return labels, stopped_step(trace, labels, starts)
 

@@ -1,0 +1,31 @@
+"""The last frameless traces below 0.7 (docs/accuracy.md, "Third round, last traces"), read as
+docs/eval_frameless.py reads them: every annotation and stack frame removed (tests/heldout_sets.bare).
+Every test fails with its rule taken out.
+"""
+import numpy as np
+
+from phasemem.trace import A
+from phasemem.vocab import P
+
+from test_frameless import _read, _share
+
+
+def test_graphed_mse_step_is_read_from_its_seed():
+    """torch.compile(mode="reduce-overhead") replays forward and backward as CUDA graphs and fused AdamW
+    makes nothing: only the MSE loss (eager) and backward's seed and first gradient leave events.
+    Without loss.seeded_steps the trace read as one inference request (0.44, 1 step of 3)."""
+    truth, steps, trace, seg = _read("heldout8/h8_compile_reduce_overhead")
+    assert len(seg.steps) == steps == 3
+    assert _share(truth, seg.labels, "backward") == 1.0
+    # every backward event read is one (its seed and gradient), and one run a step
+    bwd = seg.labels == P["backward"]
+    assert (truth[bwd] == P["backward"]).all()
+    firsts = np.flatnonzero(bwd & ~np.roll(bwd, 1))
+    assert len(firsts) == steps and (trace.action[firsts] == A["alloc"]).all()
+    assert (trace.size[firsts] <= 8).all()  # each begins at the seed, a scalar
+    # ... and the seed's pattern claims no training in an inference loop (generate, graphed decode)
+    for rel in ("gpt_inference", "heldout12/h12_static_kv_decode", "heldout7/h7_decode_keeps_outputs",
+                "heldout14/h14_compiled_infer_dynamic"):
+        truth, _, _, seg = _read(rel)
+        assert not (truth == P["backward"]).any()
+        assert not (seg.labels == P["backward"]).any(), rel
