@@ -146,7 +146,7 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
     backward end. Blocks freed in bursts (``burst``, per event) are left alive by no seed: the batch a
     loop frees at a step's end (heldout_embbag_adagrad: 18 blocks of it, beside 22 saved activations)."""
     prev_end, top, last, nxt_end = bounds
-    found = []
+    found, refused = [], []
     k0, k1 = np.searchsorted(seeds, prev_end, "right"), np.searchsorted(seeds, last, "right")
     for s, e in zip(seeds[k0:k1].tolist(), ends[k0:k1].tolist()):
         if e < top:
@@ -155,9 +155,13 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
         fr = lf[lo:hi]
         alive = (fr > s) & (fr < nxt_end)
         inside = alive & (fr <= e)
-        n_in, n_out = int(inside.sum()), int((alive & (fr > e) & ~burst[np.minimum(fr, len(burst) - 1)]).sum())
+        out = alive & (fr > e) & ~burst[np.minimum(fr, len(burst) - 1)]
+        n_in, n_out = int(inside.sum()), int(out.sum())
         if n_in >= MIN_IN and n_out <= OUT_MIN + OUT_SHARE * n_in:
             found.append((s, e, np.sort(la[lo:hi][inside]), n_in / (n_out + OUT_MIN)))
+        elif n_in >= MIN_IN:
+            refused.append((s, e, np.sort(la[lo:hi][inside]), n_in, int(fr[out].max(initial=e))))
+    found = [closure_seed(f, refused) for f in found]
     # A span holding another is a loss value's, not a seed's (h9_multitask_retain_graph: the second loss,
     # made right after the first, is freed after both backward calls)
     found = [f for f in found if not any(g[0] > f[0] and g[1] <= f[1] for g in found)]
@@ -165,6 +169,24 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
     # frees the loss's temporaries and leaves alive what the backward frees (llama__ckpt_1: 33 freed, 9
     # left; the seed 11 and 0); an optimizer's scalar frees a few (truth_lbfgs: 4 and 0, the seed 33 and 10)
     return max(found, key=lambda f: f[3])[:3] if found else None
+
+
+#: A closure's seed frees at least this many times what the optimizer's scalar around it frees
+#: (truth_lbfgs: 33 against 10 and 4)
+CLOSURE_FREES = 2
+
+
+def closure_seed(f: tuple, refused: list[tuple]) -> tuple:
+    """The seed of a backward run inside an optimizer's call (LBFGS's ``step(closure)``) in place of
+    ``f``, a scalar of the optimizer's made before the closure and freed after it: a refused seed
+    inside its span, freeing CLOSURE_FREES times as much, everything it leaves alive (the optimizer's
+    flat vectors and scalars, made before the closure's forward) freed within ``f``'s span."""
+    s, e, saved, _ = f
+    inner = [g for g in refused if s < g[0] and g[1] <= e and g[4] <= e and g[3] >= CLOSURE_FREES * len(saved)]
+    if not inner:
+        return f
+    g = max(inner, key=lambda g: g[3])
+    return g[0], g[1], g[2], g[3] / OUT_MIN
 
 
 def _gap_seed(trace: Trace, free_of: np.ndarray, allocs: np.ndarray, params: np.ndarray, live: tuple[np.ndarray, ...],
