@@ -42,3 +42,15 @@ def test_closure_seed_inside_an_optimizer_scalar():
     want = np.flatnonzero(tb & ~np.roll(tb, 1))
     assert np.isin(got, want).all() and len(got) >= len(want) - 1
     assert float((truth[bwd] == P["backward"]).mean()) > 0.98
+
+
+def test_every_closure_evaluation_before_a_top_is_a_backward():
+    """LBFGS evaluates its closure several times a step; where two evaluations come before the next
+    mountain's top, each is a backward of its own from its seed (seed.reseat's gap seeds, repeated).
+    Without the repetition truth_lbfgs's second evaluation (300 events) read as 'other'."""
+    truth, _, _, seg = _read("truth/truth_lbfgs")
+    bwd, tb = seg.labels == P["backward"], truth == P["backward"]
+    got = np.flatnonzero(bwd & ~np.roll(bwd, 1))
+    want = np.flatnonzero(tb & ~np.roll(tb, 1))
+    assert len(want) == 12 and np.array_equal(got, want)
+    assert _share(truth, seg.labels, "backward") > 0.98

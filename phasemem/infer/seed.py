@@ -106,8 +106,8 @@ def reseat(trace: Trace, tl: Timeline,
         if top <= prev_end:
             continue  # inside the backward a seed placed: a checkpointed block's recompute
         nxt = mts[i + 1] if i + 1 < len(mts) else (n, n, n)
-        gap = _gap_seed(trace, free_of, allocs, params, (la, lf, burst), seeds, ends, (prev_end, top, b1))
-        if gap is not None:
+        # several whole backward runs may precede the top (LBFGS's closure evaluations: truth_lbfgs)
+        while (gap := _gap_seed(trace, free_of, allocs, params, (la, lf, burst), seeds, ends, (prev_end, top, b1))):
             s, e, saved = gap
             out.append((forward_start(saved, s - 1), s - 1, e))
             found.add(s)
