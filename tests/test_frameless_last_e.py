@@ -54,3 +54,12 @@ def test_every_closure_evaluation_before_a_top_is_a_backward():
     want = np.flatnonzero(tb & ~np.roll(tb, 1))
     assert len(want) == 12 and np.array_equal(got, want)
     assert _share(truth, seg.labels, "backward") > 0.98
+
+
+def test_zero_grad_between_closure_evaluations_begins_no_step():
+    """A zero_grad's burst of gradient frees between two passes is no optimizer's update: LBFGS frees the
+    gradients before each closure evaluation, a gradient-buffer loop before each micro-batch
+    (lifetimes._temporaries_burst). Without it truth_lbfgs read 4 steps of 3, h16_accum_grad_buffers 12."""
+    for rel in ("truth/truth_lbfgs", "heldout16/h16_accum_grad_buffers"):
+        truth, steps, _, seg = _read(rel)
+        assert len(seg.steps) == steps == 3, rel
