@@ -119,7 +119,8 @@ def reseat(trace: Trace, tl: Timeline,
             # the first block the seed frees starts the forward, where the mountain began later (FSDP2:
             # it lay in backward) or in the backward before (h10_moco_queue)
             start = forward_start(saved, s - 1)
-            f0, top, b1 = min(f0, start) if f0 > prev_end else start, s - 1, e
+            f0 = min(f0, start) if f0 > prev_end and not _held_around(trace, allocs, free_of, f0, start, e) else start
+            top, b1 = s - 1, e
             found.add(s)
         elif (held := _held_seed(trace, free_of, allocs, params, seeds, ends, mts, i, prev_end)) is not None:
             while out and out[-1][1] + 1 not in found:  # the mountains since the last backward: its forward
@@ -187,6 +188,20 @@ def closure_seed(f: tuple, refused: list[tuple]) -> tuple:
         return f
     g = max(inner, key=lambda g: g[3])
     return g[0], g[1], g[2], g[3] / OUT_MIN
+
+
+#: Share of the blocks made between a mountain's start and its seed's forward that outlive the backward,
+#: above which they are an enclosing call's, not the forward's (LBFGS's flat vectors and line-search
+#: scalars, made before each closure: truth_lbfgs)
+HELD_AROUND = 0.5
+
+
+def _held_around(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, f0: int, start: int, end: int) -> bool:
+    """Whether most of the blocks made from ``f0`` to ``start``, or most of their bytes, outlive the
+    backward ending at ``end`` (bytes: a line search's many scalars live briefly beside the vectors held)."""
+    made = allocs[np.searchsorted(allocs, f0, "left"):np.searchsorted(allocs, start, "left")]
+    size, held = trace.size[made].astype(np.float64), free_of[made] > end
+    return size.sum() > 0 and max(float(held.mean()), float(size[held].sum() / size.sum())) > HELD_AROUND
 
 
 def _gap_seed(trace: Trace, free_of: np.ndarray, allocs: np.ndarray, params: np.ndarray, live: tuple[np.ndarray, ...],
