@@ -73,3 +73,13 @@ def test_closure_forward_starts_after_the_optimizers_vectors():
     fwd = seg.labels == P["forward"]
     assert float((truth[fwd] == P["forward"]).mean()) > 0.98
     assert _share(truth, seg.labels, "forward") > 0.95
+
+
+def test_flat_gradient_work_is_the_optimizer():
+    """LBFGS works on one flat vector of every gradient, the bytes each zero_grad frees together: what
+    allocates one between a backward and the next zero_grad is the optimizer (infer/flat_updates.py).
+    Without it LBFGS's direction and line search (~1,200 events) read 'other'."""
+    truth, _, _, seg = _read("truth/truth_lbfgs")
+    opt = seg.labels == P["optimizer"]
+    assert float((truth[opt] == P["optimizer"]).mean()) > 0.98
+    assert _share(truth, seg.labels, "optimizer") > 0.85  # the last step's, no zero_grad after it, stays unknown

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import infer
+from ..infer.flat_updates import flat_updates
 from ..spans import phase_runs as runs
 from ..trace import Trace
 from ..vocab import P, PHASES
@@ -63,6 +64,8 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
     keep = (labels != P["other"]) & ~nested
     merged = np.where(keep, labels, inferred).astype(np.int8)
     infer.finish(trace, timeline, merged)
+    if how == "lifetimes":
+        flat_updates(trace, merged)
     # ... for the phases they cover: none of those outside them
     for ph in annotated:
         merged[(merged == P[ph]) & ~keep & ~nested] = P["other"]
