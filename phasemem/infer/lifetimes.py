@@ -14,9 +14,9 @@ from ..trace import A, Trace
 from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .cached import label_reforwards, repeats_forward
-from .gradients import MIN_PARAM_SIZES, keeps_gradients, makes_gradients, parameter_sizes
+from .gradients import MIN_PARAM_SIZES, SCALAR, keeps_gradients, makes_gradients, parameter_sizes
 from .hooked import hooked_updates
-from .loss import graphed_steps
+from .loss import graphed_steps, seeded_steps
 from .odd_steps import accumulates, earlier_top
 from .other_work import InputGradients, covers_an_update, stopped_step, unfinished_forwards
 from .pass_labels import (Work, backward_goes_on, label_after_backward, label_refused, label_training_pass,
@@ -38,6 +38,10 @@ def labels_from_lifetimes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[
         sharded = sharded_passes(trace, tl)
         if sharded is not None:
             labels, starts = sharded
+    # Read as no training at all: a graphed model's backward may still show its seed (an MSE loss)
+    seeded = None if (labels == P["backward"]).any() else seeded_steps(trace, tl)
+    if seeded is not None:
+        labels, starts = seeded
     hooked_updates(trace, tl, labels)
     return labels, stopped_step(trace, labels, starts)
 
@@ -209,10 +213,22 @@ def _new_step(w: Work, la: np.ndarray, lf: np.ndarray, period_events: float | No
     loop); a training pass adding to gradients its step made is one however far (odd_steps.accumulates)."""
     f0, top, b1 = mt
     if not (period_events is None or f0 - start >= MICROBATCH_SHARE * period_events
-            or w.burst[prev_end + 1:f0].sum() >= BURST):
+            or _temporaries_burst(w, start, prev_end, f0) >= BURST):
         return False
     return not (accumulates(w.trace, w.allocs, w.params, w.free_of, start, f0, top, b1)
                 and has_backward(la, lf, f0, top, min_saved) and makes_gradients(w.trace, w.allocs, w.params, top, b1))
+
+
+def _temporaries_burst(w: Work, start: int, prev_end: int, f0: int) -> int:
+    """Frees in bursts between two passes (an optimizer's), less the gradients a zero_grad frees there,
+    made in the step's backward (parameter-sized): LBFGS's closure frees them before each evaluation's
+    forward, several a step (truth_lbfgs, h16_accum_grad_buffers: each read as a step of its own)."""
+    made = w.allocs_in(start, prev_end + 1)
+    fo = w.free_of[made]
+    # not a scalar: a loop's scalars freed among an update's temporaries count (h7_sac's 4-byte ones)
+    sz = w.trace.size[made]
+    grads = (fo > prev_end) & (fo < f0) & (sz > SCALAR) & np.isin(sz, w.params)
+    return int(w.burst[prev_end + 1:f0].sum()) - int(w.burst[fo[grads]].sum())
 
 
 def _label_before_first(labels: np.ndarray, w: Work, mts: list[tuple[int, int, int]], starts: list[int]) -> None:

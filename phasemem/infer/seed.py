@@ -106,8 +106,8 @@ def reseat(trace: Trace, tl: Timeline,
         if top <= prev_end:
             continue  # inside the backward a seed placed: a checkpointed block's recompute
         nxt = mts[i + 1] if i + 1 < len(mts) else (n, n, n)
-        gap = _gap_seed(trace, free_of, allocs, params, (la, lf, burst), seeds, ends, (prev_end, top, b1))
-        if gap is not None:
+        # several whole backward runs may precede the top (LBFGS's closure evaluations: truth_lbfgs)
+        while (gap := _gap_seed(trace, free_of, allocs, params, (la, lf, burst), seeds, ends, (prev_end, top, b1))):
             s, e, saved = gap
             out.append((forward_start(saved, s - 1), s - 1, e))
             found.add(s)
@@ -119,7 +119,8 @@ def reseat(trace: Trace, tl: Timeline,
             # the first block the seed frees starts the forward, where the mountain began later (FSDP2:
             # it lay in backward) or in the backward before (h10_moco_queue)
             start = forward_start(saved, s - 1)
-            f0, top, b1 = min(f0, start) if f0 > prev_end else start, s - 1, e
+            f0 = min(f0, start) if f0 > prev_end and not _held_around(trace, allocs, free_of, f0, start, e) else start
+            top, b1 = s - 1, e
             found.add(s)
         elif (held := _held_seed(trace, free_of, allocs, params, seeds, ends, mts, i, prev_end)) is not None:
             while out and out[-1][1] + 1 not in found:  # the mountains since the last backward: its forward
@@ -146,7 +147,7 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
     backward end. Blocks freed in bursts (``burst``, per event) are left alive by no seed: the batch a
     loop frees at a step's end (heldout_embbag_adagrad: 18 blocks of it, beside 22 saved activations)."""
     prev_end, top, last, nxt_end = bounds
-    found = []
+    found, refused = [], []
     k0, k1 = np.searchsorted(seeds, prev_end, "right"), np.searchsorted(seeds, last, "right")
     for s, e in zip(seeds[k0:k1].tolist(), ends[k0:k1].tolist()):
         if e < top:
@@ -155,9 +156,13 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
         fr = lf[lo:hi]
         alive = (fr > s) & (fr < nxt_end)
         inside = alive & (fr <= e)
-        n_in, n_out = int(inside.sum()), int((alive & (fr > e) & ~burst[np.minimum(fr, len(burst) - 1)]).sum())
+        out = alive & (fr > e) & ~burst[np.minimum(fr, len(burst) - 1)]
+        n_in, n_out = int(inside.sum()), int(out.sum())
         if n_in >= MIN_IN and n_out <= OUT_MIN + OUT_SHARE * n_in:
             found.append((s, e, np.sort(la[lo:hi][inside]), n_in / (n_out + OUT_MIN)))
+        elif n_in >= MIN_IN:
+            refused.append((s, e, np.sort(la[lo:hi][inside]), n_in, int(fr[out].max(initial=e))))
+    found = [closure_seed(f, refused) for f in found]
     # A span holding another is a loss value's, not a seed's (h9_multitask_retain_graph: the second loss,
     # made right after the first, is freed after both backward calls)
     found = [f for f in found if not any(g[0] > f[0] and g[1] <= f[1] for g in found)]
@@ -165,6 +170,38 @@ def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndar
     # frees the loss's temporaries and leaves alive what the backward frees (llama__ckpt_1: 33 freed, 9
     # left; the seed 11 and 0); an optimizer's scalar frees a few (truth_lbfgs: 4 and 0, the seed 33 and 10)
     return max(found, key=lambda f: f[3])[:3] if found else None
+
+
+#: A closure's seed frees at least this many times what the optimizer's scalar around it frees
+#: (truth_lbfgs: 33 against 10 and 4)
+CLOSURE_FREES = 2
+
+
+def closure_seed(f: tuple, refused: list[tuple]) -> tuple:
+    """The seed of a backward run inside an optimizer's call (LBFGS's ``step(closure)``) in place of
+    ``f``, a scalar of the optimizer's made before the closure and freed after it: a refused seed
+    inside its span, freeing CLOSURE_FREES times as much, everything it leaves alive (the optimizer's
+    flat vectors and scalars, made before the closure's forward) freed within ``f``'s span."""
+    s, e, saved, _ = f
+    inner = [g for g in refused if s < g[0] and g[1] <= e and g[4] <= e and g[3] >= CLOSURE_FREES * len(saved)]
+    if not inner:
+        return f
+    g = max(inner, key=lambda g: g[3])
+    return g[0], g[1], g[2], g[3] / OUT_MIN
+
+
+#: Share of the blocks made between a mountain's start and its seed's forward that outlive the backward,
+#: above which they are an enclosing call's, not the forward's (LBFGS's flat vectors and line-search
+#: scalars, made before each closure: truth_lbfgs)
+HELD_AROUND = 0.5
+
+
+def _held_around(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, f0: int, start: int, end: int) -> bool:
+    """Whether most of the blocks made from ``f0`` to ``start``, or most of their bytes, outlive the
+    backward ending at ``end`` (bytes: a line search's many scalars live briefly beside the vectors held)."""
+    made = allocs[np.searchsorted(allocs, f0, "left"):np.searchsorted(allocs, start, "left")]
+    size, held = trace.size[made].astype(np.float64), free_of[made] > end
+    return size.sum() > 0 and max(float(held.mean()), float(size[held].sum() / size.sum())) > HELD_AROUND
 
 
 def _gap_seed(trace: Trace, free_of: np.ndarray, allocs: np.ndarray, params: np.ndarray, live: tuple[np.ndarray, ...],

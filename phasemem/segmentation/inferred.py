@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import infer
+from ..infer.flat_updates import flat_updates
 from ..spans import phase_runs as runs
 from ..trace import Trace
 from ..vocab import P, PHASES
@@ -26,10 +27,10 @@ CONFIDENCE = {
 
 #: An inferred phase's confidence where the lifetimes contradict themselves (``find_doubts``): the pooled
 #: precision of each phase over the marked traces so flagged (docs/eval_frameless.py, 2026-12-05, third
-#: round: 9 of 215, forward 0.752, zero_grad 0.451, backward 0.907, optimizer 0.662; second round 14 of
-#: 149: forward 0.392, optimizer 0.248). Their loss (1.00) is no worse than elsewhere and keeps
-#: CONFIDENCE's; the 206 others: forward 0.951, optimizer 0.978.
-DOUBTFUL = {"forward": 0.75, "zero_grad": 0.45, "backward": 0.9, "optimizer": 0.66}
+#: round with its last traces: 7 of 215, forward 0.734, backward 0.950, optimizer 0.663; second round 14
+#: of 149: forward 0.392, optimizer 0.248). Their loss (1.00) and zero_grad (0.984) are no worse than
+#: elsewhere and keep CONFIDENCE's; the 208 others: forward 0.961, backward 0.999, optimizer 0.976.
+DOUBTFUL = {"forward": 0.73, "backward": 0.95, "optimizer": 0.66}
 
 
 def infer_phases(trace: Trace, timeline, labels: np.ndarray, sources: dict[str, str],
@@ -63,6 +64,8 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
     keep = (labels != P["other"]) & ~nested
     merged = np.where(keep, labels, inferred).astype(np.int8)
     infer.finish(trace, timeline, merged)
+    if how == "lifetimes":
+        flat_updates(trace, merged)
     # ... for the phases they cover: none of those outside them
     for ph in annotated:
         merged[(merged == P[ph]) & ~keep & ~nested] = P["other"]
