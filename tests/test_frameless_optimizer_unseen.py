@@ -74,15 +74,16 @@ def test_a_linear_probe_is_anchored_by_its_loss_and_gradients():
 def test_a_backward_ends_where_its_seed_is_freed():
     """An embedding bag's backward goes on after the last saved activation is freed (its sparse
     gradients), and that tail read as optimizer: 0.37 of heldout_embbag_adagrad's events. Autograd frees
-    the loss's seed when the backward is done (sharded.seed_end)."""
+    the loss's seed when the backward is done: the seeded reading runs each backward on to it
+    (infer/seed.py; sharded.seed_end on its own branch, removed as redundant at the merge)."""
     truth, _, _, seg = _read("heldout/heldout_embbag_adagrad")
     assert _share(truth, seg.labels, "backward") > 0.95
 
 
 def test_a_loss_kept_past_zero_grad_is_no_seed():
     """HF Trainer keeps its loss scalar past the update and zero_grad; taken for the seed, it ran the
-    last backward over AdamW (sharded.seed_end: the backward's gradients are freed together, by
-    zero_grad, before it)."""
+    last backward over AdamW. The seeded reading (infer/seed.py) places each backward; on its own
+    branch sharded.seed_end did, which the merge made redundant and removed."""
     truth, _, _, seg = _read("integrations/hf_instrument")
     last = truth == P["optimizer"]
     last[:len(last) * 2 // 3] = False  # the last step's optimizer

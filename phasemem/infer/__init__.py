@@ -20,14 +20,12 @@ from ..vocab import P
 from ..timeline import Timeline
 from ..sizes import in_sorted
 from ..trace import A, Trace
+from .bursts import ZERO_GRAD_MIN
 from .frames import has_usable_frames, labels_from_frames
 from .lifetimes import labels_from_lifetimes
 from .loss import graphed_loss
 
 __all__ = ["has_usable_frames", "labels_from_frames", "labels_from_lifetimes", "finish"]
-
-ZERO_GRAD_MIN = 4  # gradients freed together before it counts as zero_grad
-
 
 def finish(trace: Trace, tl: Timeline | None, labels: np.ndarray) -> np.ndarray:
     """Lifetime rules that hold whatever found the phases: zero_grad's frees, then the loss."""

@@ -14,12 +14,11 @@ import numpy as np
 from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
+from .bursts import ZERO_GRAD_MIN
 from .odd_steps import held_over
 from .other_work import label_update
 from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, sized_like_an_optimizer
 
-#: Gradients zero_grad must free together to anchor a backward (as ``infer.ZERO_GRAD_MIN``).
-MIN_GRADS = 4
 #: A set of gradients lives past its last allocation at least 1/LIVE_ACROSS as long as it took to make
 #: them (through the update): h6_save_on_cpu's backward makes them over 659 events, they live 632 more;
 #: an optimizer's temporaries freed together right after they are made (2-6 events) do not.
@@ -44,7 +43,7 @@ def anchored_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], 
     # The last backward's gradients are never freed: the same sizes made after the last set's frees.
     last_z = max(z0 for _, _, z0 in bwd)
     kept = cand[(free_of[cand] >= n) & (cand > last_z)]
-    if len(kept) >= MIN_GRADS and covers_parameters(params, trace.size[kept]):
+    if len(kept) >= ZERO_GRAD_MIN and covers_parameters(params, trace.size[kept]):
         bwd.append((int(kept.min()), int(kept.max()), n))
         grads.append(kept)
     bwd.sort()
@@ -65,14 +64,14 @@ def _gradient_sets(trace: Trace, params: np.ndarray, allocs: np.ndarray, free_of
     freed = cand[free_of[cand] < n]
     order = np.argsort(free_of[freed], kind="stable")
     freed, fs = freed[order], free_of[freed][order]
-    if len(fs) < MIN_GRADS:
+    if len(fs) < ZERO_GRAD_MIN:
         return None
     # zero_grad frees every gradient without allocating between: a run of frees no allocation splits
     # (FREED_TOGETHER apart would join backward's own frees of parameter-sized activations to it:
     # h7_capturable_adam)
     made_before = np.searchsorted(allocs, fs, "left")
     run = np.concatenate([[0], np.cumsum(np.diff(made_before) > 0)])
-    sets = [freed[run == r] for r in np.unique(run) if (run == r).sum() >= MIN_GRADS]
+    sets = [freed[run == r] for r in np.unique(run) if (run == r).sum() >= ZERO_GRAD_MIN]
     # A set of gradients was made in one backward, before the update that reads them: made within a
     # stretch shorter than the distance to their frees, of the parameters' sizes, with parameter-sized
     # work (the optimizer) between the last of them and their frees.
@@ -82,7 +81,7 @@ def _gradient_sets(trace: Trace, params: np.ndarray, allocs: np.ndarray, free_of
         # no gradient of that backward
         g = np.sort(g)
         gaps = np.diff(g)
-        if len(gaps) and gaps.max() > g[int(gaps.argmax())] - g[0] and int(gaps.argmax()) + 1 >= MIN_GRADS:
+        if len(gaps) and gaps.max() > g[int(gaps.argmax())] - g[0] and int(gaps.argmax()) + 1 >= ZERO_GRAD_MIN:
             g = g[:int(gaps.argmax()) + 1]
         g0, g1, z0 = int(g.min()), int(g.max()), int(free_of[g].min())
         if LIVE_ACROSS * (z0 - g1) < g1 - g0 or not covers_parameters(params, trace.size[g]):

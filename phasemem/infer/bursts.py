@@ -11,6 +11,12 @@ import numpy as np
 from ..trace import A, Trace
 
 BURST = 8  # frees in a row, with no allocation between, that are not backward's
+#: Frees at most this many events apart are one run: zero_grad freeing the gradients one after another
+#: (each a free_requested/free_completed pair).
+FREED_TOGETHER = 8
+#: Gradients freed together before it counts as zero_grad; as many a backward must leave to one, or
+#: zero_grad must free, to anchor a backward (anchored, seed, sharded, flat_updates, infer.finish).
+ZERO_GRAD_MIN = 4
 
 
 def burst_freed(trace: Trace) -> np.ndarray:

@@ -13,10 +13,7 @@ import numpy as np
 from ..spans import phase_runs as runs
 from ..trace import A, Trace
 from ..vocab import P
-
-#: Gradients a zero_grad run must free before their total is the flat vector's size (as
-#: ``infer.ZERO_GRAD_MIN``: fewer is no zero_grad).
-MIN_GRADS = 4
+from .bursts import ZERO_GRAD_MIN
 
 
 def flat_updates(trace: Trace, labels: np.ndarray) -> None:
@@ -29,7 +26,7 @@ def flat_updates(trace: Trace, labels: np.ndarray) -> None:
             continue
         z0, z1 = int(first[k]), int(last[k]) + 1
         frees = np.flatnonzero(trace.action[z0:z1] == A["free_requested"]) + z0
-        if len(frees) < MIN_GRADS:
+        if len(frees) < ZERO_GRAD_MIN:
             continue
         o0 = int(first[k - 1])
         made = np.flatnonzero(trace.action[o0:z0] == A["alloc"]) + o0

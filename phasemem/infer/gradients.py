@@ -11,6 +11,7 @@ import numpy as np
 from ..vocab import P
 from ..timeline import Timeline
 from ..trace import Trace
+from .bursts import FREED_TOGETHER
 from .odd_steps import chunked_gradients
 
 GRAD_SHARE = 0.25  # of the parameters' distinct sizes a backward must allocate
@@ -115,9 +116,6 @@ def _first_sized(labels: np.ndarray, b1: int, ours: np.ndarray, sized: np.ndarra
 LATE_SHARE = 0.5
 LATE_UPDATE = 4
 
-#: Frees at most this many events apart are one run: zero_grad freeing the gradients one after another
-#: (each a free_requested/free_completed pair).
-FREED_TOGETHER = 8
 
 
 def _late_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray, top: int, b1: int,

@@ -15,10 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace import A, Trace
+from .bursts import FREED_TOGETHER
 
-#: Frees at most this many events apart are one run: zero_grad freeing the gradients one after another
-#: (each a free_requested/free_completed pair; as ``gradients.FREED_TOGETHER``).
-FREED_TOGETHER = 8
 
 #: Chunked gradients a backward must make after its last saved free before it is read as going on:
 #: heldout_embbag_adagrad makes 8 (one slice of its 8 embedding tables' gradient a chunk); one such

@@ -16,7 +16,7 @@ import numpy as np
 from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
-from .bursts import burst_freed
+from .bursts import ZERO_GRAD_MIN, burst_freed
 from .gradients import keeps_gradients, parameter_sizes
 from .loss import loss_span
 from .passes import forward_start, has_backward
@@ -35,8 +35,6 @@ LOSS_SHARE = 1.0
 MIN_GAP_SAVED = 5
 #: Passes' tops a seed's span must hold where it frees nothing of its forward (h6_save_on_cpu: 8).
 MIN_HELD = 2
-#: Gradients a seeded backward must leave to zero_grad (as ``infer.ZERO_GRAD_MIN``).
-MIN_GRADS = 4
 #: Allocations past the seed searched for cross-entropy's fingerprint (as ``loss.PAST`` past a top).
 PAST = 4
 #: A seed's span must free at least this many blocks its forward made (alive at the seed): 1-3 read the
@@ -277,14 +275,14 @@ def _run_starts(mask: np.ndarray) -> np.ndarray:
 
 def seeded_gradients(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, burst: np.ndarray, seed: int,
                      end: int) -> bool:
-    """Whether the backward from ``seed`` to ``end`` makes MIN_GRADS or more blocks that outlive it and
+    """Whether the backward from ``seed`` to ``end`` makes ZERO_GRAD_MIN or more blocks that outlive it and
     are then freed in a burst (zero_grad) or never: gradients, whatever their sizes (FSDP2 makes its
     gradients as one flat block a layer, of no parameter's size: heldout4_gpt_fsdp2_bf16)."""
     n = len(trace)
     made = allocs[np.searchsorted(allocs, seed, "right"):np.searchsorted(allocs, end, "left")]
     fr = free_of[made]
     kept = fr[fr > end]
-    return len(kept) >= MIN_GRADS and bool(((kept >= n) | burst[np.minimum(kept, n - 1)]).all())
+    return len(kept) >= ZERO_GRAD_MIN and bool(((kept >= n) | burst[np.minimum(kept, n - 1)]).all())
 
 
 def seeded_loss(trace: Trace, free_of: np.ndarray, f0: int, top: int, seeds: set[int],

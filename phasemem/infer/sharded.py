@@ -15,13 +15,11 @@ import numpy as np
 from ..timeline import Timeline
 from ..trace import A, Trace
 from ..vocab import P
-from .anchored import MIN_GRADS
-from .gradients import FREED_TOGETHER, makes_gradients, parameter_sizes, sized_like_an_optimizer
+from .gradients import makes_gradients, parameter_sizes, sized_like_an_optimizer
 from .loss import fingerprints
 from .bursts import burst_freed
 from .passes import MIN_SAVED
 from .updates import update_end
-
 
 
 def sharded_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | None:
@@ -67,28 +65,6 @@ def sharded_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] |
         labels[k:b1 + 1] = P["backward"]
         _update(trace, allocs, free_of, params, labels, b1, nxt)
     return labels, [0] + starts[1:]
-
-
-def seed_end(trace: Trace, free_of: np.ndarray, params: np.ndarray, span: tuple[int, int] | None, top: int,
-             b1: int, nxt: int) -> int:
-    """A pass's backward end, ``b1``, moved on to its seed's free where cross-entropy's fingerprint
-    (``span``: the loss, then backward's first event, its seed) shows one before the next pass: the
-    activations' last free is not always the backward's last work (an embedding bag's sparse
-    gradients after it: heldout_embbag_adagrad's later backward runs read as optimizer); not where
-    MIN_GRADS of the parameter-sized blocks the backward made are freed together (FREED_TOGETHER)
-    first: a zero_grad, after the backward, so the block is no seed but a loss kept past it (HF
-    Trainer's: 39 freed so; h11_maml's inner loop: 4). A real seed's stretch frees 6 of them at most,
-    apart (heldout_gpt_compile_ckpt's last checkpointed block)."""
-    if span is None:
-        return b1
-    end = int(free_of[span[1]])
-    if not b1 < end < nxt:
-        return b1
-    made = np.flatnonzero(trace.action[top + 1:b1 + 1] == A["alloc"]) + top + 1
-    grads = made[np.isin(trace.size[made], params)]
-    fr = np.sort(free_of[grads][(free_of[grads] > b1) & (free_of[grads] <= end)])
-    together = np.bincount(np.cumsum(np.diff(fr, prepend=fr[:1]) > FREED_TOGETHER)) if len(fr) else [0]
-    return b1 if max(together) >= MIN_GRADS else end
 
 
 def _forward_before(trace: Trace, allocs: np.ndarray, params: np.ndarray, labels: np.ndarray, f0: int) -> int:

@@ -35,7 +35,7 @@ def update_read_as_pass(trace: Trace, allocs: np.ndarray, params: np.ndarray, la
     return len(made) > 0 and float(np.isin(trace.size[made], params).mean()) >= UPDATE_SHARE
 
 
-#: Gradients a wrapped step's head must make (as ``anchored.MIN_GRADS``) before its backward is read.
+#: Gradients a wrapped step's head must make (as ``bursts.ZERO_GRAD_MIN``) before its backward is read.
 MIN_HEAD_GRADS = 4
 
 
