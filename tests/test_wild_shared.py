@@ -237,3 +237,20 @@ def test_the_autograd_threads_workspace_is_no_gradient_of_the_27b_model():
     assert weights <= grads.bytes <= weights + (4 << 20)  # plus the norms' small ones
     (init,) = r.patterns_of("optimizer_state_init")
     assert init.bytes == 2 * grads.bytes
+
+
+def test_logits_held_to_the_dump_are_not_said_to_be_freed():
+    """magma27_cs336 dumps its snapshot inside the loop, while `lm_head` still holds the recorded step's
+    logits: the trace never frees them. The logits' release said they were held "until event 5162", a
+    free the trace does not show; it names the recording's end as such."""
+    path = _path("magma27_cs336")
+    with open(path, "rb") as f:
+        events = pickle.load(f)["device_traces"][0]
+    report = _report("magma27_cs336")
+    (logits,) = [p for p in report.patterns if p.kind == "logits"]
+    addr = events[logits.start_event]["addr"]  # the logits' block, its alloc from the raw trace
+    assert events[logits.start_event]["action"] == "alloc"
+    assert not any(e["addr"] == addr and e["action"].startswith("free") for e in events[logits.start_event + 1:])
+    (release,) = [p for p in report.patterns if p.kind == "logits_release"]
+    assert f"to the end of the recording (event {len(events) - 1}; the trace never frees them)" in release.explanation
+    assert "until event" not in release.explanation

@@ -302,12 +302,22 @@ def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: 
             f"Where backward starts at the loss: the gradient of the logits is allocated (memory rises "
             f"{format_bytes(max(spike, 0))} there: the spike), then "
             + (f"their softmax and that gradient are freed together, a {format_bytes(cliff)} cliff. The logits "
-               f"themselves ({format_bytes(int(ctx.size[logits]))}) stay: the loop still holds them until event "
-               f"{int(min(ctx.free[logits], ctx.n - 1))}; without that reference (del it before backward) they "
-               f"would be gone by here too." if held else
+               f"themselves ({format_bytes(int(ctx.size[logits]))}) stay: the loop still holds them "
+               + _held_until(ctx, logits)
+               + "; without that reference (del it before backward) they would be gone by here too." if held else
                f"the logits, their softmax and that gradient are freed together, a {format_bytes(cliff)} cliff. "
                f"Everything {noun} is gone after this, so the rest of backward runs far lower.")
         ),
         details={"spike_bytes": spike, "cliff_bytes": cliff},
         members=tuple(sorted(set(alive.tolist()) | set(grads.tolist()))),  # np.union1d's, for a handful
     )
+
+
+def _held_until(ctx: Context, logits: int) -> str:
+    """Until when a variable holds the logits: their free, or, where the trace never frees them (a
+    snapshot dumped while the loop's variable still held them: wild/magma27_cs336), the recording's end,
+    said as such rather than as a free the trace does not show."""
+    free = int(ctx.free[logits])
+    if free < ctx.n:
+        return f"until event {free}"
+    return f"to the end of the recording (event {ctx.n - 1}; the trace never frees them)"
