@@ -276,3 +276,28 @@ def test_segments_without_history_give_the_live_memory(tmp_path, capsys):
     assert "holds no allocation history" in out.splitlines()[0]
     assert json.loads(js.read_text())["live"]["allocated_bytes"] == want
     assert png.stat().st_size > 10_000
+
+
+def test_replays_run_only_where_the_output_shows_them(tmp_path, capsys, monkeypatch):
+    """The remedies are replayed for --what-if and --json only: a plain analyze prints the same report
+    without them, and the JSON holds what the API replays (fixtures/gpt_foreach, a real H200 trace)."""
+    import importlib
+
+    pipeline = importlib.import_module("phasemem.analyze")  # the module (the package exports its function)
+
+    src = str(ROOT / "fixtures" / "gpt_foreach.pkl.xz")
+    want = phasemem.analyze(src)
+    assert want.what_if, "the trace must have remedies to replay for this test to mean anything"
+    calls = []
+    real = pipeline.replays
+    monkeypatch.setattr(pipeline, "replays", lambda *a: calls.append(1) or real(*a))
+    assert main(["analyze", src, "-o", str(tmp_path / "a.png")]) == 0
+    plain = capsys.readouterr().out
+    assert calls == [] and plain.startswith(str(want))
+    assert main(["analyze", src, "-o", str(tmp_path / "b.png"), "--json", str(tmp_path / "b.json")]) == 0
+    assert calls == [1] and capsys.readouterr().out.startswith(str(want))
+    got = json.loads((tmp_path / "b.json").read_text())["what_if"]
+    assert [w["remedy"] for w in got] == [w.remedy for w in want.what_if]
+    assert [w["predicted_peak_bytes"] for w in got] == [w.predicted_peak_bytes for w in want.what_if]
+    assert main(["analyze", src, "-o", str(tmp_path / "c.png"), "--what-if"]) == 0
+    assert calls == [1, 1] and "what-if (the trace replayed" in capsys.readouterr().out

@@ -60,12 +60,14 @@ def run(args) -> int:
         return _run_ranks(args, budgets)
     args.snapshot = args.snapshot[0]
     every = args.device == "all"
-    report = analyze(args.snapshot, None if every else args.device, trusted=args.trust,
-                     marker_prefix=args.markers, steps=args.zoom)
+    # The remedies' replays are a fifth of the analysis (1M events); only --what-if and the JSON show
+    # them (an out-of-memory's would-fit line replays what it needs either way).
+    asked = dict(trusted=args.trust, marker_prefix=args.markers, steps=args.zoom,
+                 what_ifs=bool(args.what_if or args.json))
+    report = analyze(args.snapshot, None if every else args.device, **asked)
     reports = [report]
     if every:
-        reports += [analyze(args.snapshot, d.index, trusted=args.trust, marker_prefix=args.markers, steps=args.zoom)
-                    for d in report.other_devices if d.events]
+        reports += [analyze(args.snapshot, d.index, **asked) for d in report.other_devices if d.events]
         reports.sort(key=lambda r: r.device)
     outputs = []
     answers = [_fits(r, args) for r in reports]
