@@ -301,15 +301,3 @@ def test_replays_run_only_where_the_output_shows_them(tmp_path, capsys, monkeypa
     assert [w["predicted_peak_bytes"] for w in got] == [w.predicted_peak_bytes for w in want.what_if]
     assert main(["analyze", src, "-o", str(tmp_path / "c.png"), "--what-if"]) == 0
     assert calls == [1, 1] and "what-if (the trace replayed" in capsys.readouterr().out
-
-
-def test_picture_libraries_are_imported_in_the_background():
-    """``warm.start`` imports what the renderer needs from matplotlib in a thread (none of it is loaded by
-    reading phasemem's CLI), and nothing of phasemem's (two threads importing each other's modules can
-    deadlock)."""
-    code = ("import sys; from phasemem.commands import warm; before = set(sys.modules);"
-            "assert not any(m.startswith('matplotlib') for m in before), 'matplotlib already imported';"
-            "warm.start().join(); new = set(sys.modules) - before;"
-            "assert all(m in sys.modules for m in warm.MODULES), [m for m in warm.MODULES if m not in sys.modules];"
-            "assert not [m for m in new if m.startswith('phasemem')], sorted(m for m in new if m.startswith('phasemem'))")
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import sys
 
 from ..output import write_all
-from . import warm
 from .diff import EXIT_OVER_BUDGET
 from .options import check_outputs, device_choice, per_device, picture_file, picture_kwargs, picture_options
 
@@ -60,7 +59,6 @@ def run(args) -> int:
     if _several_ranks(args.snapshot):
         return _run_ranks(args, budgets)
     args.snapshot = args.snapshot[0]
-    warm.start()  # matplotlib is imported while the trace is read
     every = args.device == "all"
     # The remedies' replays are a fifth of the analysis (1M events); only --what-if and the JSON show
     # them (an out-of-memory's would-fit line replays what it needs either way).

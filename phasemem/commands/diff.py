@@ -6,7 +6,6 @@ import sys
 from ..errors import PhasememError
 from ..output import write_all
 from .options import check_outputs, device_choice, dpi_number, picture_file, picture_size
-from . import warm
 
 #: The exit status when a budget is broken (the outputs are written first); 2 stays bad input.
 EXIT_OVER_BUDGET = 1
@@ -49,7 +48,6 @@ def run(args) -> int:
     budgets = parse_budgets(args.fail_if)  # a budget that does not parse is an error, not a pass
     check_outputs(args.output, args.json)
     parse_compare_steps(args.steps)  # a malformed choice fails now, not after two analyses
-    warm.start()  # matplotlib is imported while the traces are read
     c = compare(args.a, args.b, steps=args.steps, device=args.device, trusted=args.trust, marker_prefix=args.markers)
     broken = check_comparison(budgets, c)  # a budget that cannot be checked fails before any output
     outputs = [(args.output, c.picture_writer(args.output, size=args.size, dpi=args.dpi))]
