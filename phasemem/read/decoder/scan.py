@@ -194,15 +194,17 @@ def _list_ids(data: bytes, a: np.ndarray, z: np.ndarray, memo: Memo, lists: dict
     a list is known by its bytes, each distinct one checked once (``_list_of_refs``). A bytes key
     and a dict lookup (~0.3 µs) cost less here than grouping them with numpy (~1 µs: every byte
     read twice)."""
-    keys = [data[x:y] for x, y in zip(a.tolist(), z.tolist())]
-    found = list(map(lists.get, keys))
+    found = list(map(lists.get, map(data.__getitem__, map(slice, a.tolist(), z.tolist()))))  # no Python loop
     for i, cid in enumerate(found):
         if cid is None:
-            cid = _list_of_refs(keys[i], memo)  # None may mean a frame dict not read yet: not kept
+            key = data[int(a[i]):int(z[i])]
+            cid = lists.get(key)  # an earlier list of this window may have brought it
+            if cid is None:
+                cid = _list_of_refs(key, memo)  # None may mean a frame dict not read yet: not kept
             if cid is None:
                 found[i] = -2
             else:
-                lists[keys[i]] = found[i] = cid
+                lists[key] = found[i] = cid
     return np.array(found, np.int64)
 
 
