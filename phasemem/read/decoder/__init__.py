@@ -210,6 +210,11 @@ def _memo_fill(memo, objs: list, strings: bool) -> list[bytes]:
     for a in range(lo, hi, FILL_PIECE):
         z = min(hi, a + FILL_PIECE)
         kept = np.flatnonzero(memo.kept_mask(memo.kind[a:z], strings))
+        if len(kept) * SPARSE_KEPT < z - a:  # torch's form: 819 kept of 2.7M at 1M events
+            ops = _kept_ops(memo, objs, first_of, a, kept)
+            gaps = np.diff(np.concatenate([[-1], kept, [z - a]])) - 1
+            out.append(b"".join(b"\x94" * g + op for g, op in zip(gaps.tolist(), ops + [b""])))
+            continue
         rows = np.zeros((z - a, 8), np.uint8)
         rows[:, 0] = 0x94
         lens = np.ones(z - a, np.int64)
@@ -235,6 +240,25 @@ def _memo_fill(memo, objs: list, strings: bool) -> list[bytes]:
             lens[kept] = np.where(new, 8, 7)
         out.append(rows[np.arange(8) < lens[:, None]].tobytes())
     return out
+
+
+#: Where fewer than one memo entry in this many is a kept object, the fill is written as runs of
+#: MEMOIZE between the kept ones' opcodes (a join), not as one 8-byte row per entry.
+SPARSE_KEPT = 64
+
+
+def _kept_ops(memo, objs: list, first_of: dict, a: int, kept: np.ndarray) -> list[bytes]:
+    """The sparse fill's opcodes, the same bytes as the rows above: each kept entry's opcodes (memo index ``a + kept``): at the object's first occurrence BININT pid,
+    BINPERSID, MEMOIZE, POP (the object appended to ``objs``); later, LONG_BINGET of that first, MEMOIZE, POP."""
+    ops = []
+    for oid, at in zip(memo.pay[a + kept].tolist(), (a + kept).tolist()):
+        if oid not in first_of:
+            objs.append(memo.objs[oid])
+            first_of[oid] = (at, len(objs) - 1)
+            ops.append(b"J" + (len(objs) - 1).to_bytes(4, "little") + b"Q\x940")
+        else:
+            ops.append(b"j" + first_of[oid][0].to_bytes(4, "little") + b"\x940")
+    return ops
 
 
 def _persistent(pid: int) -> bytes:
