@@ -185,13 +185,17 @@ def _pair(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     return alloc_ev[by_time], free_ev[by_time], refree[by_time], orphans
 
 
+#: Per action code: +1 where the event reserves memory from the driver, -1 where it gives it back.
+_RESERVING = np.zeros(len(A), np.int64)
+_RESERVING[[A["segment_alloc"], A["segment_map"]]] = 1
+_RESERVING[[A["segment_free"], A["segment_unmap"]]] = -1
+
+
 def _reserved(trace: Trace) -> np.ndarray:
-    act = trace.action
+    sign = _RESERVING[trace.action]  # one gather, not four comparisons and two masks over every event
+    at = np.flatnonzero(sign)  # segment events are few
     change = np.zeros(len(trace), dtype=np.int64)  # one column: each event's change, then their sum
-    up = (act == A["segment_alloc"]) | (act == A["segment_map"])
-    change[up] = trace.size[up]
-    down = (act == A["segment_free"]) | (act == A["segment_unmap"])
-    change[down] = -trace.size[down]
+    change[at] = sign[at] * trace.size[at]
     np.cumsum(change, out=change)
     # The snapshot's segments are the state at the end; walk back to the start.
     start = trace.reserved_at_snapshot - (int(change[-1]) if len(change) else 0)
