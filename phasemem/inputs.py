@@ -17,9 +17,11 @@ def batch_blocks(ctx: Context, other: np.ndarray, fwd_starts: np.ndarray) -> np.
     # trace). Made between two forward runs of one pass it is the loss or a head outside the model
     # (h5_two_losses' cross-entropy); kept for good from an earlier step it is state no phase was
     # found for (a hand-written optimizer's, h5_vae_handadam): neither is an input.
-    a, f, n = ctx.alloc, ctx.free, ctx.n
-    if not len(fwd_starts):
-        return np.zeros(len(a), bool)
+    out = np.zeros(len(ctx.alloc), bool)
+    cand = np.flatnonzero(other)  # only these can be a batch: every test below runs on them alone
+    if not len(fwd_starts) or not len(cand):
+        return out
+    a, f, n = ctx.alloc[cand], ctx.free[cand], ctx.n
     nxt = np.searchsorted(fwd_starts, a)
     has_next = nxt < len(fwd_starts)
     used = has_next & (f > fwd_starts[np.minimum(nxt, len(fwd_starts) - 1)])
@@ -35,10 +37,10 @@ def batch_blocks(ctx: Context, other: np.ndarray, fwd_starts: np.ndarray) -> np.
     fwd_step = ctx.run_step[ctx.run_phase == P["forward"]]
     opens_step = np.concatenate([[True], fwd_step[1:] != fwd_step[:-1]])
     new_step = has_next & opens_step[np.minimum(nxt, len(fwd_starts) - 1)]
-    new_pass = (nxt == 0) | since | new_step | _pass_over(ctx, fwd_starts, nxt, a, other & used)
+    new_pass = (nxt == 0) | since | new_step | _pass_over(ctx, fwd_starts, nxt, a, used)
     # only the batch the last step's forward reads may be held to the end
     last_step = has_next & (fwd_step[np.minimum(nxt, len(fwd_starts) - 1)] >= fwd_step.max())
-    batch = other & used & new_pass & ((f < n) | last_step)
+    batch = used & new_pass & ((f < n) | last_step)
     # A batch is replaced by a later step's: a block that the forwards of more than BATCH_STEPS steps
     # read is no batch (a serving engine's KV block pool, made at start-up and read by every engine
     # iteration, h16_serve_paged: 768 MiB of "inputs" over 137 marked steps).
@@ -55,8 +57,9 @@ def batch_blocks(ctx: Context, other: np.ndarray, fwd_starts: np.ndarray) -> np.
     if not (ctx.seg.labels == P["backward"]).any() and len(fwd_starts) > len(ctx.seg.steps):
         copied, cpp = copies(ctx.trace)
         calls = np.searchsorted(fwd_starts, np.minimum(f, n), "left") - nxt  # forward starts it spans
-        batch = other & used & (copied[a] if cpp else calls == 1)
-    return batch
+        batch = used & (copied[a] if cpp else calls == 1)
+    out[cand] = batch
+    return out
 
 
 #: The most steps whose forwards one batch may be read by: its own, and the next where a loader copies
@@ -72,14 +75,15 @@ PASS_OVER = 0.5
 
 
 def _pass_over(ctx: Context, fwd_starts: np.ndarray, nxt: np.ndarray, a: np.ndarray, asked: np.ndarray) -> np.ndarray:
-    """Per allocation (only where ``asked``): is the forward run before it over (PASS_OVER)?"""
+    """Per allocation asked of (``a``, ``nxt``, ``asked``: the candidates' events, next forward runs, and
+    which to answer): is the forward run before it over (PASS_OVER)?"""
     out = np.zeros(len(a), bool)
     q = np.flatnonzero(asked & (nxt > 0))
     fwd = (ctx.phase_at_alloc == P["forward"]) | (ctx.phase_at_alloc == P["loss"])
     if not len(q) or not fwd.any():
         return out
     n = ctx.n
-    k = np.searchsorted(fwd_starts, a[fwd], "right") - 1  # the forward run each was made in (or after)
+    k = np.searchsorted(fwd_starts, ctx.alloc[fwd], "right") - 1  # the forward run each was made in (or after)
     key = k.astype(np.int64) * (n + 1) + ctx.free[fwd]
     order = np.argsort(key, kind="stable")
     key, cum = key[order], np.concatenate([[0], np.cumsum(ctx.size[fwd][order])])
