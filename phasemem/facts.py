@@ -136,16 +136,18 @@ def _gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     # into runs by other phases (WGAN-GP's penalty, autograd.grad(create_graph=True), inferred
     # without markers: h5_wgan_gp's critic "gradients" were 10.6 MiB of the generator's sizes).
     bwd = np.flatnonzero((ctx.run_phase == P["backward"]) & (ctx.run_step >= 0) & (ctx.run_step < n_steps))
-    r = np.searchsorted(ctx.run_first[bwd], ctx.alloc, "right") - 1  # the backward run at or before each
+    # only what backward made (a third of the allocations) is looked up in the runs
+    idx = np.flatnonzero(ctx.phase_at_alloc == P["backward"])
+    r = np.searchsorted(ctx.run_first[bwd], ctx.alloc[idx], "right") - 1  # the backward run at or before each
     rc = np.maximum(r, 0)
-    in_run = (r >= 0) & (ctx.alloc <= ctx.run_last[bwd][rc]) if len(bwd) else np.zeros(len(ctx.alloc), bool)
-    idx = np.flatnonzero(in_run)
-    b1 = ctx.run_last[bwd][rc[idx]]
+    in_run = (r >= 0) & (ctx.alloc[idx] <= ctx.run_last[bwd][rc]) if len(bwd) else np.zeros(len(idx), bool)
+    idx, rc = idx[in_run], rc[in_run]
+    b1 = ctx.run_last[bwd][rc] if len(bwd) else rc
     f = ctx.free[idx]
     freed_in_bwd = (f < ctx.n) & (ctx.seg.labels[np.minimum(f, ctx.n - 1)] == P["backward"])
-    keep = (ctx.phase_at_alloc[idx] == P["backward"]) & (f > b1) & ~freed_in_bwd
+    keep = (f > b1) & ~freed_in_bwd
     idx = idx[keep]
-    step = ctx.run_step[bwd][rc[idx]]
+    step = ctx.run_step[bwd][rc[keep]] if len(bwd) else rc[keep]
     if len(idx):
         keep = ~ctx.memo("loss_seeds", lambda: loss_seeds(ctx.trace))[ctx.alloc[idx]]
         # The autograd thread's cuBLAS workspace, made in the first backward and kept, is no gradient
