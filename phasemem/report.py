@@ -12,6 +12,7 @@ from .label_agreement import LabelAgreement, agreement
 from .live import LiveMemory
 from .model import Allocation, DeviceSummary, OutOfMemory, Pattern, PeakBreakdown, Phase, Step, WhatIf
 from .output import Written
+from .plain import plain
 from .segmentation import Segmentation
 from .spans import phase_runs
 from .timeline import Timeline
@@ -108,17 +109,6 @@ class Report(Written):
 
     def to_dict(self) -> dict:
         """Everything in the report as JSON-ready Python values."""
-        def plain(obj):
-            if isinstance(obj, (Phase, Step, Allocation, Pattern, OutOfMemory, DeviceSummary, PeakBreakdown, WhatIf)):
-                return {f.name: plain(getattr(obj, f.name)) for f in fields(obj) if f.name != "members"}
-            if isinstance(obj, dict):
-                return {k: plain(v) for k, v in obj.items()}
-            if isinstance(obj, (list, tuple)):
-                return [plain(v) for v in obj]
-            if isinstance(obj, np.integer):
-                return int(obj)
-            return obj
-
         skip = {"analysis", "live"}
         out = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
         if self.live is not None:
