@@ -70,11 +70,13 @@ def find_marks(trace: Trace, prefix: str = MARKER_PREFIX) -> Marks:
 
 
 def _pair(markers, wanted) -> list[tuple[str, int, int]]:
-    """Match START/END per name with a stack; an unmatched START runs to the end of the trace."""
+    """Match START/END per name with a stack; an unmatched START runs to the end of the trace.
+    ``wanted`` is asked once per distinct name (a few dozen), not per marker (30,000 at 1M events)."""
+    phase_of = {name: wanted(name) for name in dict.fromkeys(markers.name)}
     open_: dict[str, list[int]] = {}
     out = []
     for name, is_start, t in zip(markers.name, markers.start.tolist(), markers.time_us.tolist()):
-        phase = wanted(name)
+        phase = phase_of[name]
         if phase is None:
             continue
         if is_start:
@@ -82,7 +84,7 @@ def _pair(markers, wanted) -> list[tuple[str, int, int]]:
         elif open_.get(name):
             out.append((phase, open_[name].pop(), t))
     big = np.iinfo(np.int64).max
-    out += [(wanted(name), t, big) for name, ts in open_.items() for t in ts]
+    out += [(phase_of[name], t, big) for name, ts in open_.items() for t in ts]
     return out
 
 
@@ -119,27 +121,35 @@ def find_intervals(trace: Trace, prefix: str = MARKER_PREFIX) -> tuple[list[Inte
 
 
 def locate(intervals: list[Interval], t: np.ndarray) -> None:
-    """Set each interval's first and stop event: the events at START <= time <= END."""
-    for iv in intervals:
-        iv.first = int(np.searchsorted(t, iv.t0, "left"))
-        iv.stop = int(np.searchsorted(t, iv.t1, "right"))
+    """Set each interval's first and stop event: the events at START <= time <= END (two searches
+    for all of them: 15,000 intervals at 1M events)."""
+    first, stop = _search(t, [iv.t0 for iv in intervals], "left"), _search(t, [iv.t1 for iv in intervals], "right")
+    for iv, a, b in zip(intervals, first, stop):
+        iv.first, iv.stop = a, b
+
+
+def _search(t: np.ndarray, times: list[int], side: str) -> list[int]:
+    """``np.searchsorted(t, time, side)`` of each time, as ints."""
+    return np.searchsorted(t, np.array(times, dtype=np.int64), side).tolist()
 
 
 def loss_intervals(intervals: list[Interval], source: str, t: np.ndarray) -> list[Interval]:
-    """The loss: events after the model's forward ends and before the next backward begins."""
-    fwd_ends = np.sort([iv.t1 for iv in intervals if iv.phase == "forward"])
+    """The loss: events after the model's forward ends and before the next backward begins (the
+    forward that ended last before it, where it ended after every earlier backward)."""
+    fwd_ends = np.sort(np.array([iv.t1 for iv in intervals if iv.phase == "forward"], dtype=np.int64))
     bwd = sorted((iv for iv in intervals if iv.phase == "backward"), key=lambda i: i.t0)
-    prev_bwd_end = np.iinfo(np.int64).min
-    loss = []
-    for b in bwd:
-        k = np.searchsorted(fwd_ends, b.t0, "left") - 1
-        if k >= 0 and fwd_ends[k] > prev_bwd_end:
-            iv = Interval("loss", int(fwd_ends[k]), b.t0, source)
-            # open at both ends: the forward's last event and the backward's first are not the loss
-            iv.first = int(np.searchsorted(t, iv.t0, "right"))
-            iv.stop = int(np.searchsorted(t, iv.t1, "left"))
-            loss.append(iv)
-        prev_bwd_end = max(prev_bwd_end, b.t1)
+    if not len(fwd_ends) or not bwd:
+        return []
+    b_t0 = np.array([b.t0 for b in bwd], dtype=np.int64)
+    prev_bwd_end = np.maximum.accumulate(np.array([np.iinfo(np.int64).min] + [b.t1 for b in bwd[:-1]], dtype=np.int64))
+    k = np.searchsorted(fwd_ends, b_t0, "left") - 1
+    at = fwd_ends[np.maximum(k, 0)]
+    keep = np.flatnonzero((k >= 0) & (at > prev_bwd_end))
+    loss = [Interval("loss", t0, bwd[j].t0, source) for j, t0 in zip(keep.tolist(), at[keep].tolist())]
+    # open at both ends: the forward's last event and the backward's first are not the loss
+    first, stop = _search(t, [iv.t0 for iv in loss], "right"), _search(t, [iv.t1 for iv in loss], "left")
+    for iv, a, b in zip(loss, first, stop):
+        iv.first, iv.stop = a, b
     return loss
 
 
