@@ -59,13 +59,23 @@ def summary(report) -> dict:
     return d
 
 
+def _name(path: Path) -> str:
+    """A trace's report name: its stem, with its folder where it has one (fixtures in a subfolder: many
+    hold a ``gpt__base`` or a ``lightning``, which overwrote each other when named by stem alone)."""
+    stem = path.name.removesuffix(".xz").removesuffix(".pkl").removesuffix(".pickle")  # yiyi_opt1.3b.pickle
+    if path.parent == ROOT / "fixtures":
+        return stem
+    if path.parent.parent == ROOT / "fixtures":
+        return f"{path.parent.name}__{stem}"
+    return f"{path.parent.name}-{stem}"
+
+
 def write(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for path in traces():
         snap = _load(path)
         for tag, s in _variants(snap):
-            where = "" if path.parent.parent == ROOT / "fixtures" or path.parent == ROOT / "fixtures" else f"{path.parent.name}-"
-            name = where + path.name.split(".")[0] + tag
+            name = _name(path) + tag
             try:
                 doc = summary(phasemem.analyze(s, trusted=True))
             except PhasememError as e:
