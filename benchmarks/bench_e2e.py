@@ -41,8 +41,10 @@ def cli(tree: Path, path: Path, png: Path) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "phasemem", "analyze", str(path), "-o", str(png)], env=env,
-                   stdout=subprocess.DEVNULL, check=True)
+    # -m puts the working directory first on sys.path: run in the tree, or every tree runs the phasemem
+    # of the directory the benchmark was started from (until 2026-12-05 it did: A/Bs compared one tree)
+    subprocess.run([sys.executable, "-m", "phasemem", "analyze", str(path.resolve()), "-o", str(png.resolve())],
+                   env=env, cwd=str(tree.resolve()), stdout=subprocess.DEVNULL, check=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
