@@ -205,6 +205,17 @@ def update_gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     return ctx.memo("update_gradients_by_step", lambda: _update_gradients(ctx))
 
 
+def update_gradient_bytes(ctx: Context) -> list[int]:
+    """Per step, the bytes of its update gradients (update_gradients'), every step at once: running sums
+    over update_gradients_by_step, not a sum per step."""
+    def compute() -> list[int]:
+        idx, bounds = update_gradients_by_step(ctx)
+        c = np.concatenate([[0], np.cumsum(ctx.size[idx].astype(np.int64))])
+        return (c[bounds[1:]] - c[bounds[:-1]]).tolist()
+
+    return ctx.memo("update_gradient_bytes", compute)
+
+
 def _update_gradients(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     idx, bounds = gradients_by_step(ctx)
     n_steps, width = len(bounds) - 1, ctx.n + 1
