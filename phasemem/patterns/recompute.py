@@ -188,7 +188,10 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     bwd_runs = ctx.runs_of(step, "backward")
     echoing = ctx.memo("echoing_backward_runs", lambda: echoing_runs(ctx))
     told = len(_checkpoint_positions(ctx)) or len(_replay_positions(ctx))
-    step_grams = _step_grams(ctx, fwd_runs, bwd_runs) if echoing.intersection(b0 for b0, _ in bwd_runs) else None
+    echoes = echoing.intersection(b0 for b0, _ in bwd_runs)
+    if not echoes and not told:
+        return out  # (most steps of most traces) no run by sizes, nothing to tell one by frames
+    step_grams = _step_grams(ctx, fwd_runs, bwd_runs) if echoes else None
     for b0, b1 in bwd_runs:
         bwd = ctx.allocs_between(b0, b1)
         good = _echoed(ctx, fwd_runs, bwd_runs, bwd, b0, b1, step_grams) if b0 in echoing else []
