@@ -59,7 +59,7 @@ def _within(cand: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarra
 def _row_sums(row: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     """Per row (``row`` sorted), the sum of its values: running sums, exact in int64."""
     c = np.concatenate([[0], np.cumsum(values)])
-    at = np.searchsorted(row, np.arange(n + 1))
+    at = _bounds(row, n)
     return c[at[1:]] - c[at[:-1]]
 
 
