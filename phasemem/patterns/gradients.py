@@ -37,8 +37,10 @@ def stripes_by_step(ctx: Context) -> np.ndarray:
 def _stripes(ctx: Context, step: int, grads) -> list[Pattern]:
     out = []
     if len(grads):
-        first, last = int(ctx.alloc[grads[0]]), int(ctx.alloc[grads[-1]])
-        total, tail, alone = ctx.memo("gradient_stripes", lambda: stripes_by_step(ctx))[step].tolist()
+        rows = ctx.memo("gradient_stripe_rows", lambda: _stripe_rows(ctx))
+        b0, b1 = rows["bounds"][step], rows["bounds"][step + 1]
+        first, last = rows["alloc"][b0], rows["alloc"][b1 - 1]
+        total, tail, alone = rows["stripes"][step]
         # The embedding's gradient comes last and is the one largest (vocabulary × width); a last gradient
         # that is not alone at the top is some other first layer (cranberrii_ftcourse: a LoRA adapter's,
         # 128 KiB like a dozen others, the embedding frozen), so nothing is said of it.
@@ -63,9 +65,17 @@ def _stripes(ctx: Context, step: int, grads) -> list[Pattern]:
             # point of the range is usually the logits' spike at backward's start, not theirs)
             kind="gradients", step=step, phase="backward", start_event=first, end_event=last,
             peak_event=peak_event, bytes=held, explanation=text, details=details,
-            members=tuple(grads.tolist()),
+            members=tuple(rows["idx"][b0:b1]),
         ))
     return out
+
+
+def _stripe_rows(ctx: Context) -> dict:
+    """stripes_by_step and the update gradients with their alloc events, as lists: a step's numbers
+    are then a slice, not arrays indexed a step at a time."""
+    idx, bounds = update_gradients_by_step(ctx)
+    return {"idx": idx.tolist(), "alloc": ctx.alloc[idx].tolist(), "bounds": bounds.tolist(),
+            "stripes": stripes_by_step(ctx).tolist()}
 
 
 def _most_alive(ctx: Context, grads) -> tuple[int, int]:
@@ -80,24 +90,7 @@ def _most_alive(ctx: Context, grads) -> tuple[int, int]:
 
 def _releases(ctx: Context, step: int) -> list[Pattern]:
     out = []
-    bwd = ctx.runs_of(step, "backward")
-    inside = ctx.optimizer_in_backward(step)
-    for z0, z1 in ctx.runs_of(step, "zero_grad"):
-        if inside and bwd[0][0] < z0 < bwd[-1][1]:
-            continue  # a per-parameter zero_grad of an update inside backward: the stripes say so
-        nbytes, count = ctx.memo("zero_grad_frees", lambda: _frees_by_run(ctx)).get(z0, (0, 0))
-        if not count:
-            continue
-        # the advice only where it applies: a zero_grad after this step's forward began
-        fwd = ctx.runs_of(step, "forward")
-        late = any(f0 < z0 for f0, _ in fwd)
-        if late:
-            advice = (" Releasing them right after the update (rather than just before backward) keeps them from "
-                      "sitting alongside the next forward's activations.")
-        elif fwd:
-            advice = " It runs before this step's forward, so they do not sit alongside its activations."
-        else:  # a step the trace opens inside (h8_mid_step_start): its forward may have run unrecorded
-            advice = ""
+    for z0, z1, nbytes, count, advice in ctx.memo("gradient_releases", lambda: _release_rows(ctx)).get(step, ()):
         out.append(Pattern(
             kind="gradients", step=step, phase="zero_grad", start_event=z0, end_event=z1,
             peak_event=z0, bytes=nbytes,
@@ -109,6 +102,42 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
             ),
             details={"release": True, "count": count},
         ))
+    return out
+
+
+def _release_rows(ctx: Context) -> dict[int, list[tuple]]:
+    """Per step, the zero_grad runs that release gradients: (first event, last, bytes freed, how many,
+    the advice), every step's at once (each step's backward and forward bounds by one ufunc.at)."""
+    n_steps, none = len(ctx.seg.steps), ctx.n + 1
+    in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
+
+    def bound(phase: str, ufunc, start: int, col: np.ndarray) -> list[int]:
+        sel = in_steps & (ctx.run_phase == P[phase])
+        out = np.full(n_steps, start, np.int64)
+        ufunc.at(out, ctx.run_step[sel], col[sel])
+        return out.tolist()
+
+    bwd_first = bound("backward", np.minimum, none, ctx.run_first)
+    bwd_last = bound("backward", np.maximum, -1, ctx.run_last)
+    fwd_first = bound("forward", np.minimum, none, ctx.run_first)  # none: no forward run
+    frees = ctx.memo("zero_grad_frees", lambda: _frees_by_run(ctx))
+    z = np.flatnonzero(in_steps & (ctx.run_phase == P["zero_grad"]))  # each step's in event order
+    out: dict[int, list[tuple]] = {}
+    for step, z0, z1 in zip(ctx.run_step[z].tolist(), ctx.run_first[z].tolist(), ctx.run_last[z].tolist()):
+        if ctx.optimizer_in_backward(step) and bwd_first[step] < z0 < bwd_last[step]:
+            continue  # a per-parameter zero_grad of an update inside backward: the stripes say so
+        nbytes, count = frees.get(z0, (0, 0))
+        if not count:
+            continue
+        # the advice only where it applies: a zero_grad after this step's forward began
+        if fwd_first[step] < z0:
+            advice = (" Releasing them right after the update (rather than just before backward) keeps them from "
+                      "sitting alongside the next forward's activations.")
+        elif fwd_first[step] < none:
+            advice = " It runs before this step's forward, so they do not sit alongside its activations."
+        else:  # a step the trace opens inside (h8_mid_step_start): its forward may have run unrecorded
+            advice = ""
+        out.setdefault(step, []).append((z0, z1, nbytes, count, advice))
     return out
 
 
@@ -151,6 +180,8 @@ def _passes(fwd, bwd) -> list[list[tuple[int, int]]]:
 def _accumulation(ctx: Context, step: int, grads) -> list[Pattern]:
     out = []
     bwd = ctx.runs_of(step, "backward")
+    if len(bwd) < 2:
+        return out  # each pass holds a backward run: fewer than two passes (most steps)
     # Accumulation keeps the gradients across the passes: a zero_grad between two of them resets them
     # (LBFGS re-evaluating its closure inside one step: truth_lbfgs), so that is no accumulation.
     reset = bool(bwd) and any(bwd[0][1] < z0 < bwd[-1][0] for z0, _ in ctx.runs_of(step, "zero_grad"))

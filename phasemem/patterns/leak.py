@@ -15,11 +15,11 @@ def detect(ctx: Context) -> list[Pattern]:
     middle = [k for k in range(1, len(steps) - 1) if steps[k][2]]
     if len(middle) < 1:
         return []
-    kept = {}
-    for k in middle:
-        s0, s1, _ = steps[k]
-        idx = ctx.allocs_between(s0, s1 - 1)
-        kept[k] = idx[ctx.free[idx] >= ctx.n]
+    # each step's allocations never freed: those of the whole trace once, cut at the steps' bounds
+    never = np.flatnonzero(ctx.free >= ctx.n)
+    s0, s1 = (np.array([steps[k][i] for k in middle], np.int64) for i in (0, 1))
+    lo, hi = (np.searchsorted(never, ctx.alloc.searchsorted(e)).tolist() for e in (s0, s1))
+    kept = {k: never[a:b] for k, a, b in zip(middle, lo, hi)}
     # A leak repeats: two or more steps keep the same tensors for good (the same sizes: a loss kept
     # with its graph, an output appended to a list). One step doing so is state made late (Adam's,
     # when GradScaler skipped the first step) or a cache filled once; two steps keeping different

@@ -4,6 +4,9 @@ Shape, not stack frames: a language model's forward ends with one allocation far
 activation before it (batch × seq × vocab), usually followed by copies of the same size (an fp32
 upcast, log-softmax). A network without an LM head (CNN, MLP) has its largest allocations early
 or evenly spread, so it never satisfies both tests below.
+
+Where the logits are and their numbers come for every step at once (logits_regions.heads, then
+_numbers: segment reductions over the rows, issue 34); a step's detect only builds its patterns.
 """
 from __future__ import annotations
 
@@ -13,180 +16,88 @@ from ..facts import Context
 from ..infer.frames import LINEAR, NOT_LINEAR, innermost_function, made_by_linear, outside_modules
 from ..model import Pattern
 from ..units import format_bytes
-from ..vocab import P
-
-#: An allocation is vocabulary-sized when at least this share of the largest one in the forward
-#: (bf16 logits next to their fp32 copy are half of it).
-VOCAB_SHARE = 0.45
-#: The logits must be at least this many times larger than every allocation in the network's
-#: body (the first LATE share of the forward's allocations) and come after that body.
-ABOVE_ACTIVATIONS = 1.5
-LATE = 0.5
-#: A loss consumes the logits when backward's gradient of them, vocabulary-sized, is among backward's
-#: first LOSS_GRAD_WITHIN allocations above TINY bytes (the loss's seed and scalars come first). A
-#: CNN's classifier output is small, so its backward starts small (heldout2_convnext_eval without
-#: frames), and a forward with no backward (inference, ../shared/wild's no_grad benchmarks, a
-#: cellular automaton) consumes nothing: neither may be called logits.
-LOSS_GRAD_WITHIN = 6
-TINY = 512
-#: ... and what backward allocates before that gradient is small beside it (the loss's seed, a
-#: per-token mask; Mixtral's router losses: 32 KiB before 32 MiB): below this share of it. A
-#: recommender's backward starts with its MLP's gradients, 2 MiB before 4 MiB
-#: (heldout_embbag_adagrad: its last dense activation was taken for logits).
-LOSS_GRAD_FIRST = 0.125
-#: The logits' gradient has their size, or twice or half of it (bf16 logits, an fp32 gradient), to
-#: within this share (block sizes are rounded to 512 bytes).
-GRAD_SIZE_TOLERANCE = 0.01
+from .logits_regions import (  # noqa: F401 (the rules' thresholds and region finders, imported from here)
+    ABOVE_ACTIVATIONS, GRAD_SIZE_TOLERANCE, LATE, LOSS_GRAD_FIRST, LOSS_GRAD_WITHIN, TINY, VOCAB_SHARE, Heads,
+    all_microbatches, heads, losses_consuming)
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
+    num = ctx.memo("logits_numbers", lambda: _numbers(ctx))
+    rows = num["rows"]
     out: list[Pattern] = []
-    for last, bwd, idx, opening in ctx.memo("logits_regions", lambda: _regions(ctx)).get(step, ()):
-        sizes = ctx.size[idx]
-        big = sizes.max()
-        vocab = idx[sizes >= VOCAB_SHARE * big]
-        logits = _consumed(ctx, vocab, opening)
-        vocab = vocab[ctx.alloc[vocab] >= ctx.alloc[logits]]  # what the loss made from them, not a workspace before
-        made = int(ctx.memo("made_by_linear", lambda: made_by_linear(ctx.trace))[ctx.trace.stack[int(ctx.alloc[logits])]])
-        noun = "vocabulary-sized" if made == LINEAR else "logits-sized"
-        out.append(_logits(ctx, step, logits, vocab, big, last, made))
-        spike = _spike(ctx, step, vocab, bwd, noun)
-        if spike:
-            out.append(spike)
-        if bwd is not None:
-            rel = _release(ctx, step, vocab, bwd, big, logits, noun)
-            if rel:
-                out.append(rel)
+    for r in range(rows[step], rows[step + 1]) if step + 1 < len(rows) else ():
+        noun = "vocabulary-sized" if num["made"][r] == LINEAR else "logits-sized"
+        out.append(_logits(ctx, step, num, r))
+        if num["spike_ok"][r]:
+            out.append(_spike(step, num, r, noun))
+        if num["release_ok"][r]:
+            out.append(_release(ctx, step, num, r, noun))
     return out
 
 
-def _regions(ctx: Context) -> dict[int, list]:
-    """Per step, the microbatches' regions whose forward-or-loss allocations end in logits by size and
-    whose loss consumed them (last event, backward run, those allocations, the backward run's opening):
-    every region of every step tested at once."""
-    first, last, bwd, step = all_microbatches(ctx)
-    lo, hi = ctx.alloc.searchsorted(first), ctx.alloc.searchsorted(last + 1)
-    region = np.repeat(np.arange(len(first)), hi - lo)
-    idx = np.arange(len(region)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
-    pa = ctx.phase_at_alloc[idx]
-    keep = (pa == P["forward"]) | (pa == P["loss"])  # np.isin costs 10x this
-    idx, region = idx[keep], region[keep]
-    pos, count = _positions(region, len(first))
-    # The first step's workspaces (made by the first matmul, never freed) are no tensors; they
-    # come early. Logits a script still holds at the end are late (magma27_cs336 keeps them).
-    keep = (ctx.free[idx] < ctx.n) | ~(pos < LATE * count[region]) | (step[region] != 0)
-    idx, region = idx[keep], region[keep]
-    pos, count = _positions(region, len(first))
-    ok = count >= 4
-    at = np.flatnonzero(np.concatenate([[True], region[1:] != region[:-1]])) if len(region) else region
-    sizes = ctx.size[idx]
-    big = np.zeros(len(first), sizes.dtype)
-    big[region[at]] = np.maximum.reduceat(sizes, at) if len(at) else big[:0]
-    is_vocab = sizes >= VOCAB_SHARE * big[region]
-    k = np.full(len(first), len(region))
-    k[region[at]] = np.minimum.reduceat(np.where(is_vocab, pos, len(region)), at) if len(at) else k[:0]
-    # Compare with the body of the network (the first part of forward), not with what comes
-    # right before the logits: that is often the LM head's own weight cast to bf16 (vocab × d);
-    # and among the body's activations: a workspace made lazily by the first matmul (32 MiB
-    # of cuBLAS's on Hopper) is never freed and says nothing about the network.
-    in_body = (pos < np.maximum((LATE * count).astype(np.int64), 1)[region]) & (ctx.free[idx] < ctx.n)
-    body = np.zeros(len(first), sizes.dtype)
-    body[region[at]] = np.maximum.reduceat(np.where(in_body, sizes, 0), at) if len(at) else body[:0]
-    start = np.zeros(len(first), np.int64)
-    start[region[at]] = at
-    vocab_k = sizes[np.minimum(start + k, max(len(sizes) - 1, 0))] if len(sizes) else big
-    ok &= ~(k < LATE * count) & ~(body * ABOVE_ACTIVATIONS > vocab_k) & (bwd[:, 0] >= 0)
-    pre = np.flatnonzero(ok)
-    opening, bounds, consumed = losses_consuming(ctx, bwd[pre], VOCAB_SHARE * big[pre])
-    out: dict[int, list] = {}
-    for j, r in zip(np.flatnonzero(consumed).tolist(), pre[consumed].tolist()):
-        out.setdefault(int(step[r]), []).append((int(last[r]), (int(bwd[r, 0]), int(bwd[r, 1])),
-                                                 idx[start[r]:start[r] + count[r]], opening[bounds[j]:bounds[j + 1]]))
-    return out
+def _numbers(ctx: Context) -> dict:
+    """Every row's numbers (logits_regions.Heads: a region whose logits a loss consumed), as lists for
+    the patterns to read one at a time: "rows" holds each step's rows (step s: rows[s]..rows[s + 1])."""
+    h = heads(ctx)
+    num = {"rows": np.searchsorted(h.step, np.arange(len(ctx.seg.steps) + 1)).tolist()}
+    if not len(h):
+        return num
+    # a vocabulary-sized block is at least the smallest row's threshold: the few that can be, once
+    cand = np.flatnonzero(ctx.size >= (VOCAB_SHARE * h.big).min())
+    for part in (_logits_numbers(ctx, h, cand), _spike_numbers(ctx, h), _release_numbers(ctx, h, cand)):
+        num.update({k: v.tolist() for k, v in part.items()})
+    return num
 
 
-def losses_consuming(ctx: Context, bwd: np.ndarray, vocab_bytes: np.ndarray):
-    """Evidence, for many regions at once, that a loss consumed a vocabulary-sized output (at least
-    ``vocab_bytes``): its backward run (``bwd``: rows of first, last event) begins with a gradient of
-    that size, among its first LOSS_GRAD_WITHIN allocations above TINY bytes (its opening), and what
-    comes before that gradient is small beside it. Returns the openings' sizes one after another,
-    each region's bounds in them, and the evidence per region."""
-    lo, hi = ctx.alloc.searchsorted(bwd[:, 0]), ctx.alloc.searchsorted(bwd[:, 1] + 1)
-    reg = np.repeat(np.arange(len(bwd)), hi - lo)
-    idx = np.arange(len(reg)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
-    size = ctx.size[idx]
-    above = size > TINY
-    c = np.concatenate([[0], np.cumsum(above)])
-    seen = c[1:] - np.repeat(c[np.cumsum(hi - lo) - (hi - lo)], hi - lo)
-    keep = above & (seen <= LOSS_GRAD_WITHIN)  # seen: how many above TINY so far in its run, itself included
-    size, reg, pos = size[keep], reg[keep], seen[keep] - 1
-    bounds = np.searchsorted(reg, np.arange(len(bwd) + 1))
-    hit = np.full(len(bwd), LOSS_GRAD_WITHIN)
-    np.minimum.at(hit, reg[size >= vocab_bytes[reg]], pos[size >= vocab_bytes[reg]])
-    found = hit < LOSS_GRAD_WITHIN
-    at_hit = size[np.minimum(bounds[:-1] + hit, max(len(size) - 1, 0))] if len(size) else np.zeros(len(bwd), np.int64)
-    small = np.ones(len(bwd), bool)  # what comes before the gradient is small beside it
-    early = pos < hit[reg]
-    np.logical_and.at(small, reg[early], size[early] < LOSS_GRAD_FIRST * at_hit[reg[early]])
-    return size, bounds, found & small
+def _within(cand: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates (sorted allocation indices) in lo[k]..hi[k] - 1, range after range: (k, index)."""
+    a, b = np.searchsorted(cand, lo), np.searchsorted(cand, hi)
+    k = np.repeat(np.arange(len(lo)), b - a)
+    return k, cand[np.arange(len(k)) - np.repeat(np.cumsum(b - a) - (b - a) - a, b - a)]
 
 
-def _positions(region: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each element's place within its region (the regions are runs in ``region``), and each region's length."""
-    count = np.bincount(region, minlength=n)
-    return np.arange(len(region)) - np.repeat(np.cumsum(count) - count, count), count
+def _row_sums(row: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Per row (``row`` sorted), the sum of its values: running sums, exact in int64."""
+    c = np.concatenate([[0], np.cumsum(values)])
+    at = _bounds(row, n)
+    return c[at[1:]] - c[at[:-1]]
 
 
-def all_microbatches(ctx: Context):
-    """Every step's forward+loss regions at once: first and last event of each, the backward run that
-    follows ((-1, -1) for none) and its step, by step then event. A region runs from a forward run to
-    the step's first backward run after it and before the step's next forward run; a forward with no
-    such backward (an inner forward, a nested call, or inference) still ends at the next forward."""
-    n_steps, width = len(ctx.seg.steps), ctx.n + 1
-    none = np.zeros(0, np.int64)
-    in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
-    f = np.flatnonzero((ctx.run_phase == P["forward"]) & in_steps)
-    f = f[np.lexsort((ctx.run_first[f], ctx.run_step[f]))]
-    b = np.flatnonzero((ctx.run_phase == P["backward"]) & in_steps)
-    b = b[np.lexsort((ctx.run_first[b], ctx.run_step[b]))]
-    if not len(f):
-        return none, none, none.reshape(0, 2), none
-    step, f0, f1 = ctx.run_step[f], ctx.run_first[f], ctx.run_last[f]
-    has_nxt = np.append(step[1:] == step[:-1], False)
-    nxt = np.append(f0[1:], -1)
-    j = np.searchsorted(ctx.run_step[b] * width + ctx.run_first[b], step * width + f1, "right")
-    jc = np.minimum(j, max(len(b) - 1, 0))
-    b0 = ctx.run_first[b][jc] if len(b) else np.zeros(len(f), np.int64)
-    b1 = ctx.run_last[b][jc] if len(b) else np.zeros(len(f), np.int64)
-    has_b = (j < len(b)) & (ctx.run_step[b][jc] == step if len(b) else False) & (~has_nxt | (b0 < nxt))
-    # Forward with no backward before the next forward: an inner forward (a nested call)
-    # or inference; the region still ends at the next forward.
-    use = has_b | ~has_nxt | (nxt > f1 + 1)
-    last = np.where(has_b, b0 - 1, np.where(has_nxt, nxt - 1, f1))
-    bwd = np.where(has_b[:, None], np.stack([b0, b1], 1), -1)
-    return f0[use], last[use], bwd[use], step[use]
+def _bounds(row: np.ndarray, n: int) -> np.ndarray:
+    """Where each of n rows starts in ``row`` (sorted), and the end: row k's at [k]..[k + 1]."""
+    return np.searchsorted(row, np.arange(n + 1))
 
 
-def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, region_last: int,
-            made: int) -> Pattern:
-    a, f, size = int(ctx.alloc[logits]), int(ctx.free[logits]), int(ctx.size[logits])
-    s0, s1, _ = ctx.seg.steps[step]
-    p = ctx.peak_in(s0, s1 - 1)
+def _logits_numbers(ctx: Context, h: Heads, cand: np.ndarray) -> dict:
+    lg, n = h.logits, len(h)
+    a, size = ctx.alloc[lg], ctx.size[lg]
+    end = np.minimum(ctx.free[lg], ctx.n - 1)
+    # each row's step peak: one argmax a step (peaks_in would copy the whole trace: ten times slower)
+    s0, s1 = (np.array([s[i] for s in ctx.seg.steps], np.int64)[h.step] for i in (0, 1))
+    p = np.fromiter((ctx.peak_in(f, l - 1) for f, l in zip(s0.tolist(), s1.tolist())), np.int64, n)
     # Every vocabulary-sized tensor alive at the step's peak: logits, their copies, their gradients.
-    lo, hi = int(ctx.alloc.searchsorted(s0)), int(ctx.alloc.searchsorted(s1))  # the step's allocations
-    sizes = ctx.size[lo:hi]
-    live = (sizes >= VOCAB_SHARE * big) & (ctx.alloc[lo:hi] <= p) & (ctx.free[lo:hi] > p)
-    vocab_bytes = int(sizes[live].sum())
-    share = vocab_bytes / max(int(ctx.level[p]), 1)
-    end = min(f, ctx.n - 1)
+    k, i = _within(cand, ctx.alloc.searchsorted(s0), ctx.alloc.searchsorted(p, "right"))  # made by the peak
+    live = (ctx.size[i] >= VOCAB_SHARE * h.big[k]) & (ctx.free[i] > p[k])
+    stack = ctx.trace.stack[a]
+    return {"a": a, "end": end, "size": size, "big": h.big,
+            "vocab_bytes": _row_sums(k, np.where(live, ctx.size[i], 0), n),
+            "step_level": ctx.level[p], "peak": ctx.peaks_in(a, np.minimum(end, h.last)), "logits": lg,
+            "made": ctx.memo("made_by_linear", lambda: made_by_linear(ctx.trace))[stack],
+            "loose": ctx.memo("outside_modules", lambda: outside_modules(ctx.trace))[stack],
+            "copies": np.bincount(h.row, minlength=n)}
+
+
+def _logits(ctx: Context, step: int, num: dict, r: int) -> Pattern:
+    a, size, made, vocab_bytes = num["a"][r], num["size"][r], num["made"][r], num["vocab_bytes"][r]
+    share = vocab_bytes / max(num["step_level"][r], 1)
     # a library's workspace made in forward can be larger (cuDNN's LSTM: h11_tbptt_lstm)
-    largest = "the largest tensor of the forward pass" if size >= big else "among the largest tensors of the forward pass"
-    loose = bool(ctx.memo("outside_modules", lambda: outside_modules(ctx.trace))[ctx.trace.stack[a]])
+    largest = ("the largest tensor of the forward pass" if size >= num["big"][r] else
+               "among the largest tensors of the forward pass")
     # Its place is the forward that made it, even when the loop keeps it into the next step.
     return Pattern(
-        kind="logits", step=step, phase="forward", start_event=a, end_event=end,
-        peak_event=ctx.peak_in(a, min(end, region_last)), bytes=size,
-        explanation=(_loose(size, share, largest) if loose else
+        kind="logits", step=step, phase="forward", start_event=a, end_event=num["end"][r],
+        peak_event=num["peak"][r], bytes=size,
+        explanation=(_loose(size, share, largest) if num["loose"][r] else
                      f"The LM head's output: one {format_bytes(size)} block of batch × sequence × vocabulary scores, "
                      f"{largest}. Vocabulary-sized tensors (logits, their softmax and "
                      f"gradients) hold {share:.0%} of this step's peak. To shrink it: compute the loss in chunks of "
@@ -195,30 +106,9 @@ def _logits(ctx: Context, step: int, logits: int, vocab: np.ndarray, big: int, r
                      _unnamed(size, share, largest,
                               innermost_function(ctx.trace, int(ctx.trace.stack[a])) if made == NOT_LINEAR else None)),
         details={"vocab_share_of_peak": round(share, 4), "vocab_bytes_at_peak": vocab_bytes,
-                 "copies": int(len(vocab))},
-        members=(int(logits),),
+                 "copies": num["copies"][r]},
+        members=(num["logits"][r],),
     )
-
-
-def _consumed(ctx: Context, vocab: np.ndarray, sizes: np.ndarray) -> int:
-    """The logits among the vocabulary-sized blocks: the first, unless its size is none of the
-    logits' gradient's (the same, or 2x either way: bf16 logits and an fp32 gradient) while a later
-    one's is. A library's workspace can be the first: cuDNN's LSTM makes a 124 MB one before the 82 MB
-    logits (h11_tbptt_lstm, where it was "the LM head's output"). ``sizes``: the backward run's opening
-    (losses_consuming), where that gradient is."""
-    first = int(vocab[0])
-    grad = sizes[sizes >= VOCAB_SHARE * int(ctx.size[vocab].max())]
-    if not len(grad):
-        return first
-    g = float(grad[0])
-
-    def fits(b):
-        return any(abs(float(ctx.size[b]) - g * r) <= GRAD_SIZE_TOLERANCE * g * r for r in (0.5, 1.0, 2.0))
-
-    if fits(first):
-        return first
-    later = [int(b) for b in vocab[1:] if fits(b)]
-    return later[0] if later else first
 
 
 def _unnamed(size: int, share: float, largest: str, op: str | None) -> str:
@@ -242,74 +132,111 @@ def _loose(size: int, share: float, largest: str = "the largest tensor of the fo
             f"batch.")
 
 
-def _spike(ctx: Context, step: int, vocab: np.ndarray, bwd, noun: str) -> Pattern | None:
-    bwd_first = bwd[0] if bwd is not None else ctx.n
-    transient = vocab[ctx.free[vocab] < bwd_first]
-    if not len(transient):
-        return None
-    start0 = int(ctx.alloc[vocab[0]])
-    end = int(ctx.free[transient].max())
-    p = ctx.peak_in(start0, end)
-    if int(((ctx.alloc[vocab] <= p) & (ctx.free[vocab] > p)).sum()) < 2:
-        return None  # one vocabulary tensor alone is the logits block, not a spike on it
-    start = int(ctx.alloc[vocab[ctx.alloc[vocab] <= p]].max())
-    height = int(ctx.level[p] - ctx.timeline.active_after[end])
-    if height <= 0:
-        return None
-    r = int(ctx.run_first.searchsorted(p, "right")) - 1  # the phase run the spike's top is in
-    sets = int(ctx.level[p]) >= int(ctx.level[ctx.run_first[r]:ctx.run_last[r] + 1].max())
-    sets_text = " It sets the peak of the phase it is in." if sets else ""
+def _spike_numbers(ctx: Context, h: Heads) -> dict:
+    n, v, row = len(h), h.vocab, h.row
+    av, fv = ctx.alloc[v], ctx.free[v]
+    transient = fv < h.b0[row]  # freed before backward starts
+    end = np.full(n, -1, np.int64)
+    np.maximum.at(end, row[transient], fv[transient])
+    has = end >= 0
+    p = np.zeros(n, np.int64)
+    p[has] = ctx.peaks_in(ctx.alloc[h.logits[has]], end[has])
+    made = av <= p[row]
+    alive = np.bincount(row[made & (fv > p[row])], minlength=n)
+    start = np.full(n, -1, np.int64)
+    np.maximum.at(start, row[made], av[made])
+    height = ctx.level[p] - ctx.timeline.active_after[np.maximum(end, 0)]
+    # one vocabulary tensor alone is the logits block, not a spike on it
+    ok = has & (alive >= 2) & (height > 0)
+    # the phase run the spike's top is in (numpy's indexing, as peak_in's slice had it), and its highest level
+    run = (ctx.run_first.searchsorted(p, "right") - 1) % max(len(ctx.run_first), 1)
+    runs, at = np.unique(run[ok], return_inverse=True)
+    sets = np.zeros(n, bool)
+    sets[ok] = ctx.level[p[ok]] >= _ranges_max(ctx.level, ctx.run_first[runs], ctx.run_last[runs])[at]
+    bounds = _bounds(row[transient], n)
+    return {"spike_ok": ok, "spike_start": start, "spike_end": end, "spike_peak": p, "spike_height": height,
+            "spike_sets": sets, "spike_members": v[transient], "spike_bounds": bounds}
+
+
+def _ranges_max(level: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The highest level in each of disjoint ranges in event order: one reduceat, the ranges not copied."""
+    if not len(first):
+        return level[:0]
+    at = np.empty(2 * len(first), np.int64)
+    at[0::2], at[1::2] = first, last + 1  # between two ranges, a row that is dropped
+    return np.maximum.reduceat(level, at[:-1] if at[-1] == len(level) else at)[0::2]
+
+
+def _spike(step: int, num: dict, r: int, noun: str) -> Pattern:
+    height, b = num["spike_height"][r], num["spike_bounds"]
+    sets_text = " It sets the peak of the phase it is in." if num["spike_sets"][r] else ""
     return Pattern(
-        kind="softmax_spike", step=step, phase="forward", start_event=start, end_event=end, peak_event=p,
-        bytes=height,
+        kind="softmax_spike", step=step, phase="forward", start_event=num["spike_start"][r],
+        end_event=num["spike_end"][r], peak_event=num["spike_peak"][r], bytes=height,
         explanation=(
             f"The spike at the top of forward: while the logits are alive, the loss makes another "
             f"{noun} tensor (an fp32 upcast or the log-softmax), so for a moment both exist, "
             f"{format_bytes(height)} above where memory settles.{sets_text} A fused or "
             f"chunked cross-entropy, or dropping the logits before the loss, removes it."
         ),
-        details={"tensors": int(len(transient)) + 1, "sets_phase_peak": sets},
-        members=tuple(transient.tolist()),
+        details={"tensors": b[r + 1] - b[r] + 1, "sets_phase_peak": num["spike_sets"][r]},
+        members=tuple(num["spike_members"][b[r]:b[r + 1]]),
     )
 
 
-def _release(ctx: Context, step: int, vocab: np.ndarray, bwd, big: int, logits: int, noun: str) -> Pattern | None:
-    b0, b1 = bwd
+def _release_numbers(ctx: Context, h: Heads, cand: np.ndarray) -> dict:
+    n, v, row = len(h), h.vocab, h.row
+    fv = ctx.free[v]
     # Vocabulary-sized tensors that backward frees: the saved softmax, the logits unless the
     # caller still holds them, and the logits' gradient made at backward's start.
-    alive = vocab[(ctx.free[vocab] >= b0) & (ctx.free[vocab] <= b1)]
-    if not len(alive):
-        return None
-    end = int(ctx.free[alive].max())
-    in_bwd = ctx.allocs_between(b0, end)
-    grads = in_bwd[(ctx.size[in_bwd] >= VOCAB_SHARE * big) & (ctx.free[in_bwd] <= b1)]
-    if len(grads):
-        end = max(end, int(ctx.free[grads].max()))
-    p = ctx.peak_in(b0, end)
+    alive = (fv >= h.b0[row]) & (fv <= h.b1[row])
+    end = np.full(n, -1, np.int64)
+    np.maximum.at(end, row[alive], fv[alive])
+    has = np.flatnonzero(end >= 0)
+    k, g = _within(cand, ctx.alloc.searchsorted(h.b0[has]), ctx.alloc.searchsorted(end[has] + 1))
+    k = has[k]
+    grad = (ctx.size[g] >= VOCAB_SHARE * h.big[k]) & (ctx.free[g] <= h.b1[k])
+    g, k = g[grad], k[grad]
+    np.maximum.at(end, k, ctx.free[g])
+    p = np.zeros(n, np.int64)
+    p[has] = ctx.peaks_in(h.b0[has], end[has])
+    # what backward frees, by row then allocation (the saved ones come before backward's gradients)
+    members, m_row = np.concatenate([v[alive], g]), np.concatenate([row[alive], k])
+    order = np.lexsort((members, m_row))
+    members, m_row = members[order], m_row[order]
+    once = np.ones(len(members), bool)  # sorted(set()) of each row's
+    once[1:] = (members[1:] != members[:-1]) | (m_row[1:] != m_row[:-1])
+    level, ends = ctx.level[p], np.maximum(end, 0)
+    return {"release_ok": end >= 0, "b0": h.b0, "release_end": end, "release_peak": p,
+            "release_spike": level - ctx.before[h.b0], "release_cliff": level - ctx.timeline.active_after[ends],
+            # logits a variable still holds are not among what backward frees
+            "release_held": ctx.free[h.logits] > end, "release_members": members[once],
+            "release_bounds": _bounds(m_row[once], n)}
+
+
+def _release(ctx: Context, step: int, num: dict, r: int, noun: str) -> Pattern:
     # the spike is how far memory rises at backward's start, the logits' gradient and what comes with it
     # (wild/bcrafton_cs336 under torch.compile: 135 MiB beside a 12 MiB gradient, "a 135 MiB spike" read
     # as the gradient's size)
     # logits a variable still holds are not among what backward frees (h11_tbptt_lstm keeps them to the
     # end of the step: "the logits ... are freed together" was untrue there)
-    held = bool(ctx.free[logits] > end)
-    before = int(ctx.before[b0])
-    after = int(ctx.timeline.active_after[end])
-    spike, cliff = int(ctx.level[p]) - before, int(ctx.level[p]) - after
+    spike, cliff, b = num["release_spike"][r], num["release_cliff"][r], num["release_bounds"]
     return Pattern(
-        kind="logits_release", step=step, phase="backward", start_event=b0, end_event=end, peak_event=p,
-        bytes=cliff,
+        kind="logits_release", step=step, phase="backward", start_event=num["b0"][r],
+        end_event=num["release_end"][r], peak_event=num["release_peak"][r], bytes=cliff,
         explanation=(
             f"Where backward starts at the loss: the gradient of the logits is allocated (memory rises "
             f"{format_bytes(max(spike, 0))} there: the spike), then "
             + (f"their softmax and that gradient are freed together, a {format_bytes(cliff)} cliff. The logits "
-               f"themselves ({format_bytes(int(ctx.size[logits]))}) stay: the loop still holds them "
-               + _held_until(ctx, logits)
-               + "; without that reference (del it before backward) they would be gone by here too." if held else
+               f"themselves ({format_bytes(num['size'][r])}) stay: the loop still holds them "
+               + _held_until(ctx, num["logits"][r])
+               + "; without that reference (del it before backward) they would be gone by here too."
+               if num["release_held"][r] else
                f"the logits, their softmax and that gradient are freed together, a {format_bytes(cliff)} cliff. "
                f"Everything {noun} is gone after this, so the rest of backward runs far lower.")
         ),
         details={"spike_bytes": spike, "cliff_bytes": cliff},
-        members=tuple(sorted(set(alive.tolist()) | set(grads.tolist()))),  # np.union1d's, for a handful
+        members=tuple(num["release_members"][b[r]:b[r + 1]]),
     )
 
 

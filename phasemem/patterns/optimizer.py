@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..facts import Context, gradients_by_step, update_gradients
+from ..facts import Context, gradients_by_step, update_gradient_bytes
 from ..infer.frames import inside_file
 from ..model import Pattern
 from ..vocab import P
@@ -91,6 +91,13 @@ def first_optimizer_step(ctx: Context) -> int:
 #: SGD keeps one buffer per parameter, Adam two); a few MiB kept by a misplaced phase are not state
 #: (heldout_gpt_compile_ckpt without frames: 1-8 MiB claimed in a later step).
 MIN_STATE_SHARE = 0.5
+
+
+def _state_steps(ctx: Context) -> set[int]:
+    """The steps that may create state (_created_state's first tests, for every step at once): those
+    that run the optimizer, the first of them or one training new parameters."""
+    first = first_optimizer_step(ctx)
+    return {s for s, (_, _, ran) in enumerate(ctx.seg.steps) if ran and (s == first or _new_parameters(ctx, s))}
 
 
 def _created_state(ctx: Context, step: int, grad_bytes: int) -> np.ndarray:
@@ -227,11 +234,11 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     out = []
     cls = optimizer_class(ctx)
     compiling = ctx.memo("compiling", lambda: inside_file(ctx.trace, COMPILING_FILES))
-    grads = update_gradients(ctx, step)
-    grad_bytes = int(ctx.size[grads].sum()) if len(grads) else 0
-    state = _created_state(ctx, step, grad_bytes)
-    if len(state):
-        out.append(_state_pattern(ctx, step, state, grad_bytes, cls))
+    if step in ctx.memo("optimizer_state_steps", lambda: _state_steps(ctx)):
+        grad_bytes = update_gradient_bytes(ctx)[step]
+        state = _created_state(ctx, step, grad_bytes)
+        if len(state):
+            out.append(_state_pattern(ctx, step, state, grad_bytes, cls))
     for temp, numbers in ctx.memo("optimizer_temporaries", lambda: temporaries_by_run(ctx, compiling)).get(step, ()):
         out.append(_temporaries(ctx, step, temp, cls, *numbers))
     if ctx.optimizer_in_backward(step):
@@ -259,7 +266,10 @@ def temporaries_by_run(ctx: Context, compiling: np.ndarray) -> dict[int, list]:
         return {}
     a, f, size = ctx.alloc[idx], ctx.free[idx], ctx.size[idx].astype(np.int64)
     at = np.concatenate([a, f])  # an event makes or frees one block: no two are equal
-    order = np.argsort(at)
+    # so their order is where each lands among the events: a scatter (argsort was a third of this)
+    mark, place = np.zeros(ctx.n, bool), np.empty(ctx.n, np.int64)
+    mark[at], place[at] = True, np.arange(len(at))
+    order = place[np.flatnonzero(mark)]
     live, ev, rs = np.cumsum(np.concatenate([size, -size])[order]), at[order], np.concatenate([rid, rid])[order]
     seg = np.flatnonzero(np.concatenate([[True], rs[1:] != rs[:-1]]))
     peak = np.maximum.reduceat(live, seg)

@@ -31,6 +31,7 @@ import numpy as np
 from ..facts import Context
 from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks, other_python, rng_replays
 from ..model import Pattern
+from ..sizes import in_sorted
 from ..units import format_bytes
 from ..vocab import P
 
@@ -159,7 +160,8 @@ def echoing_runs(ctx: Context) -> set[int]:
     f, j = f[np.argsort(j, kind="stable")], np.sort(j, kind="stable")
     fkeys, bkeys = (_grams_by_group(ctx, ctx.run_first[r], ctx.run_last[r], g)
                     for r, g in ((f, j), (b, np.arange(len(b)))))
-    hit = np.unique(bkeys[1][np.isin(bkeys[0], fkeys[0])])
+    # a binary search each in the forward's keys (np.isin sorted both together: 28 ms against 7 at 1M events)
+    hit = np.unique(bkeys[1][in_sorted(bkeys[0], np.unique(fkeys[0]))])
     return set(ctx.run_first[b][hit].tolist())
 
 
@@ -188,7 +190,10 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     bwd_runs = ctx.runs_of(step, "backward")
     echoing = ctx.memo("echoing_backward_runs", lambda: echoing_runs(ctx))
     told = len(_checkpoint_positions(ctx)) or len(_replay_positions(ctx))
-    step_grams = _step_grams(ctx, fwd_runs, bwd_runs) if echoing.intersection(b0 for b0, _ in bwd_runs) else None
+    echoes = echoing.intersection(b0 for b0, _ in bwd_runs)
+    if not echoes and not told:  # (most steps of most traces) no run by sizes, nothing to tell one by frames
+        return out
+    step_grams = _step_grams(ctx, fwd_runs, bwd_runs) if echoes else None
     for b0, b1 in bwd_runs:
         bwd = ctx.allocs_between(b0, b1)
         good = _echoed(ctx, fwd_runs, bwd_runs, bwd, b0, b1, step_grams) if b0 in echoing else []

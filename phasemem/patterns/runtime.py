@@ -51,6 +51,8 @@ def before_step(ctx: Context, step: int) -> list[Pattern]:
     """Scalar allocations between the last backward and the optimizer: GradScaler.unscale_ checking
     the gradients for inf/NaN (found_inf, inv_scale per device: a handful), or gradient clipping
     (``clip_grad_norm_``: one norm per gradient, then their total and the clip coefficient)."""
+    if step not in ctx.memo("steps_with_scalars", lambda: _steps_with_scalars(ctx)):
+        return []  # (most steps: read for every step at once)
     bwd = ctx.runs_of(step, "backward")
     opt = ctx.runs_of(step, "optimizer")
     if not bwd or (opt and opt[0][0] <= bwd[-1][1]):
@@ -86,3 +88,24 @@ def before_step(ctx: Context, step: int) -> list[Pattern]:
                f"Negligible memory; it unscales the gradients in place, so no gradient-sized copies appear.")
     return [Pattern(kind=kind, step=step, phase="other", start_event=first, end_event=last, peak_event=last,
                     bytes=nbytes, explanation=why, details={"count": int(len(scalars))})]
+
+
+def _steps_with_scalars(ctx: Context) -> set[int]:
+    """The steps before_step reads further, every step at once: a backward run, no optimizer run
+    before its last one ends, and at least two scalars of 'other' between that and the step's first
+    optimizer run (or its end). Running sums over the allocations count each gap's scalars."""
+    n_steps = len(ctx.seg.steps)
+    in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
+    bwd, opt = in_steps & (ctx.run_phase == P["backward"]), in_steps & (ctx.run_phase == P["optimizer"])
+    last_bwd = np.full(n_steps, -1, np.int64)
+    np.maximum.at(last_bwd, ctx.run_step[bwd], ctx.run_last[bwd])
+    first_opt = np.full(n_steps, ctx.n + 1, np.int64)  # none: past every event
+    np.minimum.at(first_opt, ctx.run_step[opt], ctx.run_first[opt])
+    has_opt = first_opt <= ctx.n
+    ok = (last_bwd >= 0) & ~(has_opt & (first_opt <= last_bwd))
+    ends = np.array([s[1] for s in ctx.seg.steps], np.int64)
+    a, b = last_bwd + 1, np.where(has_opt, first_opt, ends) - 1
+    scalar = (ctx.phase_at_alloc == P["other"]) & (ctx.size <= SCALAR)
+    c = np.concatenate([[0], np.cumsum(scalar)])
+    count = c[ctx.alloc.searchsorted(b + 1)] - c[ctx.alloc.searchsorted(a)]
+    return set(np.flatnonzero(ok & (count >= 2)).tolist())
