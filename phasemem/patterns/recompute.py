@@ -29,16 +29,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..facts import Context
-from ..infer.frames import checkpoint_recomputes, module_forwards, offload_unpacks, other_python, rng_replays
+from ..infer.frames import module_forwards, offload_unpacks, other_python
 from ..model import Pattern
 from ..sizes import in_sorted
 from ..units import format_bytes
 from ..vocab import P
+from .recompute_frames import (MIN_RUNS, checkpoint_positions, from_frames, from_rng_replays,
+                               recompute_calls, replay_positions, ripples, runs, span)
 
 K = 4  # consecutive sizes that must match
 MIN_RUN = 2 * K  # allocations in one recompute run
 DISCARDED = 0.9  # share of the echoed forward allocations that forward had freed
-MIN_RUNS = 2
 GAP = 3  # a first-step allocation (a workspace) may split one run; rejoin across this many
 #: Where at least this share of a candidate's allocations come from an offloading unpack hook
 #: (infer.frames.offload_unpacks), the ripples are activations copied back, not recomputed:
@@ -85,26 +86,6 @@ def _kgrams_of(ctx: Context, idx: np.ndarray, step_grams) -> np.ndarray:
     return grams[i0:i0 + len(idx) - K + 1]
 
 
-def _runs(mask: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray]:
-    padded = np.zeros(len(mask) + 2, np.int8)
-    padded[1:-1] = mask
-    edges = np.flatnonzero(padded[1:] != padded[:-1])  # start, stop, start, stop...
-    starts, stops = edges[0::2], edges[1::2]
-    if len(starts) < 2:
-        return starts, stops
-    apart = starts[1:] - stops[:-1] > gap  # runs closer than gap are joined (masks: np.delete's cost, 8,000 calls at 10M)
-    return starts[np.concatenate([[True], apart])], stops[np.concatenate([apart, [True]])]
-
-
-def _median(x: np.ndarray) -> float:
-    """np.median of a few numbers (its overhead was ~40 us a call, twice per backward run at 10M events)."""
-    if len(x) == 0:
-        return float(np.median(x))
-    s = np.sort(x)
-    k = len(s) // 2
-    return float(s[k]) if len(s) % 2 else (float(s[k - 1]) + float(s[k])) / 2
-
-
 def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int,
                step_grams=(0, np.zeros(0, np.uint64))) -> list[tuple[int, int]]:
     """The runs of backward allocations (positions in ``bwd``, made in the backward run b0..b1) whose
@@ -125,7 +106,7 @@ def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int,
     covered = np.zeros(len(bwd), dtype=bool)
     for j in range(K):  # every allocation inside a matching k-gram is a candidate
         covered[j:len(hit) + j] |= hit
-    starts, stops = _runs(covered, GAP)
+    starts, stops = runs(covered, GAP)
     # per run, the matching k-grams that start in it (a..max(b-K+1, a+1)) and their mean share
     # discarded, from running sums (the shares are quarters: their sums are exact)
     hits = np.concatenate([[0], np.cumsum(hit)])
@@ -189,7 +170,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     fwd_runs = ctx.runs_of(step, "forward")
     bwd_runs = ctx.runs_of(step, "backward")
     echoing = ctx.memo("echoing_backward_runs", lambda: echoing_runs(ctx))
-    told = len(_checkpoint_positions(ctx)) or len(_replay_positions(ctx))
+    told = len(checkpoint_positions(ctx)) or len(replay_positions(ctx))
     echoes = echoing.intersection(b0 for b0, _ in bwd_runs)
     if not echoes and not told:  # (most steps of most traces) no run by sizes, nothing to tell one by frames
         return out
@@ -202,7 +183,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                 continue  # no allocation of checkpoint's or of a replay anywhere: neither can tell a run
             # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
             # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
-            framed = _from_frames(ctx, step, bwd, b1) or _from_rng_replays(ctx, step, bwd, b1)
+            framed = from_frames(ctx, step, bwd, b1) or from_rng_replays(ctx, step, bwd, b1)
             if framed is not None:
                 out.append(framed)
             continue
@@ -210,12 +191,12 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         unpacked = ctx.memo("offload_unpacks", lambda: offload_unpacks(ctx.trace))
         if float(np.mean(unpacked[ctx.alloc[members]])) >= OFFLOADED:
             continue
-        first, last, per_layer = _span(ctx, bwd, [a for a, _ in good], [b for _, b in good], b1)
+        first, last, per_layer = span(ctx, bwd, [a for a, _ in good], [b for _, b in good], b1)
         # An unpack hook is Python, so where the trace has stack frames offloading was ruled out above
         # (a compiled backward's recompute has none on its own allocations); without any, it cannot be.
         framed = ctx.memo("has_frames", lambda: bool((ctx.trace.stack >= 0).any()))
         count = len(good)
-        blocks = _recompute_calls(ctx, bwd)
+        blocks = recompute_calls(ctx, bwd)
         if blocks is not None:
             count, per_layer = blocks
         own = blocks is None and framed and float(np.mean(
@@ -223,28 +204,32 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         if blocks is None and framed and not own and float(np.mean(
                 ctx.memo("other_python", lambda: other_python(ctx.trace))[ctx.trace.stack[ctx.alloc[members]]])) >= OTHER_PYTHON:
             continue  # Python code other than checkpoint's made them: the frames say who, and it is not checkpointing
-        runs = [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]
+        run_events = [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]
         if own:
-            out.append(_ripples(ctx, step, first, last, per_layer, _own_words(count, per_layer), members,
-                                {"count": count, "bytes_per_layer": per_layer, "framed": True, "run_events": runs},
-                                kind="forward_rerun"))
+            out.append(ripples(ctx, step, first, last, per_layer, _own_words(count, per_layer), members,
+                               {"count": count, "bytes_per_layer": per_layer, "framed": True, "run_events": run_events},
+                               kind="forward_rerun"))
             continue
-        what = ("Activation checkpointing at work: backward re-runs the forward of each checkpointed block "
-                "before differentiating it" if framed else
-                "Backward makes forward's discarded tensors again, block by block, before differentiating each "
-                "block: activation checkpointing's recompute (or activations offloaded to the host and copied "
-                "back, e.g. save_on_cpu, or the program running forward again itself, as gradient caching does, or a "
-                "custom backward that dequantises frozen weights again; the trace has no stack frames to tell)")
-        out.append(_ripples(
-            ctx, step, first, last, per_layer,
-            f"{what}, {count} times here, allocating about {format_bytes(per_layer)} "
-            f"per block and freeing it as backward moves on — the ripples. This trades compute for "
-            + ("memory; checkpoint fewer blocks if memory allows, to run faster." if framed else
-               "memory; if it is checkpointing, checkpointing fewer blocks runs faster where memory allows."),
-            members, {"count": count, "bytes_per_layer": per_layer, "framed": framed, "run_events": runs,
-                      "evidence": "sizes" if blocks is None else "frames"},
+        out.append(ripples(
+            ctx, step, first, last, per_layer, _sized_words(framed, count, per_layer), members,
+            {"count": count, "bytes_per_layer": per_layer, "framed": framed, "run_events": run_events,
+             "evidence": "sizes" if blocks is None else "frames"},
             confidence=SIZES_CONFIDENCE if blocks is None else 1.0))
     return out
+
+
+def _sized_words(framed: bool, count: int, per_layer: int) -> str:
+    """The ripples' words where sizes found the runs: checkpointing where frames show it, else what could be."""
+    what = ("Activation checkpointing at work: backward re-runs the forward of each checkpointed block "
+            "before differentiating it" if framed else
+            "Backward makes forward's discarded tensors again, block by block, before differentiating each "
+            "block: activation checkpointing's recompute (or activations offloaded to the host and copied "
+            "back, e.g. save_on_cpu, or the program running forward again itself, as gradient caching does, or a "
+            "custom backward that dequantises frozen weights again; the trace has no stack frames to tell)")
+    return (f"{what}, {count} times here, allocating about {format_bytes(per_layer)} "
+            f"per block and freeing it as backward moves on — the ripples. This trades compute for "
+            + ("memory; checkpoint fewer blocks if memory allows, to run faster." if framed else
+               "memory; if it is checkpointing, checkpointing fewer blocks runs faster where memory allows."))
 
 
 def _step_grams(ctx: Context, fwd_runs, bwd_runs) -> tuple[int, np.ndarray]:
@@ -261,25 +246,6 @@ def _echoed(ctx: Context, fwd_runs, bwd_runs, bwd: np.ndarray, b0: int, b1: int,
     return _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
 
 
-def _span(ctx: Context, bwd: np.ndarray, starts, stops, b1: int) -> tuple[int, int, int]:
-    """(first event, last event, median bytes per run) of runs ``bwd[starts[i]:stops[i]]``: from the
-    first run's first allocation to the last run's last free inside the backward run (or its last
-    allocation, if later)."""
-    csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
-    per_run = int(_median(csize[np.asarray(stops)] - csize[np.asarray(starts)]))
-    first = int(ctx.alloc[bwd[starts[0]]])
-    last = int(min(ctx.free[bwd[starts[-1]:stops[-1]]].max(), b1))
-    return first, max(last, int(ctx.alloc[bwd[stops[-1] - 1]])), per_run
-
-
-def _ripples(ctx: Context, step: int, first: int, last: int, per_block: int, explanation: str,
-             members: np.ndarray, details: dict, kind: str = "checkpoint_recompute",
-             confidence: float = 1.0) -> Pattern:
-    return Pattern(kind=kind, step=step, phase="backward", start_event=first, end_event=last,
-                   peak_event=ctx.peak_in(first, last), bytes=per_block, explanation=explanation,
-                   details=details, confidence=confidence, members=tuple(members.tolist()))
-
-
 def _own_words(count: int, per_run: int) -> str:
     """The ripples' words where the program calls the model's forward again itself (no checkpoint frames)."""
     return (f"Forward runs again in the backward phase, called by the program itself, not by torch.utils.checkpoint: "
@@ -288,113 +254,4 @@ def _own_words(count: int, per_run: int) -> str:
             f"re-runs a module before calling backward on its output). Memory stays at one run's activations; the "
             f"price is the forward computed twice.")
 
-
-def _checkpoint_runs(ctx: Context, bwd: np.ndarray):
-    """(allocations, starts, stops): the backward run's allocations less the math libraries' workspaces,
-    and the runs among them that checkpoint's recompute made (infer.frames.checkpoint_recomputes). The
-    autograd thread's cuBLAS workspace is made by the first matmul it runs, a recompute's if that comes
-    first, and kept for good (h15_chunked_ce): no activation, and no break between two blocks."""
-    if not len(bwd) or _checkpoint_allocs(ctx, bwd) == 0:
-        return bwd[:0], np.zeros(0, np.int64), np.zeros(0, np.int64)  # most runs: no checkpoint frame at all
-    bwd = bwd[~ctx.made_by_workspace_getter(ctx.alloc[bwd])]
-    ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]
-    starts, stops = _runs(ck, 0)
-    return bwd, starts, stops
-
-
-def _checkpoint_allocs(ctx: Context, bwd: np.ndarray) -> int:
-    """How many of the consecutive allocations ``bwd`` checkpoint's recompute made, workspaces aside
-    (what _checkpoint_runs would find runs in), by two searches in the trace's list of them."""
-    if int(bwd[-1]) - int(bwd[0]) != len(bwd) - 1:
-        return len(bwd)  # not one stretch: count nothing, _checkpoint_runs reads them one by one
-    at = _checkpoint_positions(ctx)
-    return int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0])))
-
-
-def _checkpoint_positions(ctx: Context) -> np.ndarray:
-    """The allocations (positions, sorted) that checkpoint's recompute made, workspaces aside: none in
-    a trace without checkpointing."""
-    def compute():
-        ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc]]
-        return np.flatnonzero(ck & ~ctx.made_by_workspace_getter(ctx.alloc))
-
-    return ctx.memo("checkpoint_allocs", compute)
-
-
-def _replay_positions(ctx: Context) -> np.ndarray:
-    """The allocations (positions, sorted) of a compiled backward's RNG replays (infer.frames.rng_replays)."""
-    table = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))
-    return ctx.memo("rng_replay_allocs", lambda: np.flatnonzero(table[ctx.trace.stack[ctx.alloc]]))
-
-
-def _from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
-    """The ripples from checkpoint's frames alone: at least MIN_RUNS separate recomputes in one
-    backward run (h15_selective_ac: 6 blocks under a selective policy; h15_chunked_ce: 8 loss chunks),
-    where the sizes never repeat K in a row."""
-    if not len(bwd):
-        return None
-    bwd, starts, stops = _checkpoint_runs(ctx, bwd)
-    return _told_runs(ctx, step, bwd, starts, stops, b1, "frames", 1.0, lambda count, per_block: (
-        f"Activation checkpointing at work: backward re-runs the forward of each checkpointed block before "
-        f"differentiating it, {count} times here, allocating about {format_bytes(per_block)} per block and freeing "
-        f"it as backward moves on (the stack frames show torch.utils.checkpoint's recompute; what a block saved "
-        f"in forward, e.g. under a selective policy, is not made again). This trades compute for memory; "
-        f"checkpoint fewer blocks if memory allows, to run faster."))
-
-
-#: Confidence of the ripples told by compiled RNG replays alone: the replays prove that forward ops run
-#: again inside backward; that a checkpoint (not the partitioner's own choice) asked for it is inferred.
-RNG_REPLAY_CONFIDENCE = 0.9
-
-
-def _from_rng_replays(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
-    """The ripples of a checkpointed region recomputed inside a compiled backward (no checkpoint frame:
-    torch.compile ignores them), told by the forward's random ops replayed with their saved RNG state
-    (infer.frames.rng_replays): at least MIN_RUNS separate runs of such blocks in one backward run
-    (fixtures/fsdp2: 6 runs of 5, one per checkpointed block, the attention's output and logsumexp)."""
-    if not len(bwd):
-        return None
-    table = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))
-    if int(bwd[-1]) - int(bwd[0]) == len(bwd) - 1:  # one stretch: count its replays by two searches first
-        at = _replay_positions(ctx)
-        if int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0]))) < MIN_RUNS:
-            return None  # fewer replays than runs wanted (every run of a trace not compiled with checkpoints)
-    starts, stops = _runs(table[ctx.trace.stack[ctx.alloc[bwd]]], 0)
-    return _told_runs(ctx, step, bwd, starts, stops, b1, "rng_replay", RNG_REPLAY_CONFIDENCE, lambda count, per_block: (
-        f"The forward runs again inside the compiled backward: torch.compile replays the forward's random ops "
-        f"with the RNG state the forward saved (torch/_prims/rng_prims.py), {count} times here — activation "
-        f"checkpointing under torch.compile, each checkpointed region recomputed inside the backward graph. Only "
-        f"those ops' blocks are told apart, about {format_bytes(per_block)} per region; the rest of each "
-        f"recompute is fused in the graph and carries no frame that says so. This trades compute for memory; "
-        f"checkpoint fewer blocks if memory allows, to run faster."))
-
-
-def _told_runs(ctx: Context, step: int, bwd: np.ndarray, starts, stops, b1: int, evidence: str, confidence: float,
-               words) -> Pattern | None:
-    """The ripples of the runs ``bwd[starts[i]:stops[i]]`` that frames told apart (at least MIN_RUNS),
-    worded by ``words(count, bytes per run)``."""
-    if len(starts) < MIN_RUNS:
-        return None
-    first, last, per_block = _span(ctx, bwd, starts, stops, b1)
-    count = len(starts)
-    return _ripples(
-        ctx, step, first, last, per_block, words(count, per_block),
-        np.concatenate([bwd[a:b] for a, b in zip(starts, stops)]),
-        {"count": count, "bytes_per_layer": per_block, "framed": True, "from_frames": True, "evidence": evidence,
-         "run_events": [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in zip(starts, stops)]},
-        confidence=confidence)
-
-
-def _recompute_calls(ctx: Context, bwd: np.ndarray):
-    """(recomputes, median bytes each) where the stack frames show checkpoint's own recompute: each
-    block's forward runs again under torch/utils/checkpoint.py (reentrant: CheckpointFunction.backward;
-    non-reentrant: its unpack hook), and the block's gradients, computed between two recomputes, are
-    the engine's (infer.frames.checkpoint_recomputes). The matching runs of sizes split a block where
-    its tensors' order differs (h10_hf_reentrant_ckpt: 17 runs for 4 layers); the frames count calls.
-    None without such frames."""
-    bwd, starts, stops = _checkpoint_runs(ctx, bwd)
-    if not len(starts):
-        return None
-    csize = np.concatenate([[0], np.cumsum(ctx.size[bwd])])
-    return len(starts), int(_median(csize[stops] - csize[starts]))
 
