@@ -26,14 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
-_FLOOR = ("import gc, pickle, sys, time\ngc.disable()\nt = time.perf_counter()\n"
-          "with open(sys.argv[1], 'rb') as f:\n    pickle.load(f)\nprint(time.perf_counter() - t)\n")
+_FLOOR = ("import gc, pickle, sys, time\ngc.disable()\nt, c = time.perf_counter(), time.process_time()\n"
+          "with open(sys.argv[1], 'rb') as f:\n    pickle.load(f)\nprint(time.perf_counter() - t, time.process_time() - c)\n")
 
 
-def floor(path: Path) -> float:
-    """``pickle.load`` of the file with the collector off, timed inside a fresh process."""
+def floor(path: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``pickle.load`` of the file with the collector off, timed inside a fresh process."""
     out = subprocess.run([sys.executable, "-c", _FLOOR, str(path)], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip())
+    wall, cpu = map(float, out.stdout.split())
+    return wall, cpu
 
 
 def cli(tree: Path, path: Path, png: Path) -> tuple[float, float]:
@@ -57,22 +58,22 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
     trees = args.tree or [Path(__file__).resolve().parents[1]]
-    floors: list[float] = []
+    floors: list[tuple[float, float]] = []
     res: dict[Path, list[tuple[float, float]]] = {t: [] for t in trees}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.runs):
             floors.append(floor(args.trace))
             for tree in (trees if r % 2 == 0 else trees[::-1]):
                 res[tree].append(cli(tree, args.trace, Path(tmp) / "memory.png"))
-            print(f"run {r + 1}: floor {floors[-1]:.3f} s  " + "  ".join(
+            print(f"run {r + 1}: floor {floors[-1][0]:.3f} s wall, {floors[-1][1]:.3f} s CPU  " + "  ".join(
                 f"{t}: {v[-1][0]:.3f} s wall, {v[-1][1]:.3f} s CPU" for t, v in res.items()), flush=True)
-    f = statistics.median(floors)
+    f, fc = statistics.median(w for w, _ in floors), statistics.median(c for _, c in floors)
     print(f"\n{args.trace.name} ({args.trace.stat().st_size / 2**20:,.1f} MiB), median of {args.runs}, fresh processes")
-    print(f"  {'pickle.load, collector off (the floor)':<48} {f:7.3f} s   1.00 x floor")
+    print(f"  {'pickle.load, collector off (the floor)':<48} {f:7.3f} s   1.00 x floor   CPU {fc:.3f} s   1.00 x")
     for tree, v in res.items():
         wall, cpu = statistics.median(w for w, _ in v), statistics.median(c for _, c in v)
         print(f"  {'phasemem analyze -o PNG (' + str(tree) + ')':<48} {wall:7.3f} s   {wall / f:4.2f} x floor"
-              f"   CPU {cpu:.3f} s")
+              f"   CPU {cpu:.3f} s   {cpu / fc:4.2f} x")
     return 0
 
 
