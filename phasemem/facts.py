@@ -10,7 +10,7 @@ import numpy as np
 from .infer.frames import loss_seeds, workspace_stacks
 from .segmentation import Segmentation
 from .sizes import in_sorted
-from .spans import backward_resumed, phase_runs
+from .spans import backward_resumed, concat_ranges, phase_runs
 from .timeline import Timeline
 from .trace import Trace
 from .vocab import P
@@ -78,6 +78,19 @@ class Context:
             out.setdefault((s, p), []).append((f, l))
         return {k: tuple(v) for k, v in out.items()}  # shared by every caller: not to be changed
 
+    def phase_span(self, phase: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per step, the first event of its first run of ``phase`` and the last event of its last
+        (``n + 1`` and -1 where the step has none), every step at once."""
+        def compute():
+            n_steps = len(self.seg.steps)
+            sel = (self.run_phase == P[phase]) & (self.run_step >= 0) & (self.run_step < n_steps)
+            first, last = np.full(n_steps, self.n + 1, np.int64), np.full(n_steps, -1, np.int64)
+            np.minimum.at(first, self.run_step[sel], self.run_first[sel])
+            np.maximum.at(last, self.run_step[sel], self.run_last[sel])
+            return first, last
+
+        return self.memo(f"phase_span:{phase}", compute)
+
     def optimizer_in_backward(self, step: int) -> bool:
         """Whether the step's optimizer runs inside its backward (spans.backward_resumed)."""
         return step in self.memo("backward_resumed",
@@ -104,7 +117,7 @@ class Context:
         if not len(length):
             return np.zeros(0, np.int64)
         starts = np.cumsum(length) - length
-        ev = np.arange(int(length.sum())) - np.repeat(starts - first, length)
+        ev = concat_ranges(first, last + 1)[1]
         lv = self.level[ev]
         top = np.repeat(np.maximum.reduceat(lv, starts), length)
         return np.minimum.reduceat(np.where(lv == top, ev, self.n), starts)  # the first event at the top

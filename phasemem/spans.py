@@ -42,3 +42,23 @@ def backward_resumed(labels: np.ndarray, step_of: np.ndarray) -> np.ndarray:
            & (step[:-2] == step[1:-1]) & (step[1:-1] == step[2:]))
     steps, counts = np.unique(step[1:-1][hit], return_counts=True)
     return steps[counts >= MIN_INTERLEAVED]
+
+
+def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every integer of lo[k]..hi[k] - 1, range after range, with the range each belongs to: (k, value).
+    The detectors read many short stretches at once this way (the allocations of every region, run or
+    step: ``lo``, ``hi`` from ``searchsorted``), one pass instead of a slice each.
+
+        >>> concat_ranges(np.array([2, 7]), np.array([4, 8]))
+        (array([0, 0, 1]), array([2, 3, 7]))
+    """
+    length = hi - lo
+    k = np.repeat(np.arange(len(lo)), length)
+    return k, np.arange(len(k)) - np.repeat(np.cumsum(length) - length - lo, length)
+
+
+def run_of_events(first: np.ndarray, n: int) -> np.ndarray:
+    """The run each of n events is in (``first``: the runs' first events, sorted; -1 before the first
+    run): the runs begun up to each event, counted (a ``searchsorted`` of every event costs six times
+    this at 10M events)."""
+    return np.cumsum(np.bincount(first, minlength=n)[:n]) - 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spans import phase_runs as runs
+from ..spans import phase_runs as runs, run_of_events
 from ..vocab import P
 from ..timeline import Timeline
 from ..sizes import in_sorted
@@ -48,7 +48,7 @@ def zero_grad_from_lifetimes(trace: Trace, tl: Timeline, labels: np.ndarray) -> 
     born = life.paired
     a, f = life.alloc_event[born], life.free_event[born]
     first, last, code, _ = runs(labels, np.zeros(n, np.int32))
-    run_of = np.searchsorted(first, np.arange(n), "right") - 1
+    run_of = run_of_events(first, n)
     grad = (labels[a] == P["backward"]) & (run_of[f] != run_of[a]) & (labels[f] != P["backward"])
     # A gradient has a weight's size: where weights are known (blocks no backward made that stay
     # alive across a whole backward run: the parameters, their optimizer state, the batch), a block

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context, update_gradients, update_gradients_by_step
+from ..facts import Context, update_gradient_bytes, update_gradients, update_gradients_by_step
 from ..model import Pattern
 from ..units import format_bytes
 from ..vocab import P
@@ -26,7 +26,7 @@ def stripes_by_step(ctx: Context) -> np.ndarray:
         return out
     starts, ends = bounds[some], bounds[some + 1]
     size = ctx.size[idx].astype(np.int64)
-    total = np.add.reduceat(size, starts)
+    total = np.asarray(update_gradient_bytes(ctx), np.int64)[some]  # the bytes the optimizer's detector reads too
     largest = np.maximum.reduceat(size, starts)
     tail = size[ends - 1]
     ties = np.add.reduceat(size == np.repeat(tail, ends - starts), starts)
@@ -107,19 +107,11 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
 
 def _release_rows(ctx: Context) -> dict[int, list[tuple]]:
     """Per step, the zero_grad runs that release gradients: (first event, last, bytes freed, how many,
-    the advice), every step's at once (each step's backward and forward bounds by one ufunc.at)."""
+    the advice), every step's at once (each step's backward and forward bounds: Context.phase_span)."""
     n_steps, none = len(ctx.seg.steps), ctx.n + 1
     in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
-
-    def bound(phase: str, ufunc, start: int, col: np.ndarray) -> list[int]:
-        sel = in_steps & (ctx.run_phase == P[phase])
-        out = np.full(n_steps, start, np.int64)
-        ufunc.at(out, ctx.run_step[sel], col[sel])
-        return out.tolist()
-
-    bwd_first = bound("backward", np.minimum, none, ctx.run_first)
-    bwd_last = bound("backward", np.maximum, -1, ctx.run_last)
-    fwd_first = bound("forward", np.minimum, none, ctx.run_first)  # none: no forward run
+    bwd_first, bwd_last = (c.tolist() for c in ctx.phase_span("backward"))
+    fwd_first = ctx.phase_span("forward")[0].tolist()  # none: no forward run
     frees = ctx.memo("zero_grad_frees", lambda: _frees_by_run(ctx))
     z = np.flatnonzero(in_steps & (ctx.run_phase == P["zero_grad"]))  # each step's in event order
     out: dict[int, list[tuple]] = {}

@@ -15,6 +15,7 @@ import numpy as np
 from ..facts import Context
 from ..infer.frames import LINEAR, NOT_LINEAR, innermost_function, made_by_linear, outside_modules
 from ..model import Pattern
+from ..spans import concat_ranges
 from ..units import format_bytes
 from .logits_regions import (  # noqa: F401 (the rules' thresholds and region finders, imported from here)
     ABOVE_ACTIVATIONS, GRAD_SIZE_TOLERANCE, LATE, LOSS_GRAD_FIRST, LOSS_GRAD_WITHIN, TINY, VOCAB_SHARE, Heads,
@@ -51,9 +52,8 @@ def _numbers(ctx: Context) -> dict:
 
 def _within(cand: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The candidates (sorted allocation indices) in lo[k]..hi[k] - 1, range after range: (k, index)."""
-    a, b = np.searchsorted(cand, lo), np.searchsorted(cand, hi)
-    k = np.repeat(np.arange(len(lo)), b - a)
-    return k, cand[np.arange(len(k)) - np.repeat(np.cumsum(b - a) - (b - a) - a, b - a)]
+    k, at = concat_ranges(np.searchsorted(cand, lo), np.searchsorted(cand, hi))
+    return k, cand[at]
 
 
 def _row_sums(row: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

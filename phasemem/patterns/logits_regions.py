@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..facts import Context
+from ..spans import concat_ranges
 from ..vocab import P
 
 #: An allocation is vocabulary-sized when at least this share of the largest one in the forward
@@ -61,8 +62,7 @@ def _heads(ctx: Context) -> Heads:
     loss consumed them: every region of every step tested at once."""
     first, last, bwd, step = all_microbatches(ctx)
     lo, hi = ctx.alloc.searchsorted(first), ctx.alloc.searchsorted(last + 1)
-    region = np.repeat(np.arange(len(first)), hi - lo)
-    idx = np.arange(len(region)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
+    region, idx = concat_ranges(lo, hi)
     pa = ctx.phase_at_alloc[idx]
     keep = (pa == P["forward"]) | (pa == P["loss"])  # np.isin costs 10x this
     idx, region = idx[keep], region[keep]
@@ -140,8 +140,7 @@ def losses_consuming(ctx: Context, bwd: np.ndarray, vocab_bytes: np.ndarray):
     comes before that gradient is small beside it. Returns the openings' sizes one after another,
     each region's bounds in them, and the evidence per region."""
     lo, hi = ctx.alloc.searchsorted(bwd[:, 0]), ctx.alloc.searchsorted(bwd[:, 1] + 1)
-    reg = np.repeat(np.arange(len(bwd)), hi - lo)
-    idx = np.arange(len(reg)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
+    reg, idx = concat_ranges(lo, hi)
     size = ctx.size[idx]
     above = size > TINY
     c = np.concatenate([[0], np.cumsum(above)])

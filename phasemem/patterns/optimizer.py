@@ -9,6 +9,7 @@ import numpy as np
 from ..facts import Context, gradients_by_step, update_gradient_bytes
 from ..infer.frames import inside_file
 from ..model import Pattern
+from ..spans import concat_ranges
 from ..vocab import P
 from ..units import format_bytes
 
@@ -255,8 +256,7 @@ def temporaries_by_run(ctx: Context, compiling: np.ndarray) -> dict[int, list]:
     runs = np.flatnonzero((ctx.run_phase == P["optimizer"]) & (ctx.run_step >= 0) & (ctx.run_step < n_steps))
     o0, o1 = ctx.run_first[runs], ctx.run_last[runs]
     lo, hi = ctx.alloc.searchsorted(o0), ctx.alloc.searchsorted(o1 + 1)
-    rid = np.repeat(np.arange(len(runs)), hi - lo)
-    idx = np.arange(len(rid)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
+    rid, idx = concat_ranges(lo, hi)
     keep = (ctx.phase_at_alloc[idx] == P["optimizer"]) & (ctx.free[idx] <= o1[rid])
     keep[keep] = ~compiling[ctx.alloc[idx[keep]]]
     idx, rid = idx[keep], rid[keep]

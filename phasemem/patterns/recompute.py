@@ -32,6 +32,7 @@ from ..facts import Context
 from ..infer.frames import module_forwards, offload_unpacks, other_python
 from ..model import Pattern
 from ..sizes import in_sorted
+from ..spans import concat_ranges
 from ..units import format_bytes
 from ..vocab import P
 from .recompute_frames import (MIN_RUNS, checkpoint_positions, from_frames, from_rng_replays,
@@ -150,8 +151,8 @@ def _grams_by_group(ctx: Context, first: np.ndarray, last: np.ndarray, group: np
     """(key, group) of every K-gram of sizes inside one group's allocations, the allocations of runs
     first..last taken in order; the key mixes the hash with the group."""
     lo, hi = ctx.alloc.searchsorted(first), ctx.alloc.searchsorted(last + 1)
-    g = np.repeat(group, hi - lo)
-    idx = np.arange(len(g)) - np.repeat(np.cumsum(hi - lo) - (hi - lo) - lo, hi - lo)
+    k, idx = concat_ranges(lo, hi)
+    g = group[k]
     h = _kgrams(ctx.size[idx], K)
     inside = g[:len(h)] == g[K - 1:K - 1 + len(h)]  # groups are runs in g: the window's ends share one
     g = g[:len(h)][inside]

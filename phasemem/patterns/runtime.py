@@ -94,13 +94,8 @@ def _steps_with_scalars(ctx: Context) -> set[int]:
     """The steps before_step reads further, every step at once: a backward run, no optimizer run
     before its last one ends, and at least two scalars of 'other' between that and the step's first
     optimizer run (or its end). Running sums over the allocations count each gap's scalars."""
-    n_steps = len(ctx.seg.steps)
-    in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
-    bwd, opt = in_steps & (ctx.run_phase == P["backward"]), in_steps & (ctx.run_phase == P["optimizer"])
-    last_bwd = np.full(n_steps, -1, np.int64)
-    np.maximum.at(last_bwd, ctx.run_step[bwd], ctx.run_last[bwd])
-    first_opt = np.full(n_steps, ctx.n + 1, np.int64)  # none: past every event
-    np.minimum.at(first_opt, ctx.run_step[opt], ctx.run_first[opt])
+    last_bwd = ctx.phase_span("backward")[1]
+    first_opt = ctx.phase_span("optimizer")[0]  # none: past every event
     has_opt = first_opt <= ctx.n
     ok = (last_bwd >= 0) & ~(has_opt & (first_opt <= last_bwd))
     ends = np.array([s[1] for s in ctx.seg.steps], np.int64)
