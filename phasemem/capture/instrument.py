@@ -18,7 +18,7 @@ from ..errors import PhasememError
 from . import cpu, lost, ranks
 from .hooks import MARKERS, PREFIX, hook_forward, hook_optimizer, patch_backward, wrap_method
 from .torch_side import (history_enabled, live_tensors, real_optimizers, record_memory_history, resolve_device,
-                         tensor_bytes)
+                         tensor_bytes, parameter_table)
 from .window import StepWindow
 
 
@@ -233,6 +233,7 @@ class Run:
         # What the program holds at the end, by its own tensors: the trace alone cannot tell parameters
         # from optimizer state made before the recording (FSDP2 + fused AdamW on the H200).
         snap["phasemem"]["tensor_bytes"] = tensor_bytes(self._model, self._opts, self.device)
+        snap["phasemem"]["parameters"] = parameter_table(self._model, self._opts)
         before = self._calls_before
         calls = {k: n - before.get(k, 0) for k, n in self._markers.calls().items() if n > before.get(k, 0)}
         self.lost = lost.lost(snap, calls, self._home, self.source, self.max_entries)

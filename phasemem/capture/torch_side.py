@@ -130,3 +130,23 @@ def tensor_bytes(model: torch.nn.Module | None, opts: Sequence[torch.optim.Optim
     params += [p for opt in opts for g in opt.param_groups for p in g["params"]]
     return {"parameters": total(params), "gradients": total(p.grad for p in params),
             "optimizer_state": total(v for opt in opts for st in opt.state.values() for v in st.values())}
+
+
+def parameter_table(model: torch.nn.Module | None, opts: Sequence[torch.optim.Optimizer]) -> list[list]:
+    """Each parameter as ``[name, shape, dtype, requires_grad]`` (the full shape of a DTensor): what a
+    parallel plan needs and a trace cannot say (which blocks are layers, the parameters' dtype).
+
+    Example:
+        >>> parameter_table(nn.Linear(4, 2), [])
+        [['weight', [2, 4], 'float32', True], ['bias', [2], 'float32', True]]
+    """
+    rows, seen = [], set()
+    named = list(model.named_parameters()) if model is not None else []
+    named += [(f"optimizer.{i}.{j}", p) for i, opt in enumerate(opts)
+              for g in opt.param_groups for j, p in enumerate(g["params"])]
+    for name, p in named:
+        if id(p) in seen or not isinstance(p, torch.Tensor):
+            continue
+        seen.add(id(p))
+        rows.append([name, [int(d) for d in p.shape], str(p.dtype).replace("torch.", ""), bool(p.requires_grad)])
+    return rows
