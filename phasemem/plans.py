@@ -19,7 +19,7 @@ from .analysis import Analysis
 from .errors import PhasememError
 from .model import Pattern
 from .remedy_facts import Change, Facts
-from .scaling import CONSTANT
+from .scaling import CONSTANT, QUADRATIC
 from .units import format_bytes
 from .vocab import C, CATEGORIES, P, PHASES
 
@@ -76,6 +76,8 @@ class Plan:
     settings: dict = field(default_factory=dict)
     confidence: str = "low"
     explanation: str = ""
+    #: Where the trace cannot tell between two readings: the peak under the lower one (else None).
+    predicted_peak_bytes_low: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -348,6 +350,8 @@ def _ddp(f, steps, params, ranks, rank, st, ch, add) -> list[str]:
     second = steps[1] if len(steps) > 1 else (steps[0] if steps else None)
     if st.get("rebuild_buckets", True) and second is not None and second.forward is not None:
         end = second.backward[1] if second.backward else second.forward[1]
+        if st.get("bucket_view") and len(second.grads):  # the first gradient copied in lets the old set go
+            end = int(f.alloc[second.grads[0]])
         add.add(second.forward[0], end, total, "ddp_buckets")
     notes = [f"DDP's buckets hold a copy of every gradient ({format_bytes(total)}), made when the model is wrapped; "
              "after the first iteration DDP builds them again in the order the gradients came, and the first set "
@@ -441,22 +445,101 @@ def _root_backward_start(f: Facts, s: StepBlocks, step: int) -> int:
     return s.backward[0]
 
 
-def _half_compute(f: Facts, ch: Change) -> str:
+#: autocast casts every weight once per forward: a trace ran under it where blocks of half the size of
+#: at least this share of the large weights' sizes are made in each forward (fixtures/plans' bf16 traces: all).
+AUTOCAST_SHARE = 0.8
+#: Weights at least this large are the ones checked for their casts (small ones share sizes with much else).
+LARGE_WEIGHT = 1 << 20
+
+
+def autocast_casts(f: Facts, params: Params, steps: list[StepBlocks]) -> np.ndarray | None:
+    """The weights' half-precision casts autocast makes in each forward (a mask), or None where the
+    trace shows no autocast: for most large weight sizes, as many blocks of half that size made in
+    every forward as there are weights of it."""
+    big = params.bytes[(params.bytes >= LARGE_WEIGHT) & params.trainable]
+    if not len(big):
+        return None
+    sizes, count = np.unique(big, return_counts=True)
+    mask = np.zeros(len(f.size), bool)
+    hits, forwards = np.zeros(len(sizes), np.int64), 0
+    for s in steps:
+        if s.forward is None:
+            continue
+        forwards += 1
+        made = f.made_in(s.forward[0], s.forward[1] + 1)
+        for k, (size, n) in enumerate(zip(sizes, count)):
+            same = made[f.size[made] == size // 2]
+            if len(same) >= n:
+                hits[k] += 1
+                mask[same[:n]] = True
+    if not forwards or (hits >= forwards).mean() < AUTOCAST_SHARE:
+        return None
+    return mask
+
+
+#: Losses known to upcast the logits to fp32 before the cross-entropy (transformers 5.17's loss_utils:
+#: ForCausalLMLoss, ForMaskedLMLoss: ``logits.float()``), by the file of cross_entropy's caller.
+UPCASTING_CALLERS = ("transformers/loss/loss_utils.py",)
+#: Callers known not to: a transformers model's own CrossEntropyLoss on its logits (BertForMaskedLM).
+PLAIN_CALLERS = ("transformers/models/",)
+_TORCH_NN = ("torch/nn/functional.py", "torch/nn/modules/")
+
+
+def loss_upcasts(f: Facts) -> bool | None:
+    """Whether the loss upcasts half-precision logits to fp32, by the frames of the cross-entropy that
+    reads them: True or False where its caller is one whose code is known, None otherwise (an fp32
+    trace cannot show a ``.float()``, which is a no-op there)."""
+    tr = f.an.trace
+    vocab = f.members("softmax_spike", "logits_release", "logits")
+    seen = set()
+    for i in vocab:
+        st = int(tr.stack[f.alloc[i]]) if f.alloc[i] >= 0 else -1
+        if st < 0 or st in seen:
+            continue
+        seen.add(st)
+        frames = [tr.frames[k][0] for k in tr.stacks[st]]
+        names = [tr.frames[k][2] for k in tr.stacks[st]]
+        if "cross_entropy" not in names:
+            continue
+        caller = next((x for x in frames[names.index("cross_entropy") + 1:] if not any(t in x for t in _TORCH_NN)), "")
+        if any(c in caller for c in UPCASTING_CALLERS):
+            return True
+        if any(c in caller for c in PLAIN_CALLERS):
+            return False
+    return None
+
+
+def _half_compute(f: Facts, params: Params, steps: list[StepBlocks], ch: Change, st: dict) -> str:
     """Blocks computed in the half dtype: per-token blocks made in forward, loss or backward halve, but
-    the vocabulary-sized ones (upcast for the loss) and what is there already in half precision."""
-    from .remedies import _weight_copies, block_growth
-    grows = block_growth(f).kind != CONSTANT
+    the vocabulary-sized ones (upcast for the loss); under autocast, as they are, less its weight casts."""
+    from .remedies import block_growth
+    casts = autocast_casts(f, params, steps)
+    kind = block_growth(f).kind
+    if casts is not None:
+        ch.size[casts] = 0
+        scores = kind == QUADRATIC  # autocast runs softmax in fp32; a half-precision model does not
+        ch.size[scores] = np.round(ch.size[scores] * HALF_COMPUTE).astype(np.int64)
+        return ("the trace ran under autocast: its per-token blocks are taken as half precision already but the "
+                "attention scores (autocast's softmax runs in fp32), and its casts of the weights give way to the "
+                "gathered half-precision parameters")
+    grows = kind != CONSTANT
     vocab = np.zeros(len(f.size), bool)
     vocab[f.members("logits", "softmax_spike", "logits_release")] = True
     made = np.isin(f.phase_alloc, [P["forward"], P["loss"], P["backward"]])
-    copies = _weight_copies(f, made & ~grows)
-    if copies.any():  # autocast in the trace: compute is half precision already; its weight casts go
-        ch.size[copies] = 0
-        return "the trace ran under autocast: its per-token blocks are taken as half precision already"
-    half = grows & made & ~vocab
+    upcast = loss_upcasts(f) if vocab.any() else False
+    half = grows & made & (~vocab if upcast is not False else True)
     ch.size[half] = np.round(ch.size[half] * HALF_COMPUTE).astype(np.int64)
-    return (f"compute in half precision: the trace's per-token blocks take {HALF_COMPUTE:g} of their fp32 size, "
-            "the vocabulary-sized ones (upcast for the loss) their whole")
+    if not vocab.any():
+        return f"compute in half precision: the trace's per-token blocks take {HALF_COMPUTE:g} of their fp32 size"
+    if upcast is None:
+        st["_low"] = np.flatnonzero(vocab & grows & made)  # halved too in the lower answer
+        return (f"compute in half precision: the trace's per-token blocks take {HALF_COMPUTE:g} of their fp32 size; "
+                "whether the loss upcasts the logits to fp32 cannot be told from an fp32 trace (a .float() is a "
+                "no-op there): the vocabulary-sized blocks are kept whole (the peak if it does), and the lower "
+                "answer halves them too")
+    return (f"compute in half precision: the trace's per-token blocks take {HALF_COMPUTE:g} of their fp32 size"
+            + (", the vocabulary-sized ones their whole: the loss upcasts them (transformers' loss_utils)" if upcast
+               else ", the vocabulary-sized ones too: the model's own cross-entropy reads them as they are"))
 
 
 def _fsdp2(f, steps, params, ranks, rank, st, ch, add) -> list[str] | str:
@@ -490,7 +573,7 @@ def _fsdp2(f, steps, params, ranks, rank, st, ch, add) -> list[str] | str:
         hit, sh = _by_size(f.size[kept], params, shard)
         ch.size[kept] = np.where(hit, sh, -(-f.size[kept] // ranks))
     if ratio < 1.0:
-        notes.append(_half_compute(f, ch))
+        notes.append(_half_compute(f, params, steps, ch, st))
     unsh = lambda b: int(round_block(int(round(b * ratio))))  # noqa: E731
     evenly = False
     for i, s in enumerate(steps):
@@ -596,6 +679,12 @@ def plan(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank:
     pts = changed_points(_base(an), life.alloc_event, life.free_event, life.size, ch.free, ch.size,
                          (a_alloc, a_free, a_size))
     r = Replayed.of_points(pts, an.facts.run_first, [], "", [])
+    low = settings.get("_low")
+    if low is not None and len(low):
+        size = ch.size.copy()
+        size[low] = np.round(size[low] * HALF_COMPUTE).astype(np.int64)
+        out.predicted_peak_bytes_low = int(changed_points(_base(an), life.alloc_event, life.free_event, life.size,
+                                                          ch.free, size, (a_alloc, a_free, a_size)).max())
     e = r.peak_event
     phases = np.zeros(len(PHASES), np.int64)
     np.maximum.at(phases, an.facts.run_phase, r.run_peaks)
@@ -614,7 +703,8 @@ def plan(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank:
     out.categories = {CATEGORIES[k]: int(cats[k]) for k in range(len(CATEGORIES))}
     out.wrapper = {ROLES[k]: int(roles[k]) for k in range(len(ROLES)) if roles[k]}
     out.why = notes + [f"the parameters from {params.source}"]
-    out.confidence = "medium" if params.source.startswith("the parameter table") else "low"
+    out.confidence = ("medium" if params.source.startswith("the parameter table") and out.predicted_peak_bytes_low is None
+                      else "low")
     out.explanation = notes[0]
     return out
 
