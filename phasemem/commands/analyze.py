@@ -36,6 +36,9 @@ def register(sub) -> None:
     a.add_argument("--what-if", dest="what_if", action="store_true",
                    help="also print what each remedy (fused optimizer, chunked cross-entropy, checkpointing, "
                         "half the batch, ...) would do to the peak, replayed on this trace, ranked by saving")
+    a.add_argument("--full", action="store_true",
+                   help="print the whole report: every step's phases and every shape found (default: a screen "
+                        "or two: the peak, the typical step and the steps that differ, each shape kind once)")
     a.add_argument("--fits", metavar="BUDGET", default=None,
                    help="also print the largest batch and sequence factors predicted to fit in BUDGET (80GiB: "
                         "a card's memory), with the allocator's reserve, and the remedies that let the next fit")
@@ -93,7 +96,7 @@ def _sections(r, args, fit) -> list[str]:
     """The report, then what --what-if and --fits asked for."""
     from ..report import format_what_if
 
-    out = [str(r)]
+    out = [r.text(full=args.full)]
     if args.what_if:
         out.append(format_what_if(r))
     if args.fits is not None:
