@@ -20,6 +20,7 @@ import os
 import re
 import sys
 
+from .. import progress
 from ..errors import PhasememError
 from . import analyze, annotate, convert, demo, diff
 
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as e:  # argparse: --help (0) or bad usage (2), already printed
             return _code(e)
-        return args.run(args)
+        with progress.shown():  # a line on stderr while a long read or analysis runs, on a terminal
+            return args.run(args)
     except PhasememError as e:
         _error(str(e))
         return EXIT_ERROR

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from .. import progress
 from ..output import write_all
 from .diff import EXIT_OVER_BUDGET
 from .options import check_outputs, device_choice, per_device, picture_file, picture_kwargs, picture_options
@@ -79,6 +80,7 @@ def run(args) -> int:
             visible_range(r, args.zoom)  # steps the report does not have: say so instead of the report
         picture, json_path = (per_device(args.output, r.device), per_device(args.json, r.device)) if every else (
             args.output, args.json)
+        progress.stage(f"drawing {picture}")
         outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **picture_kwargs(args))))
         if json_path:
             outputs.append((json_path, r.json_writer(None if args.fits is None else
@@ -107,7 +109,10 @@ def _sections(r, args, fit) -> list[str]:
 def _fits(r, args):
     """What --fits asked for (solved once: printed, and in --json as ``fits``); None where it was not
     asked or the snapshot has no allocation history to solve it from."""
-    return r.fits(args.fits) if args.fits is not None and r.live is None else None
+    if args.fits is None or r.live is not None:
+        return None
+    progress.stage("solving what fits")
+    return r.fits(args.fits)
 
 
 def _over_budget(budgets, reports, every: bool) -> list[str]:
