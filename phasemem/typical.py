@@ -21,9 +21,10 @@ from .model import Pattern, Step
 from .vocab import PHASES
 
 #: Steps whose peak, and each phase's peak, lie within this share of the typical step's peak are
-#: alike. A steady loop repeats its allocations to the byte (every fixture's steps after the first
-#: are equal; gpt_train_eval's and the wild snapshots' differ by their phases or shapes, not by
-#: less than this); data of varying length moves a step by more, and it is then listed.
+#: alike. A steady loop repeats its allocations nearly to the byte: over the 215 fixtures and shared
+#: snapshots with several steps, of 461 steps of the typical step's kind 53 peak more than 0.1 % away
+#: from it, 41 more than 1 %, 40 more than 2 %, 38 more than 5 % (growing or multi-scale inputs:
+#: h13_embeddings_cat_growth, h13_multiscale_seg); the share sits in that gap.
 ALIKE = 0.02
 
 
