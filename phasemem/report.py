@@ -15,15 +15,15 @@ from .output import Written
 from .peak import SHAPE_PRIORITY, alive_at, shape_codes
 from .plain import plain
 from .report_short import format_report
-from .report_text import INCOMPLETE_NOTE, LIVE_TOP, format_what_if, reserved_measured  # noqa: F401 (their home)
+from .report_text import INCOMPLETE_NOTE, LIVE_TOP, format_what_if, reserved_measured
 from .segmentation import Segmentation
 from .spans import phase_runs
 from .timeline import Timeline
 from .trace import Trace
-from .units import format_bytes
 from .vocab import AT_PEAK, CATEGORIES, PHASES, shape_size_label
 
-__all__ = ["Report", "Allocation", "DeviceSummary", "OutOfMemory", "Pattern", "Phase", "Step", "format_report"]
+__all__ = ["Report", "Allocation", "DeviceSummary", "OutOfMemory", "Pattern", "Phase", "Step", "format_report",
+           "format_what_if", "INCOMPLETE_NOTE"]  # the last two live in report_text.py
 
 
 @dataclass
