@@ -41,8 +41,10 @@ LOOSE_RESERVE = 1.25
 #: what it allocated under the cap where its B 4 trace reserved 1.17 x (+2.3 %), and ran out of memory
 #: 0.9 % under the budget its replay gave. The answer keeps this much more room.
 RESERVE_MARGIN = 0.03
-#: What the replay's predictions missed by on runs not used to build them (docs/what-if.md).
-CHECKED_ERROR = 0.05
+#: What the replay's predictions missed by at most, on the real runs of docs/what-if.md (50 remedy and
+#: scale runs of fixtures/pairs and pairs2, `python3 docs/eval_whatif.py`: worst llama's chunked CE over
+#: 8 chunks, -2.96 %, held out); the README says the same. The issues' target was 5 %.
+CHECKED_ERROR = 0.03
 
 
 @dataclass
@@ -260,7 +262,7 @@ def _confidence(f: Facts, axis: str, reserve: float, frag: float, best: float, m
            f"fails, and only the free space inside segments holding live blocks ({frag:.2f}x at the peak) stays: "
            f"the real limit lies between factor {best:.2f} (with the reserve), {mid:.2f} (with that fragmentation) "
            f"and {loose:.2f} (the allocated peak alone)",
-           f"the replay's predictions were within {CHECKED_ERROR:.0%} of real runs on the model families of "
+           f"the replay's predictions were within {CHECKED_ERROR * 100:.0f} % of real runs on the model families of "
            f"docs/what-if.md"]
     level = 2
     sources = set(f.an.segmentation.sources.values())

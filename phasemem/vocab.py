@@ -74,3 +74,48 @@ CATEGORY_COLORS = {
     "input": "#64b5cd",
     "other": "#8c8c8c",
 }
+
+#: The two figures a shape has, each said with its label wherever it is shown (the report's text, the
+#: picture's callouts, JSON), so that two different numbers of one shape never stand unlabelled side
+#: by side (issue 40: the demo's header said logits_release 96.00 MiB, its list 91.50 MiB).
+#: AT_PEAK: the bytes of the shape's blocks alive at the report's peak (``Report.peak.by_shape``,
+#: JSON ``peak.by_shape`` and each pattern's ``bytes_at_peak``); each block counts for one shape only.
+AT_PEAK = "alive at the peak"
+#: SHAPE_SIZE: what a shape's own figure (``Pattern.bytes``, JSON ``bytes`` with ``bytes_is``) measures,
+#: per kind: "logits_release 91.50 MiB, the cliff". ``shape_size_label`` gives a pattern's.
+SHAPE_SIZE = {
+    "logits": "the block",
+    "softmax_spike": "the spike's height",
+    "logits_release": "the cliff",
+    "checkpoint_recompute": "per layer",
+    "forward_rerun": "per layer",
+    "gradients": "all of them",
+    "gradient_accumulation": "all of them",
+    "optimizer_state_init": "the state",
+    "optimizer_temporaries": "most at once",
+    "amp_unscale": "all of them",
+    "grad_clip": "all of them",
+    "workspace": "all of them",
+    "leak": "left by the step",
+}
+#: Gradients measured otherwise: zero_grad's release (what it frees at once), and gradients each freed
+#: by its own update inside backward (the most alive at once).
+GRADIENTS_RELEASED = "freed at once"
+GRADIENTS_IN_BACKWARD = "most at once"
+
+
+def shape_size_label(kind: str, details: dict | None = None) -> str:
+    """What ``Pattern.bytes`` measures for a shape of ``kind`` (with its ``details``).
+
+    Example:
+        >>> shape_size_label("logits_release"), shape_size_label("gradients", {"release": True})
+        ('the cliff', 'freed at once')
+    """
+    details = details or {}
+    if kind == "gradients" and details.get("release"):
+        return GRADIENTS_RELEASED
+    if kind == "gradients" and details.get("in_backward"):
+        return GRADIENTS_IN_BACKWARD
+    if kind == "checkpoint_recompute" and details.get("evidence") == "rng_replay":
+        return "per region"  # the replayed ops' blocks, told apart by the RNG's replay
+    return SHAPE_SIZE.get(kind, "its size")

@@ -169,11 +169,12 @@ def test_report_text_is_readable_shared(shared_snapshot):
     from phasemem.units import format_bytes
 
     report = phasemem.analyze(snap, marker_prefix="gt::")
-    text = str(report)
-    assert f"peak allocated {format_bytes(report.peak_bytes)}" in text
-    assert f"{len(snap['device_traces'][0]):,} events" in text
+    text, full = str(report), report.text(full=True)  # the short one has the typical step's table only
+    for t in (text, full):
+        assert f"peak allocated {format_bytes(report.peak_bytes)}" in t
+        assert f"{len(snap['device_traces'][0]):,} events" in t
     for st in report.steps:
-        assert f"{format_bytes(st.phases['backward'].peak_bytes):>11}" in text
+        assert f"{format_bytes(st.phases['backward'].peak_bytes):>11}" in full
 
 
 def test_inferred_phases_say_so(real_snapshot):

@@ -15,9 +15,12 @@ after the analysis succeeded, so a failed run leaves any existing output as it w
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
 
+from .. import progress
 from ..errors import PhasememError
 from . import analyze, annotate, convert, demo, diff
 
@@ -42,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as e:  # argparse: --help (0) or bad usage (2), already printed
             return _code(e)
-        return args.run(args)
+        with progress.shown():  # a line on stderr while a long read or analysis runs, on a terminal
+            return args.run(args)
     except PhasememError as e:
         _error(str(e))
         return EXIT_ERROR
@@ -72,13 +76,42 @@ def _silence_stdout() -> None:
         pass
 
 
-# -- argument types -------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a subcommand refuses an option it does not know itself, with its own
+    usage (argparse leaves it to the top level, whose usage says nothing of the subcommand's
+    options), and a wrong option or choice is answered with the nearest right one."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized argument{'s' if len(extra) > 1 else ''}: {' '.join(extra)}"
+                       + _nearest(extra, list(self._option_string_actions)))
+        return ns, extra
+
+    def error(self, message: str):
+        m = re.match(r"argument \S+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if m:
+            message += _nearest([m.group(1)], re.findall(r"'([^']*)'", m.group(2)))
+        super().error(message)
+
+
+#: How alike a wrong word must be to a right one to be suggested (difflib's ratio: --jsn / --json 0.91).
+SUGGEST_CUTOFF = 0.6
+
+
+def _nearest(words: list[str], known: list[str]) -> str:
+    """"; did you mean --json?" for the first word that is near a known one, else ""."""
+    for word in words:
+        close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=SUGGEST_CUTOFF)
+        if close:
+            return f"; did you mean {close[0]}?"
+    return ""
 
 
 def _parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="phasemem",
         description="Read a PyTorch memory snapshot: training steps, their phases, and what peaked where.",
     )

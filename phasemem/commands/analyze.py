@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from .. import progress
 from ..output import write_all
 from .diff import EXIT_OVER_BUDGET
 from .options import check_outputs, device_choice, per_device, picture_file, picture_kwargs, picture_options
@@ -36,6 +37,9 @@ def register(sub) -> None:
     a.add_argument("--what-if", dest="what_if", action="store_true",
                    help="also print what each remedy (fused optimizer, chunked cross-entropy, checkpointing, "
                         "half the batch, ...) would do to the peak, replayed on this trace, ranked by saving")
+    a.add_argument("--full", action="store_true",
+                   help="print the whole report: every step's phases and every shape found (default: a screen "
+                        "or two: the peak, the typical step and the steps that differ, each shape kind once)")
     a.add_argument("--fits", metavar="BUDGET", default=None,
                    help="also print the largest batch and sequence factors predicted to fit in BUDGET (80GiB: "
                         "a card's memory), with the allocator's reserve, and the remedies that let the next fit")
@@ -76,6 +80,7 @@ def run(args) -> int:
             visible_range(r, args.zoom)  # steps the report does not have: say so instead of the report
         picture, json_path = (per_device(args.output, r.device), per_device(args.json, r.device)) if every else (
             args.output, args.json)
+        progress.stage(f"drawing {picture}")
         outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **picture_kwargs(args))))
         if json_path:
             outputs.append((json_path, r.json_writer(None if args.fits is None else
@@ -93,7 +98,7 @@ def _sections(r, args, fit) -> list[str]:
     """The report, then what --what-if and --fits asked for."""
     from ..report import format_what_if
 
-    out = [str(r)]
+    out = [r.text(full=args.full)]
     if args.what_if:
         out.append(format_what_if(r))
     if args.fits is not None:
@@ -104,7 +109,10 @@ def _sections(r, args, fit) -> list[str]:
 def _fits(r, args):
     """What --fits asked for (solved once: printed, and in --json as ``fits``); None where it was not
     asked or the snapshot has no allocation history to solve it from."""
-    return r.fits(args.fits) if args.fits is not None and r.live is None else None
+    if args.fits is None or r.live is not None:
+        return None
+    progress.stage("solving what fits")
+    return r.fits(args.fits)
 
 
 def _over_budget(budgets, reports, every: bool) -> list[str]:

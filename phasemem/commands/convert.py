@@ -1,6 +1,7 @@
 """``phasemem convert``: a snapshot's trace as a columnar .npz, to analyse it again without unpickling."""
 from __future__ import annotations
 
+from .. import progress
 from ..errors import PhasememError
 from ..vocab import MARKER_PREFIX
 from .options import check_outputs
@@ -34,6 +35,7 @@ def run(args) -> int:
     with no_gc():
         trace = read_trace(args.snapshot, args.device, trusted=args.trust)
         prefix = args.markers if args.markers is not None else str(trace.meta.get("markers") or MARKER_PREFIX)
+        progress.stage(f"indexing the steps of {len(trace):,} events")
         index = build_index(trace, prefix)
     save_trace(trace, args.output, index)
     steps = (f"{len(index)} step(s) indexed, so --steps reads only its steps" if index.exact

@@ -15,6 +15,7 @@ def register(sub) -> None:
     d.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     d.add_argument("--device", choices=("cpu", "cuda"), help="where to train (default: cuda if available)")
     d.add_argument("--steps", type=step_count, default=3, help="training steps to record (default: 3)")
+    d.add_argument("--full", action="store_true", help="print the whole report: every step's phases and every shape")
     picture_options(d)
     d.set_defaults(run=run)
 
@@ -24,7 +25,7 @@ def run(args) -> int:
 
     check_outputs(args.output, args.json)
     report = demo.run(device=args.device, steps=args.steps, out=None, json_path=None)
-    print(report)
+    print(report.text(full=args.full))
     outputs = [(args.output, report.picture_writer(args.output, **picture_kwargs(args)))]
     if args.json:
         outputs.append((args.json, report.json_writer()))

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .. import progress
 from ..errors import NoHistory, PhasememError
 from ..live import LiveMemory
 from ..trace import Trace, no_gc
@@ -86,6 +87,7 @@ def read(source: Any, device: int | None = None, *, trusted: bool = False, steps
         mem, n_events, meta = load_live(source, device, trusted=trusted)
         return Reading(None, got.prefix, live=mem, live_events=n_events, meta=meta)
     got.device = other
+    progress.stage(f"analysing {len(got.trace):,} events")  # what follows a read
     return got
 
 
@@ -130,6 +132,7 @@ def trace(source: Any, device: int | None = None, *, trusted: bool = False) -> T
     if not isinstance(source, (str, os.PathLike)):
         with no_gc():
             return Trace.from_snapshot(load_snapshot(source, trusted=trusted), device)
+    progress.stage(f"reading {os.path.basename(os.fspath(source))}")
     if is_columnar(source):
         return _read_columnar(os.fspath(source), device, None, None).trace
     return _read_pickle(os.fspath(source), device, trusted)

@@ -28,6 +28,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from .. import progress
 from ..errors import PhasememError
 from .snapshot import UNPICKLE_ERRORS, _SnapshotUnpickler, open_snapshot
 from ..trace import A, Trace, _CODES, _frame_key, _stack_table, from_stand_in, no_gc
@@ -89,6 +90,7 @@ class _Events:
                     self.oom_device_free[self.n + i] = int(batch[i].get("device_free", 0) or 0)
         self.action.extend(codes)
         self.n += len(batch)
+        progress.count(self.n)
         # The unpickler's memo keeps every dict it made; emptied, one costs 64 bytes instead of ~400.
         for e in batch:
             e.clear()

@@ -36,6 +36,7 @@ import numpy as np
 from .scan import PAD, Template, candidates, commit, scan, views
 from .memo import Memo
 from .machine import VM, Columns, Unsupported
+from ... import progress
 from ..snapshot import _SnapshotUnpickler, open_snapshot
 from .layout import Deframed, Unprofitable, find_event_list
 from ...trace import Trace, from_stand_in, no_gc
@@ -284,6 +285,7 @@ class Region:
         limit, data = len(data), data + PAD_BYTES  # one copy a chunk: the carried part, the new, the padding
         while True:
             rest = self._chunk(data, limit, pos)
+            progress.count(len(self.stand_in))
             if isinstance(rest, bytes):
                 return rest
             more = read(CHUNK)
