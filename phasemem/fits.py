@@ -83,7 +83,7 @@ class Fits:
         return format_fits(self)
 
 
-def fits(an: Analysis, patterns: list[Pattern], budget: int) -> Fits:
+def fits(an: Analysis, patterns: list[Pattern], budget: int, changes: list[Change] | None = None) -> Fits:
     """The largest batch and sequence factors whose replayed peak, with the allocator's reserve as
     the trace shows it, stays within ``budget`` bytes; and the remedies that would let the next
     factor fit."""
@@ -107,7 +107,7 @@ def fits(an: Analysis, patterns: list[Pattern], budget: int) -> Fits:
         if axis == "sequence" and not g.sequence_known:
             out.append(Fit(axis, False, why=[g.evidence]))
             continue
-        out.append(_solve(f, axis, budget, reserve, frag, names))
+        out.append(_solve(f, axis, budget, reserve, frag, names, list(changes or [])))
     return Fits(budget, peak, reserve, frag, out[0], out[1])
 
 
@@ -215,9 +215,10 @@ def _at(c, lin, quad, factor: float) -> int:
     return int((c + factor * lin + factor * factor * quad).max())
 
 
-def _solve(f: Facts, axis: str, budget: int, reserve: float, frag: float, remedies: dict[str, Change]) -> Fit:
+def _solve(f: Facts, axis: str, budget: int, reserve: float, frag: float, remedies: dict[str, Change],
+           base_changes: list[Change] = ()) -> Fit:
     def curve(changes):
-        c, lin, quad = _parts(f, changes)
+        c, lin, quad = _parts(f, list(base_changes) + list(changes))
         return (c, lin + quad, np.zeros_like(quad)) if axis == "batch" else (c, lin, quad)
 
     base = curve([])

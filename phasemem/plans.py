@@ -253,12 +253,19 @@ def shard_bytes(nbytes: np.ndarray, rows: np.ndarray, ranks: int) -> np.ndarray:
 
 
 def format_plan(p: Plan) -> str:
+    from .parallel import ROLE_NAMES
+    from .vocab import CATEGORY_NAMES
     head = f"{p.plan} with {p.ranks} rank(s), rank {p.rank}"
+    if p.settings:
+        head += " (" + ", ".join(f"{k}={v}" for k, v in p.settings.items()) + ")"
     if not p.applies:
         return f"{head}: cannot tell: {'; '.join(p.why)}"
-    cats = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in p.categories.items() if v)
-    wrap = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in p.wrapper.items() if v)
-    lines = [f"{head}: peak {format_bytes(p.predicted_peak_bytes)} in {p.peak_phase} (confidence {p.confidence})",
+    peak = format_bytes(p.predicted_peak_bytes)
+    if p.predicted_peak_bytes_low is not None:
+        peak = f"{format_bytes(p.predicted_peak_bytes_low)} to {peak}"
+    cats = ", ".join(f"{CATEGORY_NAMES.get(k, k)} {format_bytes(v)}" for k, v in p.categories.items() if v)
+    wrap = ", ".join(f"{ROLE_NAMES.get(k, k)} {format_bytes(v)}" for k, v in p.wrapper.items() if v)
+    lines = [f"{head}: peak {peak} in {p.peak_phase} (confidence {p.confidence})",
              f"    at the peak: {cats}" + (f"; of which the wrapper's own: {wrap}" if wrap else "")]
     lines += [f"    - {w}" for w in p.why]
     return "\n".join(lines)
@@ -636,6 +643,52 @@ BUILDERS = {"ddp": _ddp, "zero1": lambda *a: _zero(*a, stage=1), "zero2": lambda
             "fsdp2": _fsdp2}
 
 
+@dataclass
+class PlanChange:
+    """A plan as a change of the trace's blocks (``Change``: sizes, frees, added blocks, all constant
+    in the batch) with the role of each added block and the notes that say what was assumed."""
+
+    facts: Facts
+    change: Change
+    roles: np.ndarray
+    notes: list[str]
+    params: Params
+    low: np.ndarray | None  # blocks halved too in the lower reading (None: one reading)
+
+
+def plan_change(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank: int = 0,
+                param_dtype: str | None = None, reshard_after_forward: bool = True, bucket_view: bool = False,
+                rebuild_buckets: bool = True) -> PlanChange | str:
+    """The plan as blocks changed, or why it does not apply (what the trace lacks)."""
+    if name not in PLANS:
+        raise PhasememError(f"unknown plan {name!r}: give one of {', '.join(PLANS)}")
+    if int(ranks) < 1 or not 0 <= int(rank) < int(ranks):
+        raise PhasememError(f"plan {name}: rank {rank} of {ranks} ranks does not exist")
+    if param_dtype is not None:
+        dtype_bytes(param_dtype)
+        if name != "fsdp2":
+            return f"param_dtype is FSDP2's MixedPrecisionPolicy; {name} keeps the trace's dtype"
+    if not len(an.trace):
+        return "the trace has no events"
+    f = Facts(an, patterns)
+    steps = step_blocks(f)
+    params = params_of(an, f, steps)
+    if isinstance(params, str):
+        return params
+    st = {"param_dtype": param_dtype, "reshard_after_forward": reshard_after_forward, "bucket_view": bucket_view,
+          "rebuild_buckets": rebuild_buckets}
+    ch, add = f.change(""), Added()
+    notes = BUILDERS[name](f, steps, params, int(ranks), int(rank), st, ch, add)
+    if isinstance(notes, str):
+        return notes
+    a_alloc, a_free, a_size, a_role = add.arrays()
+    ch.added = (a_alloc, a_free, a_size)
+    ch.added_kind = np.full(len(a_size), CONSTANT, np.int8)
+    ch.explanation = notes[0]
+    ch.assumptions = notes[1:]
+    return PlanChange(f, ch, a_role, notes + [f"the parameters from {params.source}"], params, st.get("_low"))
+
+
 def plan(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank: int = 0,
          param_dtype: str | None = None, reshard_after_forward: bool = True, bucket_view: bool = False,
          rebuild_buckets: bool = True) -> Plan:
@@ -646,45 +699,25 @@ def plan(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank:
     """
     from .replay import Replayed, changed_points
     from .whatif import _base
-    if name not in PLANS:
-        raise PhasememError(f"unknown plan {name!r}: give one of {', '.join(PLANS)}")
-    ranks, rank = int(ranks), int(rank)
-    if ranks < 1 or not 0 <= rank < ranks:
-        raise PhasememError(f"plan {name}: rank {rank} of {ranks} ranks does not exist")
     settings = {"param_dtype": param_dtype, "reshard_after_forward": reshard_after_forward, "bucket_view": bucket_view,
                 "rebuild_buckets": rebuild_buckets}
-    out = Plan(name, ranks, rank, False, settings={k: v for k, v in settings.items()
-                                                   if k in _SETTINGS[name] and v is not None})
-    if param_dtype is not None:
-        dtype_bytes(param_dtype)
-    if not len(an.trace):
-        out.why = ["the trace has no events"]
+    out = Plan(name, int(ranks), int(rank), False,
+               settings={k: v for k, v in settings.items() if k in _SETTINGS.get(name, ()) and v is not None})
+    pc = plan_change(an, patterns, name, ranks, rank, **settings)
+    if isinstance(pc, str):
+        out.why = [pc]
         return out
-    f = Facts(an, patterns)
-    steps = step_blocks(f)
-    params = params_of(an, f, steps)
-    if isinstance(params, str):
-        out.why = [params]
-        return out
-    if param_dtype is not None and name != "fsdp2":
-        out.why = [f"param_dtype is FSDP2's MixedPrecisionPolicy; {name} keeps the trace's dtype"]
-        return out
-    ch, add = f.change(""), Added()
-    notes = BUILDERS[name](f, steps, params, ranks, rank, settings, ch, add)
-    if isinstance(notes, str):
-        out.why = [notes]
-        return out
-    a_alloc, a_free, a_size, a_role = add.arrays()
+    f, ch = pc.facts, pc.change
+    a_alloc, a_free, a_size = ch.added
     life = an.timeline.lifetimes
-    pts = changed_points(_base(an), life.alloc_event, life.free_event, life.size, ch.free, ch.size,
-                         (a_alloc, a_free, a_size))
+    base = _base(an)
+    pts = changed_points(base, life.alloc_event, life.free_event, life.size, ch.free, ch.size, ch.added)
     r = Replayed.of_points(pts, an.facts.run_first, [], "", [])
-    low = settings.get("_low")
-    if low is not None and len(low):
+    if pc.low is not None and len(pc.low):
         size = ch.size.copy()
-        size[low] = np.round(size[low] * HALF_COMPUTE).astype(np.int64)
-        out.predicted_peak_bytes_low = int(changed_points(_base(an), life.alloc_event, life.free_event, life.size,
-                                                          ch.free, size, (a_alloc, a_free, a_size)).max())
+        size[pc.low] = np.round(size[pc.low] * HALF_COMPUTE).astype(np.int64)
+        out.predicted_peak_bytes_low = int(changed_points(base, life.alloc_event, life.free_event, life.size,
+                                                          ch.free, size, ch.added).max())
     e = r.peak_event
     phases = np.zeros(len(PHASES), np.int64)
     np.maximum.at(phases, an.facts.run_phase, r.run_peaks)
@@ -692,7 +725,7 @@ def plan(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank:
     alive = (f.alloc <= e) & (ch.free > e) & (ch.size > 0)
     cats = np.bincount(f.cat[alive], weights=ch.size[alive], minlength=len(CATEGORIES)).astype(np.int64)
     on = (a_alloc <= e) & (a_free > e)
-    roles = np.bincount(a_role[on], weights=a_size[on], minlength=len(ROLES)).astype(np.int64)
+    roles = np.bincount(pc.roles[on], weights=a_size[on], minlength=len(ROLES)).astype(np.int64)
     for k, role in enumerate(ROLES):
         cats[C[ROLE_CATEGORY[role]]] += roles[k]
     out.applies = True
@@ -702,12 +735,55 @@ def plan(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank:
     out.phase_peaks = {PHASES[k]: int(phases[k]) for k in np.flatnonzero(ran)}
     out.categories = {CATEGORIES[k]: int(cats[k]) for k in range(len(CATEGORIES))}
     out.wrapper = {ROLES[k]: int(roles[k]) for k in range(len(ROLES)) if roles[k]}
-    out.why = notes + [f"the parameters from {params.source}"]
-    out.confidence = ("medium" if params.source.startswith("the parameter table") and out.predicted_peak_bytes_low is None
+    out.why = pc.notes
+    out.confidence = ("medium" if pc.params.source.startswith("the parameter table") and out.predicted_peak_bytes_low is None
                       else "low")
-    out.explanation = notes[0]
+    out.explanation = pc.notes[0]
     return out
 
 
 _SETTINGS = {"ddp": ("bucket_view", "rebuild_buckets"), "zero1": ("bucket_view", "rebuild_buckets"), "zero2": (),
              "fsdp2": ("param_dtype", "reshard_after_forward")}
+
+
+#: The rank counts the plan picture shows for each plan.
+GRID_RANKS = (1, 2, 4, 8, 16)
+
+
+@dataclass
+class PlanBar:
+    """One bar of the plan picture: a plan at a rank count, its peak per rank by category, and the
+    largest batch factor per rank that fits the budget (None: not solved, or the plan does not apply)."""
+
+    plan: Plan
+    largest_factor: float | None = None
+    fits_why: str = ""
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan.to_dict(), "largest_factor": self.largest_factor, "fits_why": self.fits_why}
+
+
+def plan_grid(report, budget: int | None = None, plans: tuple = PLANS, ranks: tuple = GRID_RANKS,
+              **settings) -> list[PlanBar]:
+    """Every plan at every rank count, with the largest batch factor per rank under ``budget``: what
+    ``phasemem plan`` draws. ``settings`` go to the plans that take them.
+
+    Example:
+        >>> bars = plan_grid(report, 80 << 30, param_dtype="bf16")
+        >>> [(b.plan.plan, b.plan.ranks, b.plan.predicted_peak_bytes, b.largest_factor) for b in bars]
+    """
+    out = []
+    for name in plans:
+        kw = {k: v for k, v in settings.items() if k in _SETTINGS[name]}
+        for n in ranks:
+            p = report.plan(name, n, **kw)
+            bar = PlanBar(p)
+            if budget is not None and p.applies:
+                try:
+                    fx = report.fits(budget, plan=name, ranks=n, **kw)
+                    bar.largest_factor = fx.batch.largest_factor if fx.batch.applies else None
+                    bar.fits_why = "" if fx.batch.applies else fx.batch.why[0]
+                except PhasememError as e:
+                    bar.fits_why = str(e)
+            out.append(bar)
+    return out

@@ -152,12 +152,13 @@ class Report(Written):
         """The patterns of one kind, in trace order."""
         return [p for p in self.patterns if p.kind == kind]
 
-    def fits(self, budget):
+    def fits(self, budget, plan: str | None = None, ranks: int = 1, **settings):
         """The largest batch and sequence factors predicted to fit in ``budget`` (bytes, or "80GiB"),
         with the allocator's reserve, and the remedies that would let the next factor fit
-        (``phasemem.fits``).
+        (``phasemem.fits``); with ``plan``, per rank of ``ranks`` under that parallel plan.
 
             >>> print(report.fits("80GiB"))
+            >>> print(report.fits("80GiB", plan="fsdp2", ranks=8))
         """
         from .units import parse_size
         from .errors import PhasememError
@@ -165,7 +166,27 @@ class Report(Written):
 
         if self.analysis is None or self.live is not None:
             raise PhasememError("what fits is solved from an allocation history; this report has none" + RECORD_HINT)
-        return fits(self.analysis, self.patterns, parse_size(budget))
+        if plan is None:
+            return fits(self.analysis, self.patterns, parse_size(budget))
+        from .plans import plan_change
+        pc = plan_change(self.analysis, self.patterns, plan, ranks, **settings)
+        if isinstance(pc, str):
+            raise PhasememError(f"what fits per rank under {plan}:{ranks} cannot be told: {pc}")
+        return fits(self.analysis, self.patterns, parse_size(budget), changes=[pc.change])
+
+    def plan(self, name: str, ranks: int = 1, rank: int = 0, **settings):
+        """What rank ``rank`` of ``ranks`` would hold under a parallel plan (``"ddp"``, ``"zero1"``,
+        ``"zero2"``, ``"fsdp2"``), replayed on this trace (``phasemem.plans``; docs/plans.md).
+
+            >>> p = report.plan("fsdp2", ranks=8, param_dtype="bf16")
+            >>> p.applies, p.predicted_peak_bytes, p.categories
+        """
+        from .errors import PhasememError
+        from .plans import plan
+
+        if self.analysis is None or self.live is not None:
+            raise PhasememError("a plan is replayed on an allocation history; this report has none" + RECORD_HINT)
+        return plan(self.analysis, self.patterns, name, ranks, rank, **settings)
 
     def plot(self, **options):
         """The labeled picture as a matplotlib Figure (for notebooks)."""

@@ -43,6 +43,17 @@ def register(sub) -> None:
     a.add_argument("--fits", metavar="BUDGET", default=None,
                    help="also print the largest batch and sequence factors predicted to fit in BUDGET (80GiB: "
                         "a card's memory), with the allocator's reserve, and the remedies that let the next fit")
+    a.add_argument("--plan", dest="plans", action="append", default=[], metavar="PLAN[:RANKS]",
+                   help="also print what each rank would hold under a parallel plan, repeatable: ddp, zero1, "
+                        "zero2 or fsdp2, with the ranks after a colon (fsdp2:8); with --fits, the largest batch "
+                        "per rank under each")
+    a.add_argument("--param-dtype", dest="param_dtype", default=None, metavar="DTYPE",
+                   help="fsdp2 plans: the dtype FSDP2 gathers the parameters in (MixedPrecisionPolicy), bf16 or "
+                        "fp16 (default: the trace's own)")
+    a.add_argument("--bucket-view", dest="bucket_view", action="store_true",
+                   help="ddp and zero1 plans: DDP with gradient_as_bucket_view=True")
+    a.add_argument("--keep-unsharded", dest="keep_unsharded", action="store_true",
+                   help="fsdp2 plans: reshard_after_forward=False (each layer kept whole from forward to backward)")
     picture_options(a)
     a.set_defaults(run=run)
 
@@ -60,6 +71,7 @@ def run(args) -> int:
         parse_size(args.fits)  # a malformed size fails now, not after a long analysis
     check_outputs(args.output, args.json)
     parse_steps(args.zoom)  # a malformed range fails now, not after a long analysis
+    _plans_asked(args)  # a malformed plan fails now too
     if _several_ranks(args.snapshot):
         return _run_ranks(args, budgets)
     args.snapshot = args.snapshot[0]
@@ -75,7 +87,8 @@ def run(args) -> int:
         reports.sort(key=lambda r: r.device)
     outputs = []
     answers = [_fits(r, args) for r in reports]
-    for r, fit in zip(reports, answers):
+    planned = [_plans(r, args) for r in reports]
+    for r, fit, plans in zip(reports, answers, planned):
         if r.live is None:
             visible_range(r, args.zoom)  # steps the report does not have: say so instead of the report
         picture, json_path = (per_device(args.output, r.device), per_device(args.json, r.device)) if every else (
@@ -83,9 +96,12 @@ def run(args) -> int:
         progress.stage(f"drawing {picture}")
         outputs.append((picture, r.picture_writer(picture, steps=args.zoom, **picture_kwargs(args))))
         if json_path:
-            outputs.append((json_path, r.json_writer(None if args.fits is None else
-                                                     {"fits": fit and fit.to_dict()})))
-    print("\n\n".join("\n\n".join(_sections(r, args, fit)) for r, fit in zip(reports, answers)))
+            extra = {} if args.fits is None else {"fits": fit and fit.to_dict()}
+            if args.plans:
+                extra["plans"] = [dict(p.to_dict(), fits=pf and pf.to_dict()) for p, pf in plans]
+            outputs.append((json_path, r.json_writer(extra or None)))
+    print("\n\n".join("\n\n".join(_sections(r, args, fit, plans))
+                       for r, fit, plans in zip(reports, answers, planned)))
     broken = _over_budget(budgets, reports, every)  # a budget that cannot be checked fails before writing
     write_all(outputs)  # all of them or none
     print(f"\nwrote {', '.join(p for p, _ in outputs)}")
@@ -94,8 +110,8 @@ def run(args) -> int:
     return EXIT_OVER_BUDGET if broken else 0
 
 
-def _sections(r, args, fit) -> list[str]:
-    """The report, then what --what-if and --fits asked for."""
+def _sections(r, args, fit, plans) -> list[str]:
+    """The report, then what --what-if, --fits and --plan asked for."""
     from ..report import format_what_if
 
     out = [r.text(full=args.full)]
@@ -103,6 +119,43 @@ def _sections(r, args, fit) -> list[str]:
         out.append(format_what_if(r))
     if args.fits is not None:
         out.append(str(fit) if fit is not None else "what fits: nothing to solve (no allocation history)")
+    if args.plans:
+        lines = ["parallel plans (per rank, replayed on this trace; docs/plans.md):"]
+        for p, pf in plans:
+            lines.append(str(p))
+            if pf is not None:
+                lines.append("\n".join("    " + x for x in str(pf).splitlines()))
+        out.append("\n".join(lines))
+    return out
+
+
+def _plans_asked(args) -> list[tuple[str, int, dict]]:
+    from ..plans import dtype_bytes, parse_plan
+
+    if args.param_dtype is not None:
+        dtype_bytes(args.param_dtype)
+    out = []
+    for text in args.plans:
+        name, n = parse_plan(text)
+        kw = {}
+        if name == "fsdp2":
+            kw = {"param_dtype": args.param_dtype, "reshard_after_forward": not args.keep_unsharded}
+        elif name in ("ddp", "zero1"):
+            kw = {"bucket_view": args.bucket_view}
+        out.append((name, n, kw))
+    return out
+
+
+def _plans(r, args):
+    """Each --plan's answer, with its per-rank fits where --fits asked (None where it does not apply)."""
+    if not args.plans or r.live is not None:
+        return []
+    progress.stage("replaying the plans")
+    out = []
+    for name, n, kw in _plans_asked(args):
+        p = r.plan(name, n, **kw)
+        pf = r.fits(args.fits, plan=name, ranks=n, **kw) if (args.fits is not None and p.applies) else None
+        out.append((p, pf))
     return out
 
 
