@@ -671,6 +671,9 @@ def plan_change(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1
     if not len(an.trace):
         return "the trace has no events"
     f = Facts(an, patterns)
+    world = int((an.trace.meta or {}).get("world_size") or 1) if isinstance(an.trace.meta, dict) else 1
+    if world > 1:
+        return _from_rank(an, f, name, int(ranks), world, param_dtype, reshard_after_forward)
     steps = step_blocks(f)
     params = params_of(an, f, steps)
     if isinstance(params, str):
@@ -687,6 +690,50 @@ def plan_change(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1
     ch.explanation = notes[0]
     ch.assumptions = notes[1:]
     return PlanChange(f, ch, a_role, notes + [f"the parameters from {params.source}"], params, st.get("_low"))
+
+
+def _from_rank(an: Analysis, f: Facts, name: str, ranks: int, world: int, param_dtype, reshard_after_forward):
+    """From one rank's trace of an FSDP2 job of ``world`` ranks, the same job at ``ranks``: each
+    shard (parameters, optimizer state, a layer's reduced gradients) takes its size at the new world
+    size; the gathered layers, the buffers and the activations stay as the trace has them."""
+    from .parallel import R, roles
+    table = (an.trace.meta or {}).get("parameters")
+    params = params_from_table(table) if table else None
+    if params is None:
+        return (f"the trace is rank {an.trace.meta.get('rank')} of {world}: a plan at another world size is read "
+                "from its parameters' shapes, which instrument() records and this trace does not have")
+    # each step's backward taken to run to the trace's end: only the roles' codes are read here
+    found = roles(an.trace, an.timeline, an.labels, an.step_of,
+                  np.full(len(an.segmentation.steps), len(an.trace), np.int64))
+    if name != "fsdp2" or found.wrapper != "fsdp2" or not found.known():
+        return (f"the trace is one rank of a {world}-rank job ({found.wrapper or 'its wrapper unknown'}): only the "
+                "same FSDP2 job at another world size is predicted from it; other plans are read from a one-GPU trace")
+    if param_dtype is not None or not reshard_after_forward:
+        return "from one rank's trace, the plan keeps the job's own settings (param_dtype, reshard_after_forward)"
+    ch = f.change("")
+    old, new = shard_bytes(params.bytes, params.rows, world), shard_bytes(params.bytes, params.rows, ranks)
+    L = params.layers
+    g = params.group
+    lay_old = np.bincount(g[g >= 0], weights=old[g >= 0], minlength=L).astype(np.int64)
+    lay_new = np.bincount(g[g >= 0], weights=new[g >= 0], minlength=L).astype(np.int64)
+    root_old, root_new = int(old[g < 0].sum()), int(new[g < 0].sum())
+    sizes = dict(zip(old.tolist(), new.tolist()))
+    for cat in ("parameter", "optimizer_state"):
+        blocks = np.flatnonzero(f.cat == C[cat])
+        for i in blocks:
+            if int(f.size[i]) in sizes:
+                ch.size[i] = sizes[int(f.size[i])]
+    grads = np.flatnonzero(found.codes == R["sharded_gradients"])
+    lay = dict(zip(lay_old.tolist(), lay_new.tolist()))
+    lay[root_old] = root_new
+    for i in grads:
+        if int(f.size[i]) in lay:
+            ch.size[i] = lay[int(f.size[i])]
+    ch.explanation = (f"the same FSDP2 job at {ranks} ranks, from rank {an.trace.meta.get('rank')} of {world}: each "
+                      "shard at its new size, the gathered layers and the activations as traced")
+    ch.added, ch.added_kind = (), None
+    return PlanChange(f, ch, np.zeros(0, np.int64), [ch.explanation, "the parameters from the parameter table "
+                                                                       "instrument() recorded"], params, None)
 
 
 def plan(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank: int = 0,
@@ -708,10 +755,11 @@ def plan(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank:
         out.why = [pc]
         return out
     f, ch = pc.facts, pc.change
-    a_alloc, a_free, a_size = ch.added
+    z = np.zeros(0, np.int64)
+    a_alloc, a_free, a_size = ch.added or (z, z, z)
     life = an.timeline.lifetimes
     base = _base(an)
-    pts = changed_points(base, life.alloc_event, life.free_event, life.size, ch.free, ch.size, ch.added)
+    pts = changed_points(base, life.alloc_event, life.free_event, life.size, ch.free, ch.size, ch.added or ())
     r = Replayed.of_points(pts, an.facts.run_first, [], "", [])
     if pc.low is not None and len(pc.low):
         size = ch.size.copy()
