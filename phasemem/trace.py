@@ -127,6 +127,8 @@ class Trace:
         try:
             with no_gc():
                 return cls._columnarise(snapshot, events, device, len(traces))
+        except OverflowError:
+            raise PhasememError(_TOO_LARGE.format(f"device {device}'s trace")) from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PhasememError(
                 f"device {device}'s trace entries are malformed ({type(e).__name__}: {e}); is this a torch memory snapshot?"
@@ -153,6 +155,13 @@ class Trace:
         """A Trace from one device's event columns (``action`` … ``oom_device_free``, as the fields
         are named) and what the rest of the snapshot says: live blocks, reserved bytes, markers.
         The streaming reader (``phasemem.read.batched``, ``phasemem.read.decoder``) builds the columns without a list of events."""
+        try:
+            return cls._from_columns(snapshot, device, n_devices, **columns)
+        except OverflowError:  # a block's address or size, an annotation's time: past int64
+            raise PhasememError(_TOO_LARGE.format("the snapshot's segments or annotations")) from None
+
+    @classmethod
+    def _from_columns(cls, snapshot: dict, device: int, n_devices: int, **columns) -> "Trace":
         blocks = [
             b for seg in snapshot.get("segments") or []
             if seg.get("device", device) in (device, -1)
@@ -164,6 +173,8 @@ class Trace:
             int(seg.get("total_size", 0)) for seg in snapshot.get("segments") or []
             if seg.get("device", device) == device
         )
+        if not -_I64 <= reserved < _I64:  # the reserved curve is int64
+            raise OverflowError("reserved bytes")
         live_bytes = _live_bytes(snapshot) if n_devices > 1 else {}  # every segment read once, not per device
         return cls(
             device=device,
@@ -177,6 +188,12 @@ class Trace:
             meta=dict(snapshot.get("phasemem") or {}),
             **columns,
         )
+
+
+_I64 = 1 << 63
+#: What a number past 64 bits (a corrupt file: torch writes addresses, sizes and times as int64) is told.
+_TOO_LARGE = ("{} holds a number too large for 64 bits (an address, size or time): the file is corrupt; "
+              "copy it again or re-record it")
 
 
 #: A C++ frame whose name holds this made a math library's workspace: cuBLAS's per handle and
