@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import RECORD_HINT, PhasememError
 from .torch_labels import TorchLabels
-from .torch_labels import read as read_torch_labels
+from .torch_labels import from_values as labels_from_values
 
 # Codes for the ``action`` column. ``free`` is what older snapshots wrote for a completed free.
 ACTIONS = (
@@ -105,8 +105,9 @@ class Trace:
     #: allocation stack (``segments`` keeps it from an earlier recording of the process) passes
     #: through a math library's workspace getter: no weight, whatever its size (``WORKSPACE_FRAME``).
     live_workspaces: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    #: PyTorch's own labels of allocations (component tracking, ``_annotate_memory``), where the
-    #: snapshot carries them and was read as a dict (``phasemem.torch_labels``); None otherwise.
+    #: The labels the program set with ``torch.cuda.memory._set_memory_metadata``, which torch writes
+    #: into every entry's ``user_metadata`` (``phasemem.torch_labels``); None where no entry carries
+    #: one, and in a slice of steps (``step_index.cut``).
     torch_labels: TorchLabels | None = None
 
     def __len__(self) -> int:
@@ -147,7 +148,7 @@ class Trace:
             size=_int_column(events, "size"), stream=_int_column(events, "stream"),
             time_us=_int_column(events, "time_us"), stack=stack, stacks=stacks, frames=frames,
             oom_device_free={i: int(events[i].get("device_free", 0) or 0) for i in ooms},
-            torch_labels=read_torch_labels(events),
+            torch_labels=labels_from_values(_column(events, "user_metadata", "")),
         )
 
     @classmethod
