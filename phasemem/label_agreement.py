@@ -1,20 +1,18 @@
-"""Where PyTorch's own labels of an allocation (``phasemem.torch_labels``) and phasemem's category of it
-(``phasemem.categories``) disagree, and which is right.
+"""What the program's own labels of its allocations say (``phasemem.torch_labels``: the text it set
+with ``torch.cuda.memory._set_memory_metadata``, which torch writes into every trace entry), set beside
+phasemem's reading: where a label names a category, how far phasemem's category of the same
+allocations agrees and which is right where not; which phases the labels marked; and the labels
+that name neither, kept with the allocations they cover.
 
-The two read different evidence. torch stamps what code was running when the block was made (a
-module's forward: activation; a module's backward: temp; ``Optimizer.step``: optimizer state), and
-retags parameters, buffers and gradients by address. phasemem reads what the block did: when it was
-freed, and by whom. They part where a block's making and its use differ (docs/categories.md):
+A label is a thread's, not a block's: it stays on the thread that set it until the next call, and
+every block the thread makes meanwhile carries it (docs/torch_labels.md). So it names what the
+thread was doing when the block was made; phasemem reads what the block did (docs/categories.md):
 
-- made in backward and kept for the optimizer: torch's "temp" (everything a module's backward makes),
-  phasemem's "gradient". phasemem: a block that outlives backward is no temporary.
-- made in forward and freed before forward ends (a dequantised weight, attention scratch): torch's
-  "activation", phasemem's "temporary". phasemem: it holds nothing for backward.
-- made in the optimizer step and freed within it (foreach scratch): torch's "optimizer_state",
-  phasemem's "temporary". phasemem: state outlives the step.
-- a weight no gradient pairs with (a frozen base, a teacher): torch's "parameter", phasemem's
-  "other" (its rule pairs weights with gradients). torch: it is a weight.
-- a label the program wrote itself (``_annotate_memory``): the program knows; torch's label.
+- a block made under a label and freed soon after (phasemem's "temporary": a forward's scratch under
+  "activations", an optimizer step's under "optimizer state"): phasemem; the label covered the
+  scratch of the work it named;
+- a block phasemem calls "other" (its rules make no claim): the label, the program's word;
+- anything else: unknown, said as such.
 
 Example:
     >>> la = agreement(report.analysis)
@@ -27,98 +25,81 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .analysis import Analysis
-from .torch_labels import ANNOTATED, COMPONENTS
-from .vocab import CATEGORIES
-
-#: The phasemem category each torch component means (a buffer is "other" to phasemem, as are weights
-#: no gradient pairs with).
-MEANS = {"parameter": "parameter", "buffer": "other", "gradient": "gradient", "activation": "activation",
-         "optimizer_state": "optimizer_state", "temp": "temporary", "other": "other"}
-
-#: (torch's component, phasemem's category) → (who is right, why), for the disagreements a rule decides.
-VERDICTS = {
-    ("temp", "gradient"): ("phasemem", "made in backward and kept past it for the optimizer: a gradient; torch "
-                                       "calls whatever a module's backward makes a temporary"),
-    ("other", "gradient"): ("phasemem", "made in backward and kept past it for the optimizer: a gradient; torch's "
-                                        "hooks had reset the component between two modules' backward"),
-    ("activation", "temporary"): ("phasemem", "made in forward and freed before forward ended: it holds nothing "
-                                              "for backward; torch calls whatever a module's forward makes an "
-                                              "activation"),
-    ("optimizer_state", "temporary"): ("phasemem", "made in the optimizer step and freed within it: scratch, not "
-                                                   "state; torch calls whatever the step makes optimizer state"),
-    ("temp", "activation"): ("phasemem", "kept from one phase run to a later one: not a temporary"),
-    ("other", "activation"): ("phasemem", "made in forward or the loss (outside any module) and kept for "
-                                          "backward: an activation"),
-    ("other", "parameter"): ("phasemem", "alive from before recording to the end and paired with a gradient of "
-                                         "its size: a parameter torch had not retagged"),
-    ("activation", "other"): ("phasemem", "made in the first forward and never freed: a math library's workspace "
-                                          "or a cache made once, no activation"),
-    ("temp", "other"): ("phasemem", "made in backward and never freed: the autograd thread's math-library "
-                                    "workspace, kept for good, no temporary"),
-    ("parameter", "other"): ("torch", "a weight that no gradient pairs with (a frozen base, a teacher, an EMA): "
-                                      "phasemem files those under other by its pairing rule"),
-}
+from .torch_labels import phase_runs
+from .vocab import CATEGORIES, PHASES
 
 
 @dataclass(frozen=True)
 class Disagreement:
-    torch: str  # torch's component
+    label: str  # the category the program's label names
     phasemem: str  # phasemem's category
     allocations: int
     bytes: int
-    right: str  # "phasemem", "torch", or "unknown"
+    right: str  # "phasemem", "label", or "unknown"
     why: str
 
 
 @dataclass(frozen=True)
 class LabelAgreement:
-    """How far torch's labels and phasemem's categories agree, over the allocations torch labelled."""
+    """The program's labels (``user_metadata``) against phasemem's reading of the same allocations."""
 
-    labelled: int  # allocations torch labelled
+    labelled: int  # allocations whose label names a category
     labelled_bytes: int
-    agreed_bytes: int
-    annotated: int  # of them, labelled by the program itself (_annotate_memory)
-    #: bytes torch gives each component, over the labelled allocations
-    torch_bytes: dict = field(default_factory=dict)
+    agreed_bytes: int  # of them, where phasemem's category is the one the label names
+    #: bytes the labels give each category, over the allocations labelled so
+    label_bytes: dict = field(default_factory=dict)
     disagreements: list = field(default_factory=list)  # Disagreement, most bytes first
+    #: the phases the labels name, read as marks (none where fewer than MIN_PHASES_NAMED are named)
+    phases: list = field(default_factory=list)
+    #: label → {"allocations", "bytes"} for labels that name neither a phase nor a category (shown on
+    #: the page's hover), most bytes first
+    kept: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def _verdict(label: str, ours: str) -> tuple[str, str]:
+    if ours == "temporary":
+        return "phasemem", ("freed soon after it was made: scratch of the work the label named (a label stays on "
+                            "its thread, and every block made meanwhile carries it)")
+    if ours == "other":
+        return "label", "phasemem's rules make no claim on it; the program named it"
+    return "unknown", "the label names what its thread was doing, phasemem what the block did; nothing decides"
+
+
 def agreement(an: Analysis) -> LabelAgreement | None:
-    """torch's labels of the trace's allocations against phasemem's categories of the same allocations;
-    None where the snapshot carries no labels."""
+    """The program's labels of the trace's allocations against phasemem's reading; None where no
+    entry carries a label."""
     labels = an.trace.torch_labels
     if labels is None or not len(labels):
         return None
-    # the last label of each allocation wins: an annotation is written after the allocation's stamp
-    last = np.flatnonzero(np.r_[labels.event[1:] != labels.event[:-1], True])
-    ev, code, src = labels.event[last], labels.code[last], labels.source[last]
     curves = an.categories
     own = np.flatnonzero(curves.alloc >= 0)
     order = own[np.argsort(curves.alloc[own], kind="stable")]
-    pos = np.searchsorted(curves.alloc[order], ev)
-    found = (pos < len(order)) & (curves.alloc[order[np.minimum(pos, len(order) - 1)]] == ev)
+    # the label of each allocation's alloc entry (the thread that made it)
+    pos = np.searchsorted(curves.alloc[order], labels.event)
+    found = (pos < len(order)) & (curves.alloc[order[np.minimum(pos, len(order) - 1)]] == labels.event)
     idx = order[pos[found]]
-    ev, code, src = ev[found], code[found], src[found]
+    text = labels.text[found]
     size = curves.size[idx].astype(np.int64)
-    ours = curves.codes[idx]
-    theirs = np.array([CATEGORIES.index(MEANS[c]) for c in COMPONENTS], np.int8)[code]
+    cat = labels.category_codes()[text]
+    named = cat >= 0
+    ours, theirs, nsize = curves.codes[idx][named], cat[named], size[named]
     agree = ours == theirs
     rows = []
-    for c, o in sorted({(int(a), int(b)) for a, b in zip(code[~agree], ours[~agree])}):
-        m = ~agree & (code == c) & (ours == o)
-        t, p = COMPONENTS[c], CATEGORIES[o]
-        right, why = VERDICTS.get((t, p), ("phasemem", "torch's 'other' is no claim (made outside every module, "
-                                                      "backward hook and optimizer step); phasemem reads the lifetime")
-                                  if t == "other" else ("unknown", "no rule decides"))
-        if (src[m] == ANNOTATED).all():
-            right, why = "torch", "the program labelled it itself (_annotate_memory): it knows what it made"
-        rows.append(Disagreement(t, p, int(m.sum()), int(size[m].sum()), right, why))
+    for t, o in sorted({(int(a), int(b)) for a, b in zip(theirs[~agree], ours[~agree])}):
+        m = ~agree & (theirs == t) & (ours == o)
+        right, why = _verdict(CATEGORIES[t], CATEGORIES[o])
+        rows.append(Disagreement(CATEGORIES[t], CATEGORIES[o], int(m.sum()), int(nsize[m].sum()), right, why))
     rows.sort(key=lambda r: -r.bytes)
+    plain = ~named & (labels.phase_codes()[text] == 0)
+    kept: dict[str, dict] = {}
+    for k in np.unique(text[plain]).tolist():
+        m = plain & (text == k)
+        kept[labels.texts[k]] = {"allocations": int(m.sum()), "bytes": int(size[m].sum())}
     return LabelAgreement(
-        labelled=len(ev), labelled_bytes=int(size.sum()), agreed_bytes=int(size[agree].sum()),
-        annotated=int((src == ANNOTATED).sum()),
-        torch_bytes={COMPONENTS[c]: int(size[code == c].sum()) for c in np.unique(code).tolist()},
-        disagreements=rows)
+        labelled=int(named.sum()), labelled_bytes=int(nsize.sum()), agreed_bytes=int(nsize[agree].sum()),
+        label_bytes={CATEGORIES[c]: int(nsize[theirs == c].sum()) for c in np.unique(theirs).tolist()},
+        disagreements=rows, phases=sorted({p for p, _, _ in phase_runs(labels)}, key=PHASES.index),
+        kept=dict(sorted(kept.items(), key=lambda kv: -kv[1]["bytes"])))

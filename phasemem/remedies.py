@@ -270,11 +270,18 @@ def _scale(f: Facts, batch: float = 1.0, seq: float = 1.0):
         text = (f"The sequence x {seq:g}: {int(scaled.sum()) - quad} per-token blocks x {seq:g}"
                 + (f", {quad} attention-score blocks (batch x heads x T x T) x {seq * seq:g}" if quad else "")
                 + "; parameters, gradients and optimizer state stay.")
+    scaled = np.round(f.size * g.factor(batch, seq))
+    if not (np.abs(scaled) < _I64).all():  # an int64 cast of these would wrap (a corrupt trace's sizes)
+        return (f"a block of {format_bytes(int(f.size.max()))} scaled so passes 64 bits: these sizes are no real "
+                "run's (a corrupt trace)")
     ch = f.change(text, "blocks of a parameter's size are weights' copies (bf16 casts) and do not scale",
                   "the allocator's rounding (512 B, 2 MiB for large blocks) is ignored",
                   *([g.evidence] if seq != 1 else []))
-    ch.size = np.round(f.size * g.factor(batch, seq)).astype(np.int64)
+    ch.size = scaled.astype(np.int64)
     return ch
+
+
+_I64 = float(1 << 63)
 
 
 def _smaller_optimizer_state(f: Facts):

@@ -95,13 +95,13 @@ class Report(Written):
 
     @property
     def torch_labels(self) -> LabelAgreement | None:
-        """Where the snapshot carries PyTorch's own labels of allocations (component tracking,
-        ``_annotate_memory``): how far they agree with phasemem's categories, and which is right where
-        not (phasemem.label_agreement). None otherwise.
+        """Where the program labelled its allocations (``_set_memory_metadata``, torch's ``user_metadata``):
+        how far the labels naming categories agree with phasemem's, which is right where not, the phases
+        they marked and the labels kept (phasemem.label_agreement). None otherwise.
 
         Example:
             >>> la = report.torch_labels
-            >>> la and [(d.torch, d.phasemem, d.right) for d in la.disagreements]
+            >>> la and [(d.label, d.phasemem, d.right) for d in la.disagreements]
         """
         return agreement(self.analysis) if self.analysis is not None else None
 

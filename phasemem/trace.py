@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import RECORD_HINT, PhasememError
 from .torch_labels import TorchLabels
-from .torch_labels import read as read_torch_labels
+from .torch_labels import from_values as labels_from_values
 
 # Codes for the ``action`` column. ``free`` is what older snapshots wrote for a completed free.
 ACTIONS = (
@@ -105,8 +105,9 @@ class Trace:
     #: allocation stack (``segments`` keeps it from an earlier recording of the process) passes
     #: through a math library's workspace getter: no weight, whatever its size (``WORKSPACE_FRAME``).
     live_workspaces: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    #: PyTorch's own labels of allocations (component tracking, ``_annotate_memory``), where the
-    #: snapshot carries them and was read as a dict (``phasemem.torch_labels``); None otherwise.
+    #: The labels the program set with ``torch.cuda.memory._set_memory_metadata``, which torch writes
+    #: into every entry's ``user_metadata`` (``phasemem.torch_labels``); None where no entry carries
+    #: one, and in a slice of steps (``step_index.cut``).
     torch_labels: TorchLabels | None = None
 
     def __len__(self) -> int:
@@ -127,6 +128,8 @@ class Trace:
         try:
             with no_gc():
                 return cls._columnarise(snapshot, events, device, len(traces))
+        except OverflowError:
+            raise PhasememError(_TOO_LARGE.format(f"device {device}'s trace")) from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PhasememError(
                 f"device {device}'s trace entries are malformed ({type(e).__name__}: {e}); is this a torch memory snapshot?"
@@ -145,7 +148,7 @@ class Trace:
             size=_int_column(events, "size"), stream=_int_column(events, "stream"),
             time_us=_int_column(events, "time_us"), stack=stack, stacks=stacks, frames=frames,
             oom_device_free={i: int(events[i].get("device_free", 0) or 0) for i in ooms},
-            torch_labels=read_torch_labels(events),
+            torch_labels=labels_from_values(_column(events, "user_metadata", "")),
         )
 
     @classmethod
@@ -153,6 +156,13 @@ class Trace:
         """A Trace from one device's event columns (``action`` … ``oom_device_free``, as the fields
         are named) and what the rest of the snapshot says: live blocks, reserved bytes, markers.
         The streaming reader (``phasemem.read.batched``, ``phasemem.read.decoder``) builds the columns without a list of events."""
+        try:
+            return cls._from_columns(snapshot, device, n_devices, **columns)
+        except OverflowError:  # a block's address or size, an annotation's time: past int64
+            raise PhasememError(_TOO_LARGE.format("the snapshot's segments or annotations")) from None
+
+    @classmethod
+    def _from_columns(cls, snapshot: dict, device: int, n_devices: int, **columns) -> "Trace":
         blocks = [
             b for seg in snapshot.get("segments") or []
             if seg.get("device", device) in (device, -1)
@@ -164,6 +174,8 @@ class Trace:
             int(seg.get("total_size", 0)) for seg in snapshot.get("segments") or []
             if seg.get("device", device) == device
         )
+        if not -_I64 <= reserved < _I64:  # the reserved curve is int64
+            raise OverflowError("reserved bytes")
         live_bytes = _live_bytes(snapshot) if n_devices > 1 else {}  # every segment read once, not per device
         return cls(
             device=device,
@@ -177,6 +189,12 @@ class Trace:
             meta=dict(snapshot.get("phasemem") or {}),
             **columns,
         )
+
+
+_I64 = 1 << 63
+#: What a number past 64 bits (a corrupt file: torch writes addresses, sizes and times as int64) is told.
+_TOO_LARGE = ("{} holds a number too large for 64 bits (an address, size or time): the file is corrupt; "
+              "copy it again or re-record it")
 
 
 #: A C++ frame whose name holds this made a math library's workspace: cuBLAS's per handle and

@@ -146,3 +146,91 @@ def test_older_and_newer_snapshot_formats_degrade_gracefully(path):
     # frames still tell the phases: forward, backward and optimizer are found
     assert {"forward", "backward", "optimizer"} <= set(report.phases)
     assert len(report.steps) == len(marked.steps)
+
+
+# -- numbers past 64 bits ------------------------------------------------------------------------------
+# torch writes addresses, sizes and times as int64; a corrupt file can hold more (8 of 100 random
+# corruptions of two published snapshots did, issue 40). Each reader path says so in one line.
+_I64 = 1 << 63
+
+
+def _past_64_bits(snap, where):
+    ev = snap["device_traces"][0]
+    if where == "event size":
+        ev[700]["size"] = 1 << 64
+    elif where == "event address":
+        ev[700]["addr"] = -_I64 - 1
+    elif where == "event time":
+        ev[700]["time_us"] = 1 << 100
+    elif where == "segment total":
+        snap["segments"][0]["total_size"] = 1 << 64
+    elif where == "block address":
+        snap["segments"][0]["blocks"][0].update(address=1 << 64, state="active_allocated")
+    else:  # an annotation's time
+        snap["external_annotations"][3]["time_us"] = 1 << 64
+    return snap
+
+
+PAST = ["event size", "event address", "event time", "segment total", "block address", "annotation time"]
+FOREACH_XZ = [p for p in fixture_paths() if p.name == "gpt_foreach.pkl.xz"][0]
+
+
+@pytest.mark.parametrize("where", PAST)
+def test_a_number_past_64_bits_is_one_line_in_every_reader(tmp_path, where, capsys):
+    import pickle
+
+    from phasemem.cli import main
+    from phasemem.read import trace as read_trace
+    from phasemem.read.batched import read_batched
+    from phasemem.read.decoder import decode_trace
+
+    snap = _past_64_bits(load_snapshot(FOREACH_XZ), where)
+    with pytest.raises(PhasememError, match="too large for 64 bits") as e:  # the dict
+        phasemem.analyze(snap)
+    assert "\n" not in str(e.value)
+    p = tmp_path / "s.pickle"
+    p.write_bytes(pickle.dumps(snap, protocol=4))
+    # the fast readers give way (None) or say it; the whole-pickle reader says it
+    for fast in (lambda: decode_trace(p, always=True), lambda: read_batched(str(p), None, False)):
+        try:
+            assert fast() is None
+        except PhasememError as e:
+            assert "too large for 64 bits" in str(e) and "\n" not in str(e)
+    with pytest.raises(PhasememError, match="too large for 64 bits"):
+        read_trace(p)
+    capsys.readouterr()
+    assert main(["analyze", str(p), "-o", str(tmp_path / "m.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "too large for 64 bits" in err and not (tmp_path / "m.png").exists()
+
+
+WILD = fixture_paths()[0].parents[1].parent / "shared" / "wild"
+
+
+@pytest.mark.parametrize("name", ["silmont_mem_snapshot", "yiyi_oom"])
+def test_published_snapshots_with_a_size_past_64_bits_shared(tmp_path, name):
+    import pickle
+
+    path = WILD / f"{name}.pickle"
+    if not path.exists():
+        pytest.skip(f"no {path}")
+    snap = pickle.loads(path.read_bytes())
+    snap = snap.get("snapshot", snap)
+    ev = max(snap["device_traces"], key=len)
+    ev[len(ev) // 2]["size"] = 1 << 64
+    p = tmp_path / "s.pickle"
+    p.write_bytes(pickle.dumps(snap, protocol=4))
+    with pytest.raises(PhasememError, match="too large for 64 bits"):
+        phasemem.analyze(p)
+
+
+def test_garbled_segments_of_a_snapshot_without_history_are_one_line(tmp_path):
+    """What was alive is read from the segments' blocks and their frames; frames that are no frames
+    (a corrupt file: 12 of 400 random byte flips in four published snapshots) are said in one line."""
+    snap = load_snapshot(FOREACH_XZ)
+    snap["device_traces"] = [[]]
+    blk = next(b for seg in snap["segments"] for b in seg["blocks"] if b.get("state") == "active_allocated")
+    blk["frames"] = [7, None]
+    with pytest.raises(PhasememError, match="segments are malformed") as e:
+        phasemem.analyze(snap)
+    assert "\n" not in str(e.value)

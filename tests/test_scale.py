@@ -52,6 +52,7 @@ def assert_same_trace(a: Trace, b: Trace) -> None:
     assert np.array_equal(a.markers.start, b.markers.start) and np.array_equal(a.markers.time_us, b.markers.time_us)
     assert resolved(a) == resolved(b)
     assert sorted(a.frames) == sorted(b.frames) and len(a.stacks) == len(b.stacks)
+    assert a.torch_labels == b.torch_labels
 
 
 # -- the streaming reader ---------------------------------------------------------------------------

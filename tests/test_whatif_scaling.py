@@ -313,3 +313,29 @@ def test_json_carries_what_fits_on_a_real_trace(tmp_path):
     assert got["sequence"]["applies"] == want.sequence.applies
     assert main(["analyze", src, "-o", str(tmp_path / "n.png"), "--json", str(tmp_path / "n.json")]) == 0
     assert "fits" not in json.loads((tmp_path / "n.json").read_text())
+
+
+def test_sizes_no_run_has_make_no_scaling_and_no_wrapped_cast():
+    """A block of 4 EiB (a corrupt trace: test_robust's mutations write 2**62) scaled by the batch passes
+    64 bits: the scaling says it does not apply, where the int64 cast used to wrap to a negative size
+    (numpy's RuntimeWarning "invalid value encountered in cast")."""
+    import warnings
+
+    from conftest import FIXTURES, load_snapshot
+
+    snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")
+    ev = snap["device_traces"][0]
+    # the largest block made in a forward and freed: the logits, which scale with the tokens
+    marks = sorted((a["time_us"], a["stage"]) for a in snap["external_annotations"] if a["name"] == "phasemem::forward")
+    t0, t1 = marks[0][0], marks[1][0]
+    i = max((k for k, e in enumerate(ev) if e["action"] == "alloc" and t0 <= e["time_us"] <= t1),
+            key=lambda k: ev[k]["size"])
+    for e in ev:
+        if e["addr"] == ev[i]["addr"] and e["size"] == ev[i]["size"]:
+            e["size"] = 1 << 62
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        report = phasemem.analyze(snap)
+    w = {x.remedy: x for x in report.what_if}
+    assert not w["batch_x2"].applies and "passes 64 bits" in w["batch_x2"].explanation
+    assert all(x.predicted_peak_bytes is None or x.predicted_peak_bytes > 0 for x in report.what_if)

@@ -23,7 +23,6 @@ import array
 import io
 import pickle
 import pickletools
-from itertools import repeat
 from operator import itemgetter
 
 import numpy as np
@@ -32,7 +31,7 @@ from .. import progress
 from ..errors import PhasememError
 from .snapshot import UNPICKLE_ERRORS, _SnapshotUnpickler, open_snapshot
 from ..trace import A, Trace, _CODES, _frame_key, _stack_table, from_stand_in, no_gc
-from ..torch_labels import FIELD as LABEL_FIELD
+from ..torch_labels import Interner, from_codes
 
 _SENTINEL = ("phasemem.read.batched", "_Events")
 _SUBSTITUTE = b"c" + "\n".join(_SENTINEL).encode() + b"\n)R"  # GLOBAL module\nname\n, EMPTY_TUPLE, REDUCE
@@ -41,7 +40,6 @@ _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
 #: Opcodes walked before giving up on finding the trace (a few seconds of pickletools).
 MAX_WALK = 3_000_000
 _OOM = A["oom"]
-_UNKNOWN = A["unknown"]
 
 
 class _Mark(int):
@@ -56,6 +54,8 @@ class _Events:
         self.action = array.array("b")
         self.cols = {key: array.array("q") for key in ("addr", "size", "stream", "time_us")}
         self.stack = array.array("i")
+        self.labels = array.array("i")  # user_metadata, numbered by ``interner`` (-1: none)
+        self.interner = Interner()
         self.oom_device_free: dict[int, int] = {}
         self.by_ids: dict[tuple, int] = {}
         self.by_content: dict[tuple, int] = {}
@@ -68,10 +68,11 @@ class _Events:
         # Every conversion is the one Trace._columnarise makes; anything it would reject raises here
         # and sends the whole file to the ordinary reader.
         codes = list(map(_CODES.__getitem__, map(itemgetter("action"), batch)))
-        if (_UNKNOWN in codes and any(e["action"] == "annotate" for e in batch)) or any(
-                map(dict.__contains__, batch, repeat(LABEL_FIELD))):
-            # an "annotate" entry or a component stamp: the ordinary reader keeps them (phasemem.torch_labels)
-            raise ValueError("PyTorch's own labels of allocations")
+        try:
+            metadata = list(map(itemgetter("user_metadata"), batch))
+        except KeyError:
+            metadata = [e.get("user_metadata", "") for e in batch]
+        self.labels.frombytes(self.interner.codes(metadata).tobytes())
         for key, col in self.cols.items():
             try:
                 col.extend(map(itemgetter(key), batch))
@@ -115,6 +116,7 @@ class _Events:
                for key, col in self.cols.items()},
             stack=np.frombuffer(self.stack, dtype=np.int32) if self.n else np.zeros(0, np.int32),
             stacks=stacks, frames=frames, oom_device_free=dict(self.oom_device_free),
+            torch_labels=from_codes(np.frombuffer(self.labels, dtype=np.int32), self.interner.texts) if self.n else None,
         )
 
 

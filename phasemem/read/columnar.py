@@ -3,7 +3,8 @@
 Unpickling a 10-million-event snapshot takes seconds and a gigabyte or more; the columnar form of
 the same trace is ~40 bytes an event and loads in a second. ``phasemem convert`` writes it;
 ``phasemem.analyze`` reads it like a snapshot. It holds only numbers and one JSON document, and is
-read with ``allow_pickle=False``: loading it runs no code. The members are stored uncompressed, so
+read with ``allow_pickle=False``: loading it runs no code. The program's labels (``Trace.torch_labels``)
+travel with it: the entries that carry one and their texts. The members are stored uncompressed, so
 a range of one column is read straight from its offset in the file.
 
 ``phasemem analyze big.npz --steps 100-102`` should not read 10 million events to report three
@@ -38,6 +39,7 @@ import numpy as np
 
 from ..errors import PhasememError
 from ..output import atomic_write
+from ..torch_labels import TorchLabels
 from ..trace import Markers, Trace
 
 FORMAT = "phasemem-trace/1"
@@ -89,6 +91,9 @@ def save_trace(trace: Trace, path: str | os.PathLike, index: StepIndex | None = 
     arrays = {name: getattr(trace, name) for name in _ARRAYS}
     arrays.update(stack_offsets=offsets, stack_frames=flat, marker_start=trace.markers.start,
                   marker_time_us=trace.markers.time_us)
+    if (labels := trace.torch_labels) is not None:  # the program's labels (user_metadata): few entries
+        doc["label_texts"] = list(labels.texts)
+        arrays.update(label_event=labels.event, label_text=labels.text)
     if index is not None:
         doc["steps"] = {"prefix": index.prefix, "exact": index.exact, "reason": index.reason}
         arrays.update({f"steps_{name}": getattr(index, name) for name in _INDEX})
@@ -177,12 +182,14 @@ def _trace(z, doc: dict, arrays: dict) -> Trace:
     offsets, flat = z["stack_offsets"], z["stack_frames"].tolist()
     markers = Markers(name=list(doc["marker_names"]), start=z["marker_start"], time_us=z["marker_time_us"])
     stacks = [tuple(flat[a:b]) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    labels = TorchLabels(np.asarray(z["label_event"], np.int64), np.asarray(z["label_text"], np.int32),
+                         tuple(map(str, doc["label_texts"]))) if "label_texts" in doc else None
     return Trace(
         device=int(doc["device"]), stacks=stacks, frames=[tuple(f) for f in doc["frames"]], markers=markers,
         oom_device_free={int(k): int(v) for k, v in doc["oom_device_free"].items()},
         reserved_at_snapshot=int(doc["reserved_at_snapshot"]), n_devices=int(doc["n_devices"]),
         meta=dict(doc["meta"]), first_event=int(doc.get("first_event", 0)),
-        live_workspaces=np.array(doc.get("live_workspaces", []), dtype=np.int64), **arrays,
+        live_workspaces=np.array(doc.get("live_workspaces", []), dtype=np.int64), torch_labels=labels, **arrays,
     )
 
 

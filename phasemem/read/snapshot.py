@@ -206,7 +206,12 @@ def load_live(source: Any, device: int | None, *, trusted: bool = False) -> tupl
         >>> live, n_events, meta = load_live("segments_only.pickle", None)
     """
     snap = load_snapshot(source, trusted=trusted, history=False)
-    live = live_memory(snap, device)
+    try:
+        live = live_memory(snap, device)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+        where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "input"
+        raise PhasememError(f"{where}: the snapshot's segments are malformed ({type(e).__name__}); is this a torch "
+                            "memory snapshot? copy it again or re-record it") from None
     traces = snap.get("device_traces") or []
     mine = traces[live.device] if live.device < len(traces) else None
     meta = snap.get("phasemem") if isinstance(snap.get("phasemem"), dict) else {}

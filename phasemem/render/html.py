@@ -219,7 +219,7 @@ def _paths(xs: list, ys: list, nd: int, close: bool = True) -> list[str]:
 
 def _band_meta(r, drawn: list[int]) -> tuple[dict, list]:
     """Hover texts of every drawn allocation (Lifetimes index → size, when made, when freed, category,
-    shapes, stack id, a note) and the stacks they name."""
+    shapes, stack id, a note, the program's label) and the stacks they name."""
     life, tr = r.timeline.lifetimes, r.trace
     n, numbers = r.n_events, [s.number for s in r.steps]
     n_pre = int(life.preexisting.sum())
@@ -237,6 +237,8 @@ def _band_meta(r, drawn: list[int]) -> tuple[dict, list]:
     cats = _bands.category_codes(r)
     stack_ids: dict[int, int] = {}
     meta = {}
+    # the program's label of each (torch's user_metadata on its alloc: phasemem.torch_labels)
+    said = dict(zip(drawn, tr.torch_labels.text_at(life.alloc_event[drawn]))) if tr.torch_labels is not None else {}
     for i in drawn:
         a, f, size = int(life.alloc_event[i]), int(life.free_event[i]), int(life.size[i])
         made = f"made at event {a:,} ({where(a)})" if a >= 0 else "made before recording"
@@ -246,7 +248,7 @@ def _band_meta(r, drawn: list[int]) -> tuple[dict, list]:
         sid = int(tr.stack[a]) if a >= 0 else (int(tr.stack[f]) if f < n else -1)
         meta[i] = [f"{format_bytes(size)} ({size:,} bytes)", made, freed, CATEGORIES[int(cats[i])],
                    ", ".join(shapes.get(i, [])), stack_ids.setdefault(sid, len(stack_ids)) if sid >= 0 else -1,
-                   "" if a >= 0 else "the stack of its free (its alloc was not recorded)"]
+                   "" if a >= 0 else "the stack of its free (its alloc was not recorded)", said.get(i, "")]
     stacks = [""] * len(stack_ids)
     for sid, k in stack_ids.items():
         frames = [tr.frames[f] for f in tr.stacks[sid]]

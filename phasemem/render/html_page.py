@@ -130,6 +130,7 @@ function show(p, e) {
       line("pm-size", r[0]);
       line("", r[3] + (r[4] ? ` · shape: ${r[4]}` : ""));
       line("", r[1]); line("", r[2]);
+      if (r[7]) line("", `labelled by the program: ${r[7]}`);
       if (r[5] < 0) line("pm-note", "no stack recorded (the autograd thread, or recorded without stacks)");
       else { if (r[6]) line("pm-note", r[6]); line("pre", D.stacks[r[5]]); }
     }

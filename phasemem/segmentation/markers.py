@@ -1,4 +1,5 @@
-"""Phase intervals from ``record_function`` markers: phasemem's own and PyTorch's optimizer annotations.
+"""Phase intervals from ``record_function`` markers: phasemem's own and PyTorch's optimizer annotations;
+and from the labels a program set with ``_set_memory_metadata`` (``phasemem.torch_labels``).
 
 Markers become time intervals; an event at time t belongs to an interval [START, END] when
 START <= t <= END. Intervals are painted onto the events in start order, outer before inner, so
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..torch_labels import phase_runs
 from ..trace import Trace
 from ..vocab import MARKED, MARKER_PREFIX, P
 
@@ -27,7 +29,7 @@ class Interval:
     phase: str
     t0: int  # µs, START
     t1: int  # µs, END
-    source: str  # "markers" or "annotations"
+    source: str  # "markers", "metadata" or "annotations"
     first: int = 0  # first event index inside (searchsorted)
     stop: int = 0  # one past the last event index inside
 
@@ -39,9 +41,9 @@ class Marks:
     outermost optimizer and forward ranges (a wrapper optimizer calling an inner one is one range)."""
 
     intervals: list[Interval]
-    sources: dict[str, str]  # phase → "markers" or "annotations"
+    sources: dict[str, str]  # phase → "markers", "metadata" or "annotations"
     labels: np.ndarray  # int8 phase codes; 'other' where no interval lies
-    marked: bool  # phasemem's markers place forward or backward: nothing is inferred
+    marked: bool  # phasemem's markers or the program's labels place forward or backward: nothing is inferred
     optimizer: list[Interval]  # outermost optimizer ranges, in time order
     forward: list[Interval]  # outermost forward ranges, in time order
     t_lost: int  # µs: the end of the last optimizer range before the first event (steps the ring buffer lost)
@@ -56,7 +58,7 @@ def find_marks(trace: Trace, prefix: str = MARKER_PREFIX) -> Marks:
     """
     t = trace.time_us
     intervals, sources = find_intervals(trace, prefix)
-    locate(intervals, t)
+    locate([iv for iv in intervals if iv.source != "metadata"], t)  # labels are located by entry already
     loss = loss_intervals(intervals, sources.get("forward", "markers"), t)
     if loss:
         sources["loss"] = loss[0].source
@@ -64,7 +66,7 @@ def find_marks(trace: Trace, prefix: str = MARKER_PREFIX) -> Marks:
     opt = outermost([iv for iv in intervals if iv.phase == "optimizer"])
     lost = [iv.t1 for iv in opt if iv.stop == 0]
     return Marks(intervals, sources, paint(intervals, len(trace)),
-                 any(iv.source == "markers" and iv.phase in ("forward", "backward") for iv in intervals),
+                 any(iv.source in ("markers", "metadata") and iv.phase in ("forward", "backward") for iv in intervals),
                  opt, outermost([iv for iv in intervals if iv.phase == "forward"]),
                  max(lost) if lost else int(np.iinfo(np.int64).min))
 
@@ -115,9 +117,43 @@ def find_intervals(trace: Trace, prefix: str = MARKER_PREFIX) -> tuple[list[Inte
     # PyTorch's own ranges count beside ours: instrument() leaves a torch.optim optimizer's step and
     # zero_grad to them, while still marking model.zero_grad(); one nested in ours is the same call.
     torch_ranges = [Interval(ph, t0, t1, "annotations") for ph, t0, t1 in _pair(trace.markers, torch_of)]
-    for iv in torch_ranges:
-        sources.setdefault(iv.phase, "annotations")
-    return found + torch_ranges, sources
+    # the program's labels, for the phases our markers do not place
+    labelled = [iv for iv in metadata_intervals(trace, torch_ranges) if iv.phase not in have]
+    for iv in labelled + torch_ranges:
+        sources.setdefault(iv.phase, iv.source)
+    return found + labelled + torch_ranges, sources
+
+
+def metadata_intervals(trace: Trace, torch_ranges: list[Interval]) -> list[Interval]:
+    """Intervals of the runs of entries whose ``user_metadata`` names a phase (``torch_labels.phase_runs``),
+    located by entry, not by time (entries share microseconds). One that overlaps a PyTorch range of
+    its phase is widened to hold it: the two are one call (``optimizer`` set before ``opt.step()``),
+    and ``outermost`` then keeps one range per step."""
+    runs = phase_runs(trace.torch_labels)
+    if not runs:
+        return []
+    t = trace.time_us
+    phase = np.array([P[ph] for ph, _, _ in runs])
+    first = np.array([a for _, a, _ in runs], dtype=np.int64)
+    stop = np.array([z for _, _, z in runs], dtype=np.int64) + 1
+    t0, t1 = t[first], t[stop - 1]
+    for ph in {ph for ph, _, _ in runs}:
+        rs = outermost([r for r in torch_ranges if r.phase == ph])  # disjoint, in time order
+        if not rs:
+            continue
+        mine = np.flatnonzero(phase == P[ph])
+        r0 = np.array([r.t0 for r in rs], dtype=np.int64)
+        r1 = np.array([r.t1 for r in rs], dtype=np.int64)
+        # the ranges that overlap each interval: [k0, k1)
+        k0, k1 = np.searchsorted(r1, t0[mine], "left"), np.searchsorted(r0, t1[mine], "right")
+        hit = mine[k1 > k0]
+        k0, k1 = k0[k1 > k0], k1[k1 > k0]
+        t0[hit], t1[hit] = np.minimum(t0[hit], r0[k0]), np.maximum(t1[hit], r1[k1 - 1])
+        first[hit] = np.minimum(first[hit], np.searchsorted(t, t0[hit], "left"))
+        stop[hit] = np.maximum(stop[hit], np.searchsorted(t, t1[hit], "right"))
+    out = [Interval(ph, a, b, "metadata", f, z) for (ph, _, _), a, b, f, z in
+           zip(runs, t0.tolist(), t1.tolist(), first.tolist(), stop.tolist())]
+    return out
 
 
 def locate(intervals: list[Interval], t: np.ndarray) -> None:

@@ -17,11 +17,11 @@ import numpy as np
 from .memo import ListRef, Memo
 from .layout import Unsupported
 from ...trace import _CODES, A, _stack_table
-from ...torch_labels import FIELD as LABEL_FIELD
+from ...torch_labels import Interner, from_codes
 
 _INT_FIELDS = ("addr", "size", "stream", "time_us")
-_NAMES = ("action", "addr", "size", "stream", "time_us", "stack")
-_DTYPES = (np.int8, np.int64, np.int64, np.int64, np.int64, np.int32)
+_NAMES = ("action", "addr", "size", "stream", "time_us", "stack", "label")
+_DTYPES = (np.int8, np.int64, np.int64, np.int64, np.int64, np.int32, np.int32)
 #: Events the columns first make room for; they double when full. Each column is one array, not a
 #: list of the 16,384-event windows joined at the end: those windows went to the C heap, and 10M
 #: events left ~380 MB of it freed but held by the process (the analysis's peak RSS came on top).
@@ -40,11 +40,20 @@ class Columns:
         self.sid = np.full(1024, -1, np.int32)  # content id → stack id, by first use
         self.order: list[int] = []  # content ids in stack-id order
         self.oom_device_free: dict[int, int] = {}
-        self.one = [array.array("b"), *(array.array("q") for _ in _INT_FIELDS), []]  # events the VM read
+        self.interner = Interner()  # user_metadata → its number among the labels (-1: none)
+        self.one = self._one()  # events the VM read
         self.read_one = 0  # events the VM has read in all
 
     def __len__(self) -> int:
         return self.n
+
+    @staticmethod
+    def _one() -> list:
+        return [array.array("b"), *(array.array("q") for _ in _INT_FIELDS), [], array.array("i")]
+
+    def labels_of(self, texts: list) -> np.ndarray:
+        """The label numbers of distinct ``user_metadata`` strings."""
+        return self.interner.codes(texts)
 
     def stacks_of(self, cids: np.ndarray) -> np.ndarray:
         """Stack ids of content ids (-1 stays -1), numbering new stacks by first use."""
@@ -59,13 +68,15 @@ class Columns:
             self.order += new.tolist()
         return np.where(valid, self.sid[np.maximum(cids, 0)], -1).astype(np.int32)
 
-    def add(self, action, addr, size, stream, time_us, cids, device_free=None) -> None:
-        """Events read by the vectorised path, in order (after any the VM read before them)."""
+    def add(self, action, addr, size, stream, time_us, cids, device_free=None, labels=None) -> None:
+        """Events read by the vectorised path, in order (after any the VM read before them);
+        ``labels``: their ``user_metadata`` numbered by ``labels_of`` (None: none carries one)."""
         self.flush()
         if device_free is not None:
             for i in np.flatnonzero(action == _OOM).tolist():
                 self.oom_device_free[self.n + i] = int(device_free[i])
-        self._put([action, addr, size, stream, time_us, self.stacks_of(cids)])
+        self._put([action, addr, size, stream, time_us, self.stacks_of(cids),
+                   np.full(len(action), -1, np.int32) if labels is None else labels])
 
     def _put(self, values: list) -> None:
         """Appends equal-length columns of values; a full column is copied once into one twice its size."""
@@ -85,8 +96,9 @@ class Columns:
         act = ev["action"]
         if type(act) is not str:
             raise Unsupported("an action that is not a string")
-        if act == "annotate" or LABEL_FIELD in ev:  # read by the ordinary reader (phasemem.torch_labels)
-            raise Unsupported("PyTorch's own labels of allocations")
+        meta = ev.get("user_metadata", "")
+        if type(meta) is not str:
+            raise Unsupported("user_metadata that is not a string")
         vals = [ev[k] for k in _INT_FIELDS]
         if not all(type(v) is int and -_I64 <= v < _I64 for v in vals):
             raise Unsupported("a field that is not an int64")
@@ -113,14 +125,15 @@ class Columns:
         for col, v in zip(self.one[1:5], vals):
             col.append(v)
         self.one[5].append(cid)
+        self.one[6].append(self.interner[meta])
 
     def flush(self) -> None:
         one = self.one
         if not len(one[0]):
             return
         cols = [np.frombuffer(c, dtype=np.int8 if i == 0 else np.int64) for i, c in enumerate(one[:5])]
-        self._put([*cols, self.stacks_of(np.array(one[5], dtype=np.int32))])
-        self.one = [array.array("b"), *(array.array("q") for _ in _INT_FIELDS), []]
+        self._put([*cols, self.stacks_of(np.array(one[5], dtype=np.int32)), np.frombuffer(one[6], dtype=np.int32)])
+        self.one = self._one()
 
     def columns(self) -> dict:
         self.flush()
@@ -130,7 +143,8 @@ class Columns:
             out[name] = col
         self.cols = [np.empty(0, dt) for dt in _DTYPES]
         stacks, frames = _stack_table({self.memo.contents[c]: s for s, c in enumerate(self.order)})
-        return dict(out, stacks=stacks, frames=frames, oom_device_free=dict(self.oom_device_free))
+        labels = from_codes(out.pop("label"), self.interner.texts)
+        return dict(out, stacks=stacks, frames=frames, oom_device_free=dict(self.oom_device_free), torch_labels=labels)
 
 
 class _Short(Exception):

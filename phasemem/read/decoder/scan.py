@@ -44,7 +44,7 @@ class Template:
             if idx is None or type(key) is not str:
                 raise Unsupported("a key the memo does not hold")
             ref = bytes([_H, idx]) if idx < 256 else bytes([_J4]) + idx.to_bytes(4, "little")
-            role = key if key in INTS or key in ("action", "frames") else "other"
+            role = key if key in INTS or key in ("action", "frames") else "meta" if key == "user_metadata" else "other"
             self.words.append((ref, int.from_bytes(ref, "little"), (1 << 8 * len(ref)) - 1, role))
         roles = [r for *_, r in self.words]
         if not {"action", "addr", "size", "stream", "time_us"} <= set(roles) or (
@@ -116,8 +116,8 @@ def scan(b: np.ndarray, w: np.ndarray, data: bytes, c: np.ndarray, tpl: Template
 
 
 def _fields(b, w, p, ok, out: dict, tpl: Template):
-    """Each field but the frames: its key checked, its value read (integers, the action's memo
-    reference) or stepped over (new short strings noted: they are memoized). Returns where the
+    """Each field but the frames: its key checked, its value read (integers, the action's and the
+    label's memo reference) or stepped over (new short strings noted: they are memoized). Returns where the
     frames' value starts and its opcode."""
     nstr, op = out["nstr"], None
     for ref, value, mask, role in tpl.words:
@@ -137,14 +137,19 @@ def _fields(b, w, p, ok, out: dict, tpl: Template):
         elif role == "action":
             ok &= (op == _H) | (op == _J4)
             out["action"] = _reference(w[p], op)
-        elif (s := op == _SBU).any():  # a value not read; a new string among them is memoized
-            ok &= ~s | ((n1 < 16) & (b[p + 2 + n1.astype(np.int64)] == _MEMOIZE))
-            at = np.flatnonzero(s)
-            n = n1[at].astype(np.int64)
-            lo = w[p[at] + 2] & _MASKS[np.minimum(n, 8)]
-            hi = (w[p[at] + 10] & _MASKS[np.clip(n - 8, 0, 7)]) | (n1[at] << np.uint64(56))
-            out["strs"].append((at, nstr[at].copy(), lo, hi))
-            nstr += s
+        else:
+            s = op == _SBU
+            if role == "meta":  # the label: a string seen before (a reference) or a new short one
+                ok &= s | (op == _H) | (op == _J4)
+                out.update(meta_ref=_reference(w[p], op), meta_new=s, meta_rank=nstr.copy())
+            if s.any():  # a value not read; a new string among them is memoized
+                ok &= ~s | ((n1 < 16) & (b[p + 2 + n1.astype(np.int64)] == _MEMOIZE))
+                at = np.flatnonzero(s)
+                n = n1[at].astype(np.int64)
+                lo = w[p[at] + 2] & _MASKS[np.minimum(n, 8)]
+                hi = (w[p[at] + 10] & _MASKS[np.clip(n - 8, 0, 7)]) | (n1[at] << np.uint64(56))
+                out["strs"].append((at, nstr[at].copy(), lo, hi))
+                nstr += s
         p = p + ln
     return p, op
 
@@ -252,6 +257,14 @@ def commit(t: int, out: dict, memo: Memo, cols: Columns) -> None:
     if (a >= base).any() or ((memo.kind[a] != STR) & (memo.kind[a] != VSTR)).any():
         raise Unsupported("an action that is not a string the memo holds")
     codes = memo.code_table()[memo.pay[a]]
+    labels = None
+    if "meta_new" in out:  # the label's memo entry: its own new string, or the one it refers to
+        new = out["meta_new"][sl]
+        at = np.where(new, base + 1 + out["meta_rank"][sl], out["meta_ref"][sl])
+        if ((at >= base) & ~new).any() or ((memo.kind[at] != STR) & (memo.kind[at] != VSTR)).any():
+            raise Unsupported("user_metadata that is not a string the memo holds")
+        u, inv = np.unique(memo.pay[at], return_inverse=True)
+        labels = cols.labels_of([memo.objs[o] for o in u.tolist()])[inv.ravel()]
     cids = out["cids"][sl].copy()
     if get.any():
         f = out["fref"][sl][get]
@@ -259,4 +272,4 @@ def commit(t: int, out: dict, memo: Memo, cols: Columns) -> None:
             raise Unsupported("frames that are not a list the memo holds")
         cids[get] = memo.pay[f]
     cols.add(codes, *(out[k][sl] for k in ("addr", "size", "stream", "time_us")), cids,
-             out["device_free"][sl] if "device_free" in out else None)
+             out["device_free"][sl] if "device_free" in out else None, labels)
