@@ -55,9 +55,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fit", action="store_true", help="only the rows the rules were fitted on")
     ap.add_argument("--held-out", action="store_true", help="only the held-out rows")
     ap.add_argument("--from", dest="source", default="fp32")
+    ap.add_argument("--markdown", action="store_true", help="the summary as a markdown table (docs/plans.md)")
     a = ap.parse_args(argv)
     only = set(a.only.split(",")) if a.only else None
     errs = {}
+    if a.markdown:
+        return markdown(only, a.source)
     print(f"{'run':34s} {'held':4s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  peak phase")
     for run, p, ho in rows(only, a.source):
         if (a.fit and ho) or (a.held_out and not ho):
@@ -73,6 +76,24 @@ def main(argv=None) -> int:
     for (plan_name, ho), e in sorted(errs.items()):
         print(f"{plan_name:12s} {'held out' if ho else 'fitted':8s} runs {len(e):3d}  mean |error| {sum(e) / len(e):6.1%}  "
               f"max {max(e):6.1%}  within 5%: {sum(x <= 0.05 for x in e)}/{len(e)}")
+    return 0
+
+
+def markdown(only, source) -> int:
+    """Per plan and world size: runs, mean and worst error, fitted and held-out apart."""
+    cells = {}
+    for run, p, ho in rows(only, source):
+        if not p.applies:
+            continue
+        err = p.predicted_peak_bytes / run["peak"] - 1
+        cells.setdefault((run["plan"], ho), []).append((run["ranks"], err, run["name"]))
+    print("| plan | rows | runs | mean abs. error | worst | within 5 % |")
+    print("|---|---|---|---|---|---|")
+    for (name, ho), got in sorted(cells.items()):
+        e = [abs(x[1]) for x in got]
+        worst = max(got, key=lambda x: abs(x[1]))
+        print(f"| {name} | {'held out' if ho else 'fitted'} | {len(e)} | {sum(e) / len(e):.1%} | "
+              f"{worst[1]:+.1%} ({worst[2]}) | {sum(x <= 0.05 for x in e)}/{len(e)} |")
     return 0
 
 
