@@ -120,6 +120,11 @@ def test_wedsonlin_rebound_state_is_named():
     assert r.by_category["optimizer_state"] == old
     assert r.by_category["parameter"] == weights
     assert r.by_category["other"] <= 0.10 * r.peak_bytes
+    # the recorded step's own moments, made in the optimizer step and kept: optimizer state at the end
+    new = sum(z for a, z in raw.kept_made.values() if raw.in_optimizer(a))
+    assert new == 2 * weights
+    end = dict(zip(CATEGORIES, r.analysis.categories.at([r.n_events])[0].tolist()))
+    assert end["optimizer_state"] == new and end["parameter"] == weights
 
 
 def test_bcrafton_weights_gradients_and_state_from_before_the_recording_are_named():
