@@ -29,9 +29,10 @@ class Reading:
     evidence: str
 
 
-#: How sure each rule is: the share of the bytes it named that the programs' own count confirms, on the
-#: traces where it fires (docs/accuracy.md: fixtures/before's 13 look-alikes and the published
-#: snapshots whose programs we read).
+#: How sure each rule is: the share of the bytes it named that the programs confirm, 1.0 on each trace
+#: where it fires (wild/bcrafton_cs336, wild/wedsonlin_medium512_train, wild/magma27_cs336: the models'
+#: bytes from their sources), lowered for how few traces that is, and for the pairs whose weight and
+#: gradient the trace cannot tell apart block by block (docs/accuracy.md).
 CONFIDENCE = {"state_rebound": 0.95, "gradients_accumulated": 0.9}
 
 #: A rule names blocks only where the sizes that agree with it hold at least this share of the bytes it
