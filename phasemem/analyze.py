@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .analysis import Analysis
+from .categories import other_note, readings_note
 from .measure import aggregate, measure
 from .model import DeviceSummary, OutOfMemory, Step
 from .patterns import detect as detect_patterns
@@ -129,7 +130,8 @@ def analyze_trace(trace: Trace, *, marker_prefix: str = MARKER_PREFIX, what_ifs:
         patterns=patterns,
         by_category=by_category,
         ooms=_ooms(an, steps, name, patterns, replayed),
-        notes=_notes(trace, an.segmentation, steps) + _unpaired_note(an) + _counted_note(trace.meta, by_category),
+        notes=(_notes(trace, an.segmentation, steps) + _unpaired_note(an) + _counted_note(trace.meta, by_category)
+               + readings_note(an.categories) + other_note(an.facts, an.categories, peak_event, int(level[peak_event]))),
         other_devices=[DeviceSummary(device=f"cuda:{d['device']}", index=d["device"], events=d["events"],
                                      allocated_bytes=d["allocated_bytes"], reserved_bytes=d["reserved_bytes"],
                                      ooms=len(d["ooms"]))

@@ -295,7 +295,12 @@ def _smaller_optimizer_state(f: Facts):
     if small:
         return (f"the optimizer's state is already smaller than its gradients ({min(small):.2f}×): kept in fewer bits "
                 f"or factored, it would not shrink to a quarter again")
-    ch = f.change(f"8-bit optimizer state: {format_bytes(int(f.size[state].sum()))} of state kept in a quarter "
+    # the most state alive at once, not every state block summed: an optimizer that rebinds its state
+    # makes it anew every step (wild/wedsonlin_medium512_train: 3.15 GiB at a time, 6.31 GiB made in all)
+    points = np.concatenate([f.alloc[state], f.free[state]])
+    change = np.concatenate([f.size[state], -f.size[state]])[np.argsort(points, kind="stable")]
+    most = int(np.cumsum(change).max())
+    ch = f.change(f"8-bit optimizer state: {format_bytes(most)} of state kept in a quarter "
                   f"of the bytes.", f"{STATE_FACTOR:g}× the state's bytes (remedies.STATE_FACTOR)")
     ch.size[state] = (f.size[state] * STATE_FACTOR).astype(np.int64)
     return ch
