@@ -12,7 +12,9 @@ from ..stacks import stack_summary
 from ..vocab import CATEGORY_COLORS, PHASE_COLORS, PHASES
 from . import bands as _bands
 
-_SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bwd", "optimizer": "opt", "other": "?"}
+#: The strip's names where the whole one does not fit. 'other' has none: a '?' there read as an unsure
+#: phase, which is what a '?' after a name says (UNSURE).
+_SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bwd", "optimizer": "opt", "other": ""}
 
 _STRIP_OTHER = "#c8c8c8"  # the strip where no phase is known
 
