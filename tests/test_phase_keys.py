@@ -134,3 +134,48 @@ def test_loss_inside_the_model_inferred_against_gt_marks():
         left = [i for i in inside if report.labels[i] != "forward"]
         assert left and all(events[i]["action"] in ("free_requested", "free_completed") for i in left)
         assert all(report.labels[i] == "other" for i in left)
+
+
+def test_the_readme_loop_on_cpu_has_no_one_event_loss():
+    """The issue's case, recorded: README's loop (``loss = model(x).loss``) on CPU under instrument(), the
+    model keeping nothing of its output but the loss. Step 0 had no 'loss', steps 1 and 2 a one-event
+    'loss': the free of the previous step's loss value as ``loss`` is bound again, after forward's
+    END. Now no step has a loss phase; that free is 'other' in steps 1-2, every step has the same keys."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = torch.nn.Embedding(1000, 64), torch.nn.Linear(64, 1000)
+
+        def forward(self, x):
+            return SimpleNamespace(loss=F.cross_entropy(self.head(self.emb(x)).flatten(0, 1), x.flatten()))
+
+    torch.manual_seed(0)
+    model = LM()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randint(0, 1000, (8, 64))
+    with phasemem.instrument(model, opt, device="cpu") as run:
+        for _ in range(3):
+            loss = model(x).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = run.report()
+    events = run.snapshot["device_traces"][0]
+    _check_keys(report, events)
+    assert len(report.steps) == 3 and "loss" not in report.phases
+    fwd = _ranges(run.snapshot, "phasemem::forward")
+    life = report.timeline.lifetimes
+    for s, (_, f1) in zip(report.steps, fwd):
+        gap = [i for i in range(s.start_event, s.end_event + 1)
+               if f1 < events[i]["time_us"] and report.labels[i] not in ("zero_grad", "backward", "optimizer")]
+        gap = [i for i in gap if i < (s.phases["zero_grad"].start_event or s.phases["backward"].start_event)]
+        assert len(gap) == (0 if s.index == 0 else 1)
+        for i in gap:  # the previous step's loss value, made in its forward
+            made = int(life.alloc_event[(life.free_event == i) & (life.alloc_event >= 0)][0])
+            assert events[i]["action"] == "free_completed" and report.labels[i] == "other"
+            assert report.step_of[made] == s.index - 1 and report.labels[made] == "forward"
