@@ -19,7 +19,7 @@ _SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bw
 _STRIP_OTHER = "#c8c8c8"  # the strip where no phase is known
 
 #: An inferred phase less sure than this (its measured precision, segmentation.inferred.CONFIDENCE) is drawn
-#: hatched and named with a '?': the frameless optimizer (0.66) and loss (0.69) are.
+#: hatched and named with a '?': the frameless loss (0.51) is.
 UNSURE = 0.9
 
 _OOM = "#d62728"
