@@ -198,7 +198,7 @@ def phase_deltas(ra: Report, rb: Report, pa: Step | None, pb: Step | None) -> di
     fb = rb.phases if pb is None else pb.phases
     out = {}
     for name in _ordered(set(fa) | set(fb), PHASES):
-        x, y = fa.get(name), fb.get(name)
+        x, y = (p if p is not None and p.ran else None for p in (fa.get(name), fb.get(name)))
         a_peak = x.peak_bytes if x is not None else None
         b_peak = y.peak_bytes if y is not None else None
         cats = {c: int(y.by_category.get(c, 0)) - int(x.by_category.get(c, 0)) for c in CATEGORIES} if (

@@ -34,21 +34,29 @@ def measure(an: Analysis) -> list[Step]:
     by_step: dict[int, list[Phase]] = {}
     for ph in phases:
         by_step.setdefault(ph.step, []).append(ph)
+    every = [name for name in PHASES if any(ph.name == name for ph in phases)]
     steps = []
     for s, ((a, b, complete), (p, peak, start_b, end_b)) in enumerate(zip(seg.steps, step_specs)):
-        mine = sorted(by_step.get(s, []), key=lambda ph: ph.at_event)
+        mine = {ph.name: ph for ph in sorted(by_step.get(s, []), key=lambda ph: ph.at_event)}
+        mine.update((name, _not_run(name, s)) for name in every if name not in mine)
         steps.append(Step(index=s, number=seg.step_numbers[s], start_event=a, end_event=b - 1, complete=complete,
                           peak_bytes=peak, peak_event=p, start_bytes=start_b, end_bytes=end_b,
-                          phases={ph.name: ph for ph in mine},
+                          phases=mine,
                           by_category=dict(zip(CATEGORIES, next(rows))) if p is not None else {}))
     return steps
 
 
+def _not_run(name: str, step: int) -> Phase:
+    """The phase a step did not run, kept so that every step has every phase's key."""
+    return Phase(name=name, step=step, peak_bytes=0, start_bytes=0, end_bytes=0, start_event=None, end_event=None,
+                 peak_event=None, n_events=0, source="none", ran=False)
+
+
 def aggregate(steps: list[Step], an: Analysis) -> dict[str, Phase]:
-    """One Phase per name over all steps: highest peak, first start, last end."""
+    """One Phase per name over all steps that ran it: highest peak, first start, last end."""
     specs = []
     for name in PHASES:
-        occ = [s.phases[name] for s in steps if name in s.phases]
+        occ = [ph for s in steps if (ph := s.phases.get(name)) is not None and ph.ran]
         if not occ:
             continue
         top = max(occ, key=lambda p: p.peak_bytes)

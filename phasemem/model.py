@@ -23,7 +23,8 @@ class Phase:
     ``peak_bytes`` is the most memory allocated while the phase's events ran (after an alloc,
     before a free); ``start_bytes`` is what was allocated just before its first event, ``end_bytes``
     just after its last. Event indices are positions in ``snapshot["device_traces"][device]``;
-    they are None for a phase that ran but allocated and freed nothing.
+    they are None for a phase that ran but allocated and freed nothing. Every step holds every phase
+    that any step ran; one it did not run has ``ran`` False, no events and zero bytes.
 
     Example:
         >>> report.phases["optimizer"].peak_bytes
@@ -44,6 +45,9 @@ class Phase:
     confidence: float = 1.0  # 1 for markers and annotations; lower when inferred (docs/accuracy.md)
     by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
     at_event: float | None = None  # where it ran: start_event, or between two events when it made none
+    #: False for a phase this step did not run, kept so that every step has the key of every phase any
+    #: step ran (``steps[0].phases["loss"]``): no events, zero bytes, no position.
+    ran: bool = True
 
 
 @dataclass
@@ -121,6 +125,7 @@ class Step:
     peak_event: int | None
     start_bytes: int
     end_bytes: int
+    #: Every phase any step ran, in the order this step ran them, then those it did not (``ran`` False).
     phases: dict[str, Phase]
     by_category: dict[str, int] = field(default_factory=dict)  # bytes per category at peak_event
 

@@ -78,7 +78,7 @@ def summarize(report: Report, rank: int | None = None, name: str | None = None) 
     meta = report.trace.meta if report.trace is not None else {}
     rank = meta.get("rank", rank) if rank is None else rank
     steps = {s.number: {"complete": s.complete, "peak": int(s.peak_bytes),
-                        "phases": {p.name: int(p.peak_bytes) for p in s.phases.values()}} for s in report.steps}
+                        "phases": {p.name: int(p.peak_bytes) for p in s.phases.values() if p.ran}} for s in report.steps}
     s = RankSummary(rank=None if rank is None else int(rank), name=name or f"rank {rank}", device=report.device,
                     world_size=meta.get("world_size"), n_events=report.n_events, peak_bytes=int(report.peak_bytes),
                     peak_event=int(report.peak_event), peak_step=None, peak_phase="other", peak_shape=None,

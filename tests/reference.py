@@ -73,7 +73,8 @@ def label_events(events, ivs, phases=("forward", "zero_grad", "backward", "optim
 
 def add_loss(events, labels, ivs):
     """Events after a forward ends and before the next backward begins are the loss, unless a phase
-    that began inside that gap holds them (zero_grad). The gap nests inside a phase that began
+    that began inside that gap holds them (zero_grad), and only where one of them allocates (a loss
+    computed inside the model leaves only frees there). The gap nests inside a phase that began
     before it (Lightning's optimizer.step(closure)), so the loss wins there."""
     starts = []
     label_events(events, ivs, starts=starts)
@@ -84,8 +85,10 @@ def add_loss(events, labels, ivs):
         before = [fe for fe in fwd_ends if fe < b0]
         if before and (prev_bwd_end is None or before[-1] > prev_bwd_end):
             fe = before[-1]
-            for i, e in enumerate(events):
-                if fe < e["time_us"] < b0 and (starts[i] is None or starts[i] < fe):
+            gap = [i for i, e in enumerate(events)
+                   if fe < e["time_us"] < b0 and (starts[i] is None or starts[i] < fe)]
+            if any(events[i]["action"] == "alloc" for i in gap):  # frees alone compute no loss
+                for i in gap:
                     out[i] = "loss"
         prev_bwd_end = b1 if prev_bwd_end is None else max(prev_bwd_end, b1)
     return out

@@ -611,7 +611,7 @@ def test_pattern_markers_are_filled_shapes():
 
 
 def test_unsure_phases_are_hatched_and_questioned():
-    """Phases inferred without frames below UNSURE (the loss, 0.73; the optimizer, 0.97 since the third
+    """Phases inferred without frames below UNSURE (the loss, 0.51; the optimizer, 0.97 since the third
     frameless round, is not) look different and say so."""
     from phasemem.render import UNSURE
 

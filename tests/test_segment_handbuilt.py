@@ -3,7 +3,7 @@ by hand here, from the documented rule, never computed by phasemem.
 
 The rule: an event at time t is inside [START, END] when START <= t <= END; nested ranges resolve
 to the innermost; the loss is the events strictly after a forward's END and strictly before the
-next backward's START (one loss per forward); a step ends where an optimizer range ends (work after
+next backward's START (one loss per forward), where one of them allocates (frees alone compute no loss); a step ends where an optimizer range ends (work after
 the last one is a partial step only if it trains); a phase that ran without events is reported
 with n_events 0; an unmatched START runs to the end of the trace.
 """
@@ -235,7 +235,7 @@ def test_empty_zero_grad_is_reported_with_no_events(zg_name, source):
         (55, AL, 3, "optimizer", 0),
         (67, AL, 4, "zero_grad", 1),  # step 1's zero_grad has an event
         (85, AL, 5, "forward", 1),
-        (95, FR, 5, "loss", 1),
+        (95, FR, 5, "other", 1),  # frees alone between forward and backward: the output dropped, no loss
         (105, FR, 4, "backward", 1),
         (125, FR, 3, "optimizer", 1),
         (140, FR, 9, "other", -1),

@@ -31,7 +31,7 @@ def finish(trace: Trace, tl: Timeline | None, labels: np.ndarray) -> np.ndarray:
     """Lifetime rules that hold whatever found the phases: zero_grad's frees, then the loss."""
     if tl is not None:
         zero_grad_from_lifetimes(trace, tl, labels)
-    _loss_between(labels)
+    _loss_between(labels, trace.action == A["alloc"])
     # A CUDA-graphed model's forward makes no events; its loss is found by cross-entropy's fingerprint,
     # but only in a training trace (an optimizer ran): a bare function's forward + .sum() + backward
     # (silmont_mem_snapshot in ../shared/wild) has no forward events either, and no cross-entropy.
@@ -83,11 +83,16 @@ def _weight_sizes(life, labels: np.ndarray, bw_first: np.ndarray, bw_last: np.nd
     return np.unique(life.size[outside & spans])
 
 
-def _loss_between(labels: np.ndarray) -> None:
-    """Relabel 'other' runs that sit between a forward run and the next backward run as loss."""
+def _loss_between(labels: np.ndarray, is_alloc: np.ndarray) -> None:
+    """Relabel 'other' runs that sit between a forward run and the next backward run as loss, where
+    they allocate: a run of frees alone is the model's output dropped (and the previous step's loss
+    value released) after a forward that computed its loss inside, no loss (as
+    ``segmentation.markers`` rules for marked traces)."""
     first, last, code, _ = runs(labels, np.zeros(len(labels), np.int32))
     telling = np.flatnonzero((code != P["zero_grad"]) & (code != P["other"]))
+    allocs = np.concatenate([[0], np.cumsum(is_alloc)])
     for k in np.flatnonzero(code == P["other"]).tolist():
         j = np.searchsorted(telling, k)
-        if 0 < j < len(telling) and code[telling[j - 1]] == P["forward"] and code[telling[j]] == P["backward"]:
+        if 0 < j < len(telling) and code[telling[j - 1]] == P["forward"] and code[telling[j]] == P["backward"] \
+                and allocs[last[k] + 1] > allocs[first[k]]:
             labels[first[k]:last[k] + 1] = P["loss"]

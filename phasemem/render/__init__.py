@@ -73,8 +73,9 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     and PDF). The base and the summed band on top are outlines (hatched) in every case.
 
     What was drawn is kept on the figure: ``fig.phasemem_stack`` (the ``bands.Stack``: which
-    allocations got bands, their offsets per column, the summed rest) and ``fig.phasemem_callouts``
-    (which patterns were named in full, how many only marked).
+    allocations got bands, their offsets per column, the summed rest), ``fig.phasemem_callouts``
+    (which patterns were named in full, how many only marked) and ``fig.phasemem_peakbar`` (the peak
+    bar's texts, ``peakbar.Line``: each with the figure it shows).
 
     Example:
         >>> fig = phasemem.render.plot(report, size=(1200, 600), steps="1-2", color="stack")
@@ -93,8 +94,7 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     if bands == "auto":
         bands = "vector" if _bands.vertex_count(sc.st) <= VECTOR_BANDS_CAP else "raster"
     fig.phasemem_callouts, y_top = _draw(ax, lay, report, sc, ax_box, bands)
-    if bar_px:
-        _peakbar.draw(fig, lay, report, ax_box, y_top, sc.unit_div, bar_px)
+    fig.phasemem_peakbar = _peakbar.draw(fig, lay, report, ax_box, y_top, sc.unit_div, bar_px) if bar_px else []
     _axes_style(ax, by, sc.unit, sc.X[b] - sc.X[a], ax_box[2] * width, ax_box[3] * height)
     _title(fig, lay, report, shown, width, height)
     _legends(fig, lay, sc.groups, rows, height)

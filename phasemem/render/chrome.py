@@ -33,14 +33,20 @@ def _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, unsure=frozenset(), 
     x0, x1 = X[np.maximum(first, a)], X[np.minimum(last + 1, b)]
     known = np.array([p in PHASE_COLORS for p in PHASES])[code]
     hatched = np.array([p in unsure for p in PHASES])[code]
+    # The strip gives a phase narrower than a pixel a column its neighbour can spare (pixels.widen);
+    # the shading over the plot stays as the events fall.
+    i0, i1, _, _ = _pixels.grid(view)
+    wide = _pixels.widen(view.x_px(x0), view.x_px(x1), code, i0, i1)
+    sx0, sx1 = (x0, x1) if wide is None else (view.x_data(wide[0]), view.x_data(wide[1]))
     # One collection per layer, not one patch per occurrence: 400 steps would be 2,000 patches.
-    for y0, y1, alpha, z, m in ((0, 1 - strip_frac, 0.14, 0, known), (1 - strip_frac, 1, 0.95, 1, known | ~known)):
+    for y0, y1, alpha, z, m, c0, c1 in ((0, 1 - strip_frac, 0.14, 0, known, x0, x1),
+                                        (1 - strip_frac, 1, 0.95, 1, known | ~known, sx0, sx1)):
         if raster:
             # The shading takes the hatched phases' cells too (its hatch is the strip's); the strip's
             # hatched cells are polygons drawn over its image.
             seq = np.flatnonzero(m if z == 0 else m & ~hatched)
             if len(seq):
-                rgba, i0, k0 = _pixels.spans(view, x0[seq], x1[seq], colors[code[seq], :3], alpha, y0, y1)
+                rgba, i0, k0 = _pixels.spans(view, c0[seq], c1[seq], colors[code[seq], :3], alpha, y0, y1)
                 im = _pixels.add(ax, view, rgba, i0, k0, z, "phase-shading" if z == 0 else "phase-strip")
                 im.phasemem_cells = len(seq)
         for h in (False, True):
@@ -48,7 +54,7 @@ def _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, unsure=frozenset(), 
             if not sel.any() or (raster and (z == 0 or not h)):
                 continue
             verts = np.empty((int(sel.sum()), 4, 2))
-            verts[:, :, 0] = np.stack([x0[sel], x0[sel], x1[sel], x1[sel]], axis=1)
+            verts[:, :, 0] = np.stack([c0[sel], c0[sel], c1[sel], c1[sel]], axis=1)
             verts[:, :, 1] = [y0, y1, y1, y0]
             fc = colors[code[sel]].copy()
             fc[:, 3] = alpha
@@ -64,7 +70,7 @@ def _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, unsure=frozenset(), 
         phase = PHASES[c]
         q = "?" if phase in unsure else ""
         for name in (phase + q, _SHORT[phase] + q):
-            if lay.fits(name, STRIP_PT, span, "bold"):
+            if name and lay.fits(name, STRIP_PT, span, "bold"):
                 ax.text((xa + xb) / 2, 1 - strip_frac / 2, name, transform=ax.get_xaxis_transform(),
                         ha="center", va="center", fontsize=STRIP_PT, color="white", fontweight="bold",
                         zorder=6, clip_on=True)
@@ -191,8 +197,11 @@ def _title(fig, lay, report, shown, width, height):
 
 def _mark_handles(present, report, show_reserved, other_shown=False, repeated=()):
     unsure = _unsure(report)
-    handles = [Patch(facecolor=PHASE_COLORS[p], edgecolor="none", alpha=0.5,
-                     label=f"{p}? ({report.phases[p].confidence:.0%} sure)" if p in unsure else p) for p in present]
+    # an unsure phase hatched as its strip cells are, its '?' said: inferred, and how sure
+    handles = [Patch(facecolor=PHASE_COLORS[p], edgecolor="none", alpha=0.5, hatch="xx" if p in unsure else None,
+                     hatchcolor="#ffffff",
+                     label=f"{p}? (inferred, {report.phases[p].confidence:.0%} sure)" if p in unsure else p)
+               for p in present]
     if other_shown:
         handles.append(Patch(facecolor=_STRIP_OTHER, edgecolor="none", label="other: no phase known"))
     handles.append(Line2D([], [], color=_CURVE, lw=1.0, label="allocated"))

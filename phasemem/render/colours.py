@@ -12,12 +12,14 @@ from ..stacks import stack_summary
 from ..vocab import CATEGORY_COLORS, PHASE_COLORS, PHASES
 from . import bands as _bands
 
-_SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bwd", "optimizer": "opt", "other": "?"}
+#: The strip's names where the whole one does not fit. 'other' has none: a '?' there read as an unsure
+#: phase, which is what a '?' after a name says (UNSURE).
+_SHORT = {"forward": "fwd", "loss": "loss", "zero_grad": "zero", "backward": "bwd", "optimizer": "opt", "other": ""}
 
 _STRIP_OTHER = "#c8c8c8"  # the strip where no phase is known
 
 #: An inferred phase less sure than this (its measured precision, segmentation.inferred.CONFIDENCE) is drawn
-#: hatched and named with a '?': the frameless optimizer (0.66) and loss (0.69) are.
+#: hatched and named with a '?': the frameless loss (0.51) is.
 UNSURE = 0.9
 
 _OOM = "#d62728"

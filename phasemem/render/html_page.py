@@ -224,6 +224,8 @@ def _steps_table(report, views: dict) -> str:
     rows = []
     for s in report.steps:
         for name, ph in s.phases.items():
+            if not ph.ran:  # kept for its key only: the step did not run it
+                continue
             ev = f"{ph.start_event:,}–{ph.end_event:,}" if ph.n_events else "—"
             sure = ph.source if ph.source != "inferred" else f"inferred, {ph.confidence:.0%} sure"
             rows.append(f"<tr><td>{s.number}</td><td class=l>{_zoom(f's{s.index}.{name}', views, name)}</td>"

@@ -73,6 +73,10 @@ class Layout:
             return False
         return self.text_size(s, pt, weight)[0] + 4 <= room
 
+    def axis_px(self) -> float:
+        """The room under the axes for the x axis' ticks and label (the legends go under it)."""
+        return self.px(TICK_PT) * 2.0 + self.px(LABEL_PT) * 1.8 + 6
+
     def axes_box(self, groups, right_px: float = 0.0) -> tuple[list[float], list[int]]:
         """The axes rectangle in figure fractions, and how many rows each legend group below it needs;
         ``right_px`` more pixels are kept free right of it (the peak's bar)."""
@@ -88,7 +92,7 @@ class Layout:
             while r < len(handles) and legend_width(item, r) > W - 20:
                 r += 1
             rows.append(r if handles else 0)
-        axis = self.px(TICK_PT) * 2.0 + self.px(LABEL_PT) * 1.8 + 6
+        axis = self.axis_px()
         # A small picture keeps its plot: legends give way (the lowest first) rather than squash it.
         while sum(rows) and H - top - axis - sum(rows) * self.px(LEGEND_PT) * 1.9 < 0.45 * (H - top - axis):
             rows[max(k for k, r in enumerate(rows) if r)] = 0
@@ -259,8 +263,19 @@ def callouts(ax, lay: Layout, view: View, curve: Curve, placed: Boxes, patterns,
     return Callouts(full, marked, skipped)
 
 
+def callout_text(p) -> str:
+    """A shape's callout: its kind and the figure the report's list of shapes gives it (the
+    occurrence's whole size, ``Pattern.bytes``; what of it was alive at the peak is the peak bar's).
+
+    Example:
+        >>> callout_text(report.patterns_of("logits")[0])
+        'logits 250.0 MiB'
+    """
+    return f"{p.kind} {format_bytes(p.bytes)}"
+
+
 def _place_callout(ax, lay, view, curve, placed, p, X, level, unit_div, ceiling_px) -> bool:
-    label = f"{p.kind} {format_bytes(p.bytes)}"
+    label = callout_text(p)
     w, h = lay.text_size(label, CALLOUT_PT)
     e = int(p.peak_event)
     xd, yd = (X[e] + X[e + 1]) / 2, level[e] / unit_div

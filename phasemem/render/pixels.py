@@ -103,3 +103,66 @@ def _png_info():
     info = PngInfo()
     info.add_text("Software", f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/")
     return info
+
+
+def widen(a_px: np.ndarray, b_px: np.ndarray, code: np.ndarray, i0: int, i1: int):
+    """Cells (x order, not overlapping, in canvas pixels) that give each phase narrower than a pixel
+    the one pixel column its neighbour can spare, or None where no cell changes.
+
+    A pixel takes the cell that holds its centre (``spans``), so a cell between two centres shows
+    nowhere. Each such gap between two columns gives its left column to the widest hidden cell
+    there (order kept), its right column to the next, when the column's owner keeps another column
+    and the hidden cell's phase differs from both neighbours' (a sliver of the same colour is shown
+    already); the rest stay hidden. Returned as (a, b) per cell: the whole columns each now holds, a
+    hidden one empty (a == b) where it lies. Where nothing changes, the cells are left as they came
+    (the same pixels, and an SVG's edges unsnapped)."""
+    n = len(a_px)
+    if not n or i1 <= i0:
+        return None
+    centre = np.arange(i0, i1) + 0.5
+    k = np.searchsorted(a_px, centre, "left") - 1
+    inside = k >= 0
+    inside[inside] = centre[inside] <= b_px[k[inside]]
+    owner = np.where(inside, k, -1)
+    count = np.bincount(owner[inside], minlength=n)
+    hidden = np.flatnonzero((count == 0) & (b_px > i0) & (a_px < i1))
+    if not len(hidden):
+        return None
+    # the gap each hidden cell lies in: between columns g-1 and g
+    gap = np.searchsorted(centre, a_px[hidden], "right")
+    starts = np.flatnonzero(np.concatenate([[True], gap[1:] != gap[:-1]]))
+    changed = False
+    for s, e in zip(starts.tolist(), np.append(starts[1:], len(gap)).tolist()):
+        g = int(gap[s])
+        left = int(owner[g - 1]) if g >= 1 else -1
+        right = int(owner[g]) if g < len(owner) else -1
+        near = {int(code[o]) for o in (left, right) if o >= 0}
+        cands = [int(c) for c in hidden[s:e] if int(code[c]) not in near]
+        slots = [(g - 1, left) if left >= 0 and count[left] >= 2 else None,
+                 (g, right) if right >= 0 and count[right] >= 2 else None]
+        free = [x for x in slots if x is not None]
+        if not cands or not free:
+            continue
+        picked = sorted(sorted(cands, key=lambda c: -(b_px[c] - a_px[c]))[:len(free)])
+        if len(picked) == 1 and len(free) == 2:
+            mid = (a_px[picked[0]] + b_px[picked[0]]) / 2  # the nearer column
+            free = [free[0] if mid - centre[g - 1] <= centre[g] - mid else free[1]]
+        for c, (col, was) in zip(picked, free):
+            owner[col] = c
+            count[was] -= 1
+            count[c] += 1
+        changed = True
+    if not changed:
+        return None
+    cols = np.flatnonzero(owner >= 0)
+    # each cell's first and last column (contiguous: a column changes hands only at a gap's edge)
+    lo = np.full(n, len(owner), np.int64)
+    hi = np.full(n, -1, np.int64)
+    np.minimum.at(lo, owner[cols], cols)
+    np.maximum.at(hi, owner[cols], cols)
+    has = hi >= 0
+    b_new = np.where(has, i0 + hi + 1, -np.inf)
+    # a hidden cell: empty, at the end of the cell before it (or at the view's left edge, before any)
+    before = np.concatenate([[-np.inf], np.maximum.accumulate(b_new)[:-1]])
+    at = np.where(np.isfinite(before), before, float(i0))
+    return np.where(has, i0 + lo, at).astype(np.float64), np.where(has, b_new, at)
