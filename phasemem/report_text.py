@@ -108,11 +108,12 @@ def step_table(r: Report, steps) -> list[str]:
     lines += ["", head, "-" * len(head)]
     pieces = _pieces(r)
     # every row's three byte cells, in table order: each distinct size formatted once
-    cells = iter(byte_cells([v for st in steps for x in (*st.phases.values(), st)
+    ran = [[ph for ph in st.phases.values() if ph.ran] for st in steps]  # a phase a step did not run: no row
+    cells = iter(byte_cells([v for st, phs in zip(steps, ran) for x in (*phs, st)
                               for v in (x.start_bytes, x.peak_bytes, x.end_bytes)]))
-    for st in steps:
+    for st, phs in zip(steps, ran):
         tag = "" if st.complete else " (partial)"
-        for ph in st.phases.values():
+        for ph in phs:
             ev = f"{ph.start_event}-{ph.end_event}" if ph.n_events else "—"
             k = pieces.get((st.index, ph.name), 1)
             more = f" in {k} runs" if k > 1 else ""
