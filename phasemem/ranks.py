@@ -429,8 +429,8 @@ def rank_summaries(paths: list[str], *, workers: int | None = None, scheduler=No
                    **analyze_options) -> list[tuple[RankSummary, list[str]]]:
     """``(summary, broken budgets)`` of each file, in the order of ``paths``, whichever way they ran:
     one after another (``workers=1``, or one file), on ``workers`` local processes (default: every core
-    this process may use), or on the Dask cluster at ``scheduler`` (an address, or a
-    ``distributed.Client``). The first file in ``paths`` that fails raises its error, as one after another.
+    this process may use, once the files add up to ``MIN_POOL_BYTES``), or on the Dask cluster at
+    ``scheduler`` (an address, or a ``distributed.Client``). The first file in ``paths`` that fails raises its error, as one after another.
     ``meanwhile()`` runs here while the workers analyse (the CLI loads the picture's modules then).
 
     Example:
@@ -443,12 +443,26 @@ def rank_summaries(paths: list[str], *, workers: int | None = None, scheduler=No
         if workers is not None:
             raise PhasememError("give workers or a scheduler, not both: on a Dask cluster its own workers analyse the ranks")
         return _on_cluster(paths, scheduler, budgets, analyze_options, meanwhile)
-    workers = min(local_cores() if workers is None else workers, len(paths))
+    if workers is None:  # every core, where the ranks are enough to pay for starting the workers
+        workers = local_cores() if _on_disk(paths) >= MIN_POOL_BYTES else 1
+    workers = min(workers, len(paths))
     if workers <= 1:
         if meanwhile is not None:
             meanwhile()
         return [summarize_file(p, p, budgets, **analyze_options) for p in paths]
     return _on_processes(paths, workers, budgets, analyze_options, meanwhile)
+
+
+#: By default the ranks go to worker processes only from this many bytes of files: a worker costs a fresh
+#: interpreter importing phasemem (0.5 s of a core here), and smaller runs finish sooner one after another
+#: (fixtures/pairs as 4 ranks, 8k events and 45 KB each: see docs/performance.md). ``workers=N`` is obeyed.
+MIN_POOL_BYTES = 2 << 20
+
+
+def _on_disk(paths: list[str]) -> int:
+    import os
+
+    return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
 
 
 def _biggest_first(paths: list[str]) -> list[str]:

@@ -76,8 +76,11 @@ def test_default_is_every_core_and_says_the_same(folder, monkeypatch):
     real = ranks_mod._on_processes
     monkeypatch.setattr(ranks_mod, "local_cores", lambda: 3)
     monkeypatch.setattr(ranks_mod, "_on_processes", lambda paths, workers, *a: used.append(workers) or real(paths, workers, *a))
-    assert phasemem.analyze_ranks(folder).to_dict() == phasemem.analyze_ranks(folder, workers=1).to_dict()
-    assert used == [3]  # the default pool, and none for workers=1
+    small = phasemem.analyze_ranks(folder)  # 4 x 45 KB: less than starting workers costs, so none
+    assert used == [] and sum(p.stat().st_size for p in folder.iterdir()) < ranks_mod.MIN_POOL_BYTES
+    monkeypatch.setattr(ranks_mod, "MIN_POOL_BYTES", 0)
+    assert phasemem.analyze_ranks(folder).to_dict() == small.to_dict() == phasemem.analyze_ranks(folder, workers=1).to_dict()
+    assert used == [3]  # every core, and no pool for workers=1
 
 
 def test_one_file_or_one_worker_starts_no_pool(folder, tmp_path, monkeypatch):
