@@ -54,8 +54,26 @@ def register(sub) -> None:
                    help="ddp and zero1 plans: DDP with gradient_as_bucket_view=True")
     a.add_argument("--keep-unsharded", dest="keep_unsharded", action="store_true",
                    help="fsdp2 plans: reshard_after_forward=False (each layer kept whole from forward to backward)")
+    ranks = a.add_argument_group("several ranks (a folder, several files or a glob)")
+    ranks.add_argument("--workers", type=_workers, default=None, metavar="N",
+                       help="analyse the ranks on N processes (default: every core; 1: one after another)")
+    ranks.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                       help="analyse the ranks on the Dask cluster at ADDRESS (tcp://HOST:8786), each worker "
+                            "reading its rank's file by path (pip install 'phasemem[dask]')")
     picture_options(a)
     a.set_defaults(run=run)
+
+
+def _workers(text: str) -> int:
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of processes, 1 or more (1: one rank after another)")
+    return v
 
 
 def run(args) -> int:
@@ -182,21 +200,25 @@ def _several_ranks(sources: list[str]) -> bool:
     return len(sources) > 1 or os.path.isdir(one) or (glob.has_magic(one) and not os.path.exists(one))
 
 
+def _load_picture() -> None:
+    """The picture's modules (matplotlib: 0.5 s), loaded while the workers analyse the ranks."""
+    from ..render import ranks  # noqa: F401
+
+
 def _run_ranks(args, budgets) -> int:
     """A distributed run: every rank analysed, one report over them, the lanes picture (phasemem.ranks)."""
-    from ..budgets import check_report
     from ..errors import PhasememError
-    from ..ranks import RunReport, each_rank, rank_files
+    from ..ranks import RunReport, rank_files, rank_summaries
 
     if args.device == "all" or args.what_if or args.fits is not None:
         flag = "--device all" if args.device == "all" else "--what-if" if args.what_if else "--fits"
         raise PhasememError(f"{flag} reads one snapshot; "
                             "with several ranks, run it on one rank's file")
-    summaries, broken = [], []
-    for path, report, summary in each_rank(rank_files(args.snapshot), device=args.device, trusted=args.trust,
-                                           marker_prefix=args.markers, steps=args.zoom):
-        summaries.append(summary)
-        broken += [f"{path}: {line}" for line in check_report(budgets, report)]
+    got = rank_summaries(rank_files(args.snapshot), workers=args.workers, scheduler=args.scheduler,
+                         budgets=budgets, device=args.device, trusted=args.trust, marker_prefix=args.markers,
+                         steps=args.zoom, meanwhile=_load_picture)
+    summaries = [s for s, _ in got]
+    broken = [f"{s.name}: {line}" for s, lines in got for line in lines]
     run = RunReport.of(summaries)
     outputs = [(args.output, run.picture_writer(args.output, size=args.size, dpi=args.dpi))]
     if args.json:
