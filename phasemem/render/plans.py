@@ -145,7 +145,9 @@ class PlanPicture:
                     continue
                 peak = format_bytes(p.predicted_peak_bytes)
                 if p.predicted_peak_bytes_low is not None:
-                    peak = f"{format_bytes(p.predicted_peak_bytes_low).split()[0]}-{peak}"
+                    low = format_bytes(p.predicted_peak_bytes_low)
+                    same = low.split()[-1] == peak.split()[-1]  # one unit: said once
+                    peak = f"{low.split()[0] if same else low}-{peak}"
                 row.append(f"{peak} ({self.fit_label(b.largest_factor, 'x')})")
                 if b.largest_factor is None:
                     unsolved.setdefault(b.fits_why or "unknown", []).append(f"{name}:{p.ranks}")
