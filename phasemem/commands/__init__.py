@@ -3,6 +3,8 @@
     phasemem analyze SNAPSHOT -o memory.png [--json memory.json] [--device N] [--markers PREFIX] [--trust]
                               [--steps 2-4] [--by event|time] [--color category|stack|phase]
                               [--max-bands N] [--size WxH] [--dpi N]
+    phasemem plan SNAPSHOT -o plan.png [--json plan.json] [--budget 80GiB] [--batch B] [--ranks 1,2,4,8,16]
+                           [--plan ddp,zero1,zero2,fsdp2] [--param-dtype bf16] [--bucket-view] [--keep-unsharded]
     phasemem diff A B [-o diff.png] [--json diff.json] [--steps steady|all|N|N:M] [--fail-if BUDGET ...]
     phasemem convert SNAPSHOT -o trace.npz [--device N] [--markers PREFIX] [--trust]
     phasemem annotate SNAPSHOT -o labelled.pickle [--device N|all] [--markers PREFIX] [--trust]
@@ -22,10 +24,10 @@ import sys
 
 from .. import progress
 from ..errors import PhasememError
-from . import analyze, annotate, convert, demo, diff
+from . import analyze, annotate, convert, demo, diff, plan
 
 # One module per subcommand, each with register(subparsers) and run(args); listed in --help order.
-COMMANDS = (analyze, diff, annotate, convert, demo)
+COMMANDS = (analyze, plan, diff, annotate, convert, demo)
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130

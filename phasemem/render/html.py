@@ -15,6 +15,7 @@ Example:
 """
 from __future__ import annotations
 
+import html
 import io
 import math
 import xml.etree.ElementTree as ET
@@ -42,6 +43,16 @@ WHOLE_SHARE = 0.9
 #: Frames of an allocation's stack shown on hover (innermost first, as memory_viz lists them).
 STACK_FRAMES = 14
 
+#: The page draws the plan grid (render/plans.py) for traces up to this many events: ``plan_grid``
+#: replays 4 plans x 5 rank counts and solves what fits for each, ~0.1 ms an event on this 2-core machine
+#: (fixtures/plans/gpt stretched by benchmarks/scale_snapshot.py: 50k events 4.2 s, 200k 21.6 s;
+#: ../shared/wild's 22k-event wedsonlin 0.7 s); above it the page says how to draw it.
+PLAN_PAGE_EVENTS = 25_000
+#: The card the page's plan grid is solved for (a trace does not say its card's memory): 80 GB.
+PLAN_PAGE_BUDGET = 80 << 30
+#: The plan picture's size on the page, in pixels (the SVG scales to the page's width).
+PLAN_PAGE_SIZE = (1400, 640)
+
 _SVG_NS = "{http://www.w3.org/2000/svg}"
 _XLINK_HREF = "{http://www.w3.org/1999/xlink}href"
 
@@ -58,13 +69,42 @@ def page_writer(report, fig, **options):
         scene = _Scene(report, fig, options.get("by", "event"), options.get("color", "category"),
                        int(options.get("max_bands", 2000)))
         svg, data = _svg_text(fig, _tag(fig), scene), scene.data()
-    text = page(report, svg, data, int(round(fig.get_size_inches()[0] * fig.dpi)))
+    text = page(report, svg, data, int(round(fig.get_size_inches()[0] * fig.dpi)), plans=plans_section(report))
 
     def write(tmp):
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
 
     return write
+
+
+def plans_section(report) -> str:
+    """The page's "Across GPUs" section: the plan picture (render/plans.py) as inline SVG under an 80 GB
+    budget, for a report with an allocation history of at most PLAN_PAGE_EVENTS events; a note where
+    it is skipped or cannot be told.
+
+    Example:
+        >>> plans_section(phasemem.analyze("fixtures/plans/gpt__single_fp32__n1_r0__b4.pkl.xz"))[:30]
+        '<h2 id=pm-plans-h>Across GPUs:'
+    """
+    from ..errors import PhasememError
+    from .plans import PlanPicture, svg_text
+
+    if report.live is not None or report.analysis is None:
+        return ""
+    head = "<h2 id=pm-plans-h>Across GPUs: each rank's peak under DDP, ZeRO and FSDP2</h2>"
+    how = ("<code>phasemem plan TRACE -o plan.png --budget 24GiB --batch B</code> draws it for another card, "
+           "with the largest batch per rank as a number")
+    if report.n_events > PLAN_PAGE_EVENTS:
+        return (f"{head}<p class=pm-note>Not drawn here: the trace has {report.n_events:,} events and replaying "
+                f"every plan at every rank count takes a while above {PLAN_PAGE_EVENTS:,}; {how}.</p>")
+    try:
+        pic = PlanPicture.of(report, PLAN_PAGE_BUDGET)
+        svg = svg_text(pic, size=PLAN_PAGE_SIZE)
+    except PhasememError as e:
+        return f"{head}<p class=pm-note>Cannot be told: {html.escape(str(e))}</p>"
+    return (f"{head}<p class=pm-note>Replayed on this trace (docs/plans.md), under an 80 GiB card; {how}.</p>"
+            f'<div id=pm-plans style="max-width:{PLAN_PAGE_SIZE[0]}px">{svg}</div>')
 
 
 class _Scene:

@@ -15,7 +15,7 @@ body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:16px;col
  padding:1px 7px;border:1px solid #c9d7e8;border-radius:4px;cursor:pointer}
 #pm-showing{font-weight:600;margin-left:6px}
 .pm-hint{color:#777;font-size:12px}
-#pm-fig svg{width:100%;height:auto;display:block}
+#pm-fig svg,#pm-plans svg{width:100%;height:auto;display:block}
 .pm-band{shape-rendering:crispEdges}
 .pm-hot{stroke:#000;stroke-width:1.3;vector-effect:non-scaling-stroke}
 .pm-line{vector-effect:non-scaling-stroke}
@@ -173,8 +173,9 @@ document.body.dataset.ready = "1";  // for scripts driving the page (tests/test_
 """
 
 
-def page(report, svg: str, data: dict, width_px: int) -> str:
-    """The whole page: navigation, the picture, the tables, the text report, the data and the script.
+def page(report, svg: str, data: dict, width_px: int, plans: str = "") -> str:
+    """The whole page: navigation, the picture, the tables, the plan picture (``plans``: its section,
+    render/html.py ``plans_section``), the text report, the data and the script.
 
     Example:
         >>> text = page(report, svg_text, {"views": {}}, 1600)   # render/html.py builds svg_text and the data
@@ -195,6 +196,7 @@ def page(report, svg: str, data: dict, width_px: int) -> str:
 <div id="pm-fig" style="max-width:{width_px}px">{svg}</div>
 <div id="pm-tip" hidden></div>
 {tables(report, views)}
+{plans}
 <h2>Report</h2>
 <pre id="pm-report">{html.escape(str(report))}</pre>
 <script type="application/json" id="pm-data">{payload}</script>
