@@ -224,6 +224,11 @@ def _instrumented() -> list[Path]:
     for p in sorted((ROOT / "fixtures").rglob("*.pkl.xz")):
         if p.parent == BEFORE:
             continue
+        # a rank's trace whose backward keeps no gradient of most weights (ZeRO-2 drops those the rank
+        # does not own, DDP's bucket view copies each into its bucket): those weights are not told from
+        # other blocks there and stay 'other' (docs/categories.md), which this test's last check counts
+        if p.parent.name == "plans" and ("__zero2__" in p.name or "__ddp_view__" in p.name):
+            continue
         snap = pickle.loads(lzma.decompress(p.read_bytes()))
         snap = snap.get("snapshot", snap)
         if (snap.get("phasemem") or {}).get("tensor_bytes"):

@@ -25,8 +25,11 @@ SHARED = ROOT.parent / "shared" / "gpu-snapshots"
 # param_bytes, one gradient each) do not model: tests/test_fsdp2_compile.py checks it from its meta.
 # fixtures/pairs2, capacity, capacity2 (issue 30, fixtures/record_pairs2.py) keep their dimensions under
 # "config" with names pattern_truth.load does not read (ckpt_every, chunks); their truth is not derived yet.
+# fixtures/plans (issue 41) keeps fixtures/record_plans.py's own meta (ranks, plans; tests/test_plans.py
+# checks them), fixtures/lookalikes (issue 40) plain recordings with gt:: marks (tests/test_lookalikes.py).
 TRACES = sorted(p for p in (ROOT / "fixtures").rglob("*.pkl.xz")
-                if p.parent.name not in ("big", "integrations", "fsdp2", "pairs2", "capacity", "capacity2")
+                if p.parent.name not in ("big", "integrations", "fsdp2", "pairs2", "capacity", "capacity2", "plans",
+                                         "lookalikes")
                 and p.name != "h7_state_only.pkl.xz") + sorted(SHARED.glob("*.pkl.xz"))
 
 # Disagreements measured, each explained in docs/patterns.md; the detector may only miss here (never
