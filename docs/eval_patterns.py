@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from pattern_truth import KINDS, detected, load, truth  # noqa: E402  (the truth lives with the tests)
+from helpers.pattern_truth import KINDS, detected, load, truth  # noqa: E402  (the truth lives with the tests)
 
 
 def main(paths: list[str]) -> int:

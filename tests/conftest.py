@@ -1,43 +1,14 @@
-import copy
-import lzma
-import pickle
-from pathlib import Path
+"""Fixtures every folder may ask for. Helpers are plain modules under tests/helpers/, imported by name
+(``from helpers.analyses import analyzed``): pytest puts tests/ on ``sys.path`` for this file, so they
+are found from every folder. Nothing is read at collection: tests are parametrized over paths, and a
+recording is read (once a session) by the first test that needs it."""
+import importlib
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "gpu-snapshots"
-FIXTURES = ROOT / "fixtures"
-
-
-def _load(path: Path) -> dict:
-    obj = pickle.loads(lzma.decompress(path.read_bytes())) if path.suffix == ".xz" else pickle.loads(path.read_bytes())
-    return obj.get("snapshot", obj)
-
-
-def shared_paths():
-    return sorted(SHARED.glob("*.pkl.xz"))
-
-
-def fixture_paths():
-    return sorted(FIXTURES.glob("*.pkl.xz"))
-
-
-def prefix_of(path: Path) -> str:
-    """The shared snapshots mark phases with gt::; ours say which markers they were recorded with."""
-    if path.parent == SHARED:
-        return "gt::"
-    return load_snapshot(path).get("phasemem", {}).get("markers", "phasemem::")
-
-
-_cache: dict = {}
-
-
-def load_snapshot(path: Path) -> dict:
-    """A fresh deep copy each call, so tests may mutate it."""
-    if path not in _cache:
-        _cache[path] = _load(path)
-    return copy.deepcopy(_cache[path])
+from helpers.analyses import fresh_analyses
+from helpers.paths import SHARED, fixture_paths, path_id, shared_paths
+from helpers.snapshots import load_snapshot, prefix_of
 
 
 @pytest.fixture(params=shared_paths() or [None], ids=lambda p: p.stem if p else "missing")
@@ -47,7 +18,21 @@ def shared_snapshot(request):
     return request.param, load_snapshot(request.param)
 
 
-@pytest.fixture(params=shared_paths() + fixture_paths(), ids=lambda p: f"{p.parent.name}/{p.name.split('.')[0]}")
+@pytest.fixture(params=shared_paths() + fixture_paths(), ids=path_id)
 def real_snapshot(request):
     """Every real H200 snapshot: the shared ones and our recorded fixtures, with their marker prefix."""
     return request.param, load_snapshot(request.param), prefix_of(request.param)
+
+
+@pytest.fixture
+def knock_out(monkeypatch):
+    """``knock_out(kind)``: the analysis without that detector's output, on analyses of this test's own
+    (the session's cached reports are neither read nor written while it runs)."""
+    analyze_module = importlib.import_module("phasemem.analyze")
+    real = analyze_module.detect_patterns
+
+    def knock(kind: str) -> None:
+        monkeypatch.setattr(analyze_module, "detect_patterns", lambda ctx: [p for p in real(ctx) if p.kind != kind])
+
+    with fresh_analyses():
+        yield knock

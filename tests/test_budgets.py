@@ -12,7 +12,7 @@ import pytest
 import phasemem
 from phasemem.budgets import budget_for, check_comparison, check_report, parse_budget, parse_budgets, parse_size
 from phasemem.cli import main
-import reference
+from helpers import reference
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 FOREACH, KEEP, END = FIX / "gpt_foreach.pkl.xz", FIX / "gpt_zero_grad_keep.pkl.xz", FIX / "gpt_zero_grad_end.pkl.xz"

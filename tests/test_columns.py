@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import phasemem
-from conftest import load_snapshot
+from helpers.snapshots import load_snapshot
 from phasemem.vocab import P
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import phasemem
 from phasemem.cli import main
 from phasemem.compare import align_runs
 from phasemem.comparison import named_floor
-import reference
+from helpers import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "fixtures"

@@ -4,8 +4,8 @@ from phasemem.timeline import Timeline
 from phasemem.trace import Trace
 from phasemem.vocab import PHASES
 
-from conftest import load_snapshot
-from reference import add_loss, intervals, label_events, replay, steps_from_optimizer
+from helpers.snapshots import load_snapshot
+from helpers.reference import add_loss, intervals, label_events, replay, steps_from_optimizer
 
 
 def test_active_curve_equals_naive_replay(real_snapshot):
@@ -191,7 +191,7 @@ def test_inferred_phases_say_so(real_snapshot):
 def test_torch_default_recording_with_cpp_stacks():
     """_record_memory_history() with torch's defaults puts C++ frames on every event, the autograd
     thread's too: phases must still be found from the Python frames, and stacks summarised readably."""
-    from conftest import FIXTURES
+    from helpers.paths import FIXTURES
 
     path = FIXTURES / "plain_gpt_torch_defaults.pkl.xz"
     snap = load_snapshot(path)
@@ -218,7 +218,7 @@ def test_aggregate_top_allocations_are_the_largest_over_all_steps_shared(shared_
 
 
 def test_stack_summaries_point_at_the_users_code_not_at_phasemems_hooks():
-    from conftest import FIXTURES
+    from helpers.paths import FIXTURES
 
     report = phasemem.analyze(FIXTURES / "gpt_foreach.pkl.xz")  # recorded under instrument()
     stacks = [a.stack for p in report.phases.values() for a in p.top_allocations if a.stack]

@@ -19,8 +19,9 @@ from phasemem.read.decoder.machine import Columns
 from phasemem.read.snapshot import read_snapshot_file
 from phasemem.trace import Trace
 
-from conftest import fixture_paths, load_snapshot, shared_paths
-from test_scale import assert_same_trace
+from helpers.paths import fixture_paths, shared_paths
+from helpers.snapshots import load_snapshot
+from helpers.traces import assert_same_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 WILD = ROOT.parent / "shared" / "wild"

@@ -30,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT4 = ROOT / "fixtures" / "heldout4"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reference  # noqa: E402  (tests/reference.py: a naive replay sharing no code with phasemem)
+from helpers import reference  # noqa: E402  (tests/reference.py: a naive replay sharing no code with phasemem)
 
 WORLD = 2
 #: The whole 2-rank recording (two interpreters importing torch on 2 cores, two profiled runs each)

@@ -31,7 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reference  # noqa: E402
+from helpers import reference  # noqa: E402
 
 WORLD = 2
 #: Two interpreters, seven recordings each: 25 s here on 2 shared cores; past this the job is killed.

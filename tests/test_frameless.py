@@ -14,36 +14,9 @@ from phasemem.timeline import Timeline
 from phasemem.trace import Trace
 from phasemem.vocab import P
 
-from conftest import FIXTURES
-from heldout_sets import bare
-
-_cache: dict = {}
-
-
-def _read(rel: str):
-    """(truth labels, truth step count, the bare trace, its segmentation) of fixtures/<rel>.pkl.xz."""
-    if rel not in _cache:
-        path = FIXTURES / f"{rel}.pkl.xz"
-        if not path.exists():
-            pytest.skip(f"{path} is missing")
-        obj = pickle.loads(lzma.decompress(path.read_bytes()))
-        snap = obj.get("snapshot", obj)
-        names = {str(a.get("name", "")) for a in snap.get("external_annotations") or []}
-        prefix = (snap.get("phasemem") or {}).get("markers") or (
-            "gt::" if any(n.startswith("gt::") for n in names) else "phasemem::")
-        marked = Trace.from_snapshot(snap)
-        truth = segment(marked, prefix, Timeline.from_trace(marked))
-        trace = Trace.from_snapshot(bare(snap))
-        _cache[rel] = (truth.labels.copy(), len(truth.steps), trace, None)
-    truth, steps, trace, _ = _cache[rel]
-    return truth, steps, trace, segment(trace, "phasemem::", Timeline.from_trace(trace))
-
-
-def _share(truth, got, phase: str) -> float:
-    """Of the events the marks call ``phase``, the share the inference calls so too."""
-    m = truth == P[phase]
-    return float((got[m] == P[phase]).mean())
-
+from helpers.frameless import frameless as _read, share as _share
+from helpers.paths import FIXTURES
+from helpers.snapshots import bare
 
 def test_bucket_view_gradients_still_train():
     """DDP with gradient_as_bucket_view makes no gradient in backward (the buckets predate the trace),

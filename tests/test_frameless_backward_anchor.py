@@ -8,7 +8,7 @@ import numpy as np
 from phasemem.spans import phase_runs
 from phasemem.vocab import P
 
-from test_frameless import _read, _share
+from helpers.frameless import frameless as _read, share as _share
 
 
 def _accuracy(truth, got, gt: bool = True) -> float:

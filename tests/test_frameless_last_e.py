@@ -7,7 +7,7 @@ import numpy as np
 from phasemem.trace import A
 from phasemem.vocab import P
 
-from test_frameless import _read, _share
+from helpers.frameless import frameless as _read, share as _share
 
 
 def test_graphed_mse_step_is_read_from_its_seed():

@@ -6,7 +6,7 @@ import numpy as np
 
 from phasemem.vocab import P
 
-from test_frameless import _read, _share
+from helpers.frameless import frameless as _read, share as _share
 
 
 def test_the_next_steps_data_is_no_evaluation_forward():

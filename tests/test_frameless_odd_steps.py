@@ -6,7 +6,7 @@ import pytest
 
 from phasemem.vocab import P
 
-from test_frameless import _read, _share
+from helpers.frameless import frameless as _read, share as _share
 
 
 def test_embedding_gradient_made_in_chunks_is_backward():

@@ -6,7 +6,7 @@ scores it. Every test fails with its rule taken out.
 import numpy as np
 
 from phasemem.vocab import P
-from test_frameless import _read, _share
+from helpers.frameless import frameless as _read, share as _share
 
 
 def test_a_compile_between_backward_and_the_last_frees_is_no_recompute():

@@ -8,7 +8,7 @@ import numpy as np
 from phasemem.trace import A
 from phasemem.vocab import P
 
-from test_frameless import _read, _share
+from helpers.frameless import frameless as _read, share as _share
 
 
 def _named_right(truth, got, phase: str) -> float:

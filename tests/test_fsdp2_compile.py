@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reference  # noqa: E402
+from helpers import reference  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parents[1] / "fixtures" / "fsdp2"
 INSTRUMENT, PLAIN = FOLDER / "fsdp2_instrument.pkl.xz", FOLDER / "fsdp2_plain.pkl.xz"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from heldout_sets import marked_and_plain, recording
+from helpers.analyses import marked_and_plain
+from helpers.snapshots import recording
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT10 = ROOT / "fixtures" / "heldout10"

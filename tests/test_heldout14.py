@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from heldout_sets import marked_and_plain, recording
+from helpers.analyses import marked_and_plain
+from helpers.snapshots import recording
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT14 = ROOT / "fixtures" / "heldout14"

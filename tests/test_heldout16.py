@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from heldout_sets import bare, marked_and_plain, recording
+from helpers.analyses import marked_and_plain
+from helpers.snapshots import bare, recording
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT16 = ROOT / "fixtures" / "heldout16"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from heldout_sets import as_handed_over, bare, recording
+from helpers.snapshots import as_handed_over, bare, recording
 from phasemem.patterns.recompute import own_forward
 
 HELDOUT16 = Path(__file__).resolve().parents[1] / "fixtures" / "heldout16"

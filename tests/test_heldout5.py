@@ -15,7 +15,8 @@ import pytest
 
 import phasemem
 from phasemem.vocab import C
-from heldout_sets import as_handed_over, marked_and_plain, recording
+from helpers.analyses import marked_and_plain
+from helpers.snapshots import as_handed_over, recording
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT5 = ROOT / "fixtures" / "heldout5"

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heldout_sets import as_handed_over, marked_and_plain, recording
+from helpers.analyses import marked_and_plain
+from helpers.snapshots import as_handed_over, recording
 from phasemem.vocab import C
 
 ROOT = Path(__file__).resolve().parents[1]

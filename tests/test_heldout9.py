@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from heldout_sets import marked_and_plain, recording
+from helpers.analyses import marked_and_plain
+from helpers.snapshots import recording
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT9 = ROOT / "fixtures" / "heldout9"

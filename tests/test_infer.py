@@ -15,7 +15,8 @@ from phasemem.timeline import Timeline
 from phasemem.trace import A, Trace
 from phasemem.vocab import P
 
-from conftest import FIXTURES, fixture_paths, load_snapshot, prefix_of, shared_paths
+from helpers.paths import FIXTURES, fixture_paths, shared_paths
+from helpers.snapshots import load_snapshot, prefix_of
 
 PATHS = shared_paths() + fixture_paths()
 # Recorded after the rules were written (docs/accuracy.md, "Held-out traces").

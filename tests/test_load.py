@@ -9,7 +9,7 @@ import pytest
 import phasemem
 from phasemem import PhasememError
 
-from conftest import shared_paths
+from helpers.paths import shared_paths
 
 
 def _one_line(err: PhasememError) -> str:
@@ -76,7 +76,7 @@ def test_snapshot_without_trace():
 
 @pytest.mark.parametrize("path", shared_paths()[:1], ids=lambda p: p.stem)
 def test_unknown_device_shared(path):
-    from conftest import load_snapshot
+    from helpers.snapshots import load_snapshot
 
     with pytest.raises(PhasememError, match="device 7 is not in this snapshot"):
         phasemem.analyze(load_snapshot(path), device=7)

@@ -12,7 +12,7 @@ import importlib
 
 import phasemem
 from phasemem.patterns import KINDS as DETECTOR_KINDS
-from pattern_truth import KINDS, detected, load, truth, vocabulary_sizes
+from helpers.pattern_truth import KINDS, detected, load, truth, vocabulary_sizes
 
 # the module, not the function phasemem/__init__.py exports under the same name
 analyze_module = importlib.import_module("phasemem.analyze")

@@ -10,7 +10,8 @@ import pytest
 
 import phasemem
 
-from conftest import load_snapshot, shared_paths
+from helpers.paths import shared_paths
+from helpers.snapshots import load_snapshot
 
 # From the recording README: model dimensions and training set-up of each shared snapshot.
 KNOWN = {
@@ -189,7 +190,7 @@ def test_every_pattern_sits_in_its_own_step_and_phase(real_snapshot):
 
 def test_gradscaler_check_and_workspaces_named_where_frames_say_so():
     """Ground truth from frames (torch/amp/grad_scaler.py; the first recorded matmul), detection without."""
-    from conftest import FIXTURES
+    from helpers.paths import FIXTURES
 
     for name, amp in (("mlp_fp16_scaler", True), ("gpt_fp16_accum", True), ("gpt_foreach", False)):
         path = FIXTURES / f"{name}.pkl.xz"
@@ -211,7 +212,7 @@ def test_gradscaler_check_and_workspaces_named_where_frames_say_so():
 
 
 def _fixture_metas():
-    from conftest import fixture_paths
+    from helpers.paths import fixture_paths
 
     # wrapped: part of the run is gone; inference: nothing to pair parameters with; cudagraph: the
     # graph's static buffers (gradients included) exist before recording and never show as such
@@ -242,8 +243,8 @@ def test_odd_traces_streams_cudagraph_expandable():
     """Recorded on the H200: a side stream with record_stream (frees requested and completed apart),
     a CUDA-graphed model (replays allocate nothing; the optimizer still does), expandable segments
     (segment_map instead of segment_alloc)."""
-    from conftest import FIXTURES
-    from reference import replay
+    from helpers.paths import FIXTURES
+    from helpers.reference import replay
 
     for name in ("odd_streams", "odd_cudagraph", "odd_expandable"):
         snap = load_snapshot(FIXTURES / f"{name}.pkl.xz")

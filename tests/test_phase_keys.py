@@ -13,7 +13,7 @@ import pytest
 import phasemem
 from phasemem.vocab import PHASES
 
-from conftest import FIXTURES
+from helpers.paths import FIXTURES
 
 HELD = ["heldout/heldout_bert_mlm", "heldout/heldout_t5_adafactor", "heldout2/heldout2_distilbert_cls",
         "heldout2/heldout2_mixtral_moe", "heldout3/heldout3_gpt2_hf", "heldout7/h7_peft_lora",

@@ -20,7 +20,7 @@ from phasemem.peak import SHAPE_PRIORITY
 from phasemem.render import labels, peakbar
 from phasemem.units import format_bytes
 
-from conftest import FIXTURES
+from helpers.paths import FIXTURES
 
 WILD = FIXTURES.parent.parent / "shared" / "wild"
 PATHS = sorted(FIXTURES.glob("*.pkl.xz")) + sorted(FIXTURES.glob("*/**/*.pkl.xz"))

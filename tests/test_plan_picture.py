@@ -21,7 +21,7 @@ from phasemem.plans import PLANS
 from phasemem.vocab import CATEGORIES
 
 sys.path.insert(0, str(Path(__file__).parent))
-from reference import replay  # noqa: E402
+from helpers.reference import replay  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT = ROOT / "fixtures" / "plans" / "gpt__single_fp32__n1_r0__b4.pkl.xz"

@@ -23,7 +23,7 @@ from phasemem import ranks as ranks_mod
 from phasemem.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
-import reference  # noqa: E402  (a naive replay sharing no code with phasemem)
+from helpers import reference  # noqa: E402  (a naive replay sharing no code with phasemem)
 
 PAIRS = Path(__file__).resolve().parents[1] / "fixtures" / "pairs"
 RANKS = ["base", "half_batch", "ckpt", "chunked_ce"]  # rank r is RANKS[r]

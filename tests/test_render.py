@@ -26,7 +26,7 @@ from phasemem.errors import PhasememError
 from phasemem.render import bands
 from phasemem.units import format_bytes
 
-from conftest import load_snapshot
+from helpers.snapshots import load_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
@@ -591,7 +591,8 @@ def test_fifty_steps_render_without_overlapping_text(tmp_path):
 
 def test_picture_of_inferred_phases_says_so():
     """A picture passed on without its report must still say its phases were inferred."""
-    from conftest import FIXTURES, load_snapshot
+    from helpers.paths import FIXTURES
+    from helpers.snapshots import load_snapshot
 
     snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")
     snap["external_annotations"] = []

@@ -10,7 +10,7 @@ import pytest
 import phasemem
 from phasemem.render import colours
 
-from conftest import load_snapshot
+from helpers.snapshots import load_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"

@@ -12,7 +12,7 @@ import phasemem
 from phasemem import render
 from phasemem.render import bands
 
-from conftest import load_snapshot
+from helpers.snapshots import load_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"

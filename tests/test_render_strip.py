@@ -11,7 +11,7 @@ import phasemem
 from phasemem.render import bands, labels, pixels
 from phasemem.vocab import PHASE_COLORS
 
-from conftest import FIXTURES
+from helpers.paths import FIXTURES
 
 OTHER = "#c8c8c8"  # the strip's grey where no phase is known (render/colours.py)
 
@@ -83,7 +83,7 @@ def test_a_question_mark_means_unsure_and_the_legend_says_so():
     """'?' in the strip is an unsure phase's mark (loss?), never 'other' shortened; the legend's entry
     of an unsure phase is hatched as its cells are and says it was inferred. gpt_foreach without
     annotations or frames: its loss is inferred below render.UNSURE."""
-    from conftest import load_snapshot
+    from helpers.snapshots import load_snapshot
 
     snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")
     snap["external_annotations"] = []

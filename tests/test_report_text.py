@@ -233,7 +233,7 @@ def test_a_shape_figure_without_its_label_is_caught():
 def _million():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_analyze import replicate_steps
-    from conftest import load_snapshot
+    from helpers.snapshots import load_snapshot
 
     big = replicate_steps(load_snapshot(ROOT / "fixtures" / "plain_gpt_foreach.pkl.xz"), 600)
     assert len(big["device_traces"][0]) > 990_000

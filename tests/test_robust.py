@@ -7,15 +7,16 @@ import pytest
 import phasemem
 from phasemem import PhasememError
 
-from conftest import fixture_paths, load_snapshot, shared_paths
-from reference import replay
+from helpers.paths import fixture_paths, shared_paths
+from helpers.snapshots import load_snapshot
+from helpers.reference import replay
 
 PATHS = shared_paths()[:1] + [p for p in fixture_paths() if p.name.startswith("gpt_foreach")]
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name.split(".")[0])
 def test_oom_is_reported_with_its_phase_step_and_what_was_live(path):
-    from conftest import prefix_of
+    from helpers.snapshots import prefix_of
 
     snap = load_snapshot(path)
     prefix = prefix_of(path)
@@ -125,7 +126,7 @@ def test_random_trace_mutations_give_an_error_or_a_valid_report(seed):
 
 @pytest.mark.parametrize("path", PATHS[-1:], ids=lambda p: p.name.split(".")[0])
 def test_older_and_newer_snapshot_formats_degrade_gracefully(path):
-    from conftest import prefix_of
+    from helpers.snapshots import prefix_of
 
     snap = load_snapshot(path)
     marked = phasemem.analyze(load_snapshot(path), marker_prefix=prefix_of(path))

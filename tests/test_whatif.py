@@ -12,8 +12,9 @@ import pytest
 import phasemem
 from phasemem.replay import Replayed, changed_points, points, replay
 from phasemem.remedies import REMEDIES, SCALINGS
-from reference import replay as naive_replay
-from conftest import FIXTURES, load_snapshot
+from helpers.reference import replay as naive_replay
+from helpers.paths import FIXTURES
+from helpers.snapshots import load_snapshot
 
 PAIRS = FIXTURES / "pairs"
 OOM = FIXTURES / "oom"

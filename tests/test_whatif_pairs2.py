@@ -11,7 +11,7 @@ import pytest
 
 import phasemem
 from phasemem.fits import predict
-from conftest import FIXTURES
+from helpers.paths import FIXTURES
 
 # run -> (remedies with their settings, batch factor, sequence factor): what the real run changed; the
 # table docs/eval_whatif.py prints docs/what-if.md's rows from, so the tests check the rows it shows
@@ -137,7 +137,7 @@ def test_fits_says_how_sure_it_is_and_why():
     """The same trace with its markers stripped: phases inferred, so less sure, and it says so."""
     if not CASES:
         pytest.skip("fixtures/pairs2 not recorded")
-    from conftest import load_snapshot
+    from helpers.snapshots import load_snapshot
 
     snap = load_snapshot(PAIRS2 / "llama__base.pkl.xz")
     budget = 3 * base("llama").peak_bytes

@@ -230,7 +230,7 @@ def test_a_linear_block_of_the_scores_size_next_to_them_stays_linear():
 
 def test_a_compiled_forward_gives_no_sequence_prediction():
     """fixtures/gpt_compiled: torch.compile(gpt); its frames are inductor's, which may fuse an attention."""
-    from conftest import FIXTURES
+    from helpers.paths import FIXTURES
 
     r = phasemem.analyze(str(FIXTURES / "gpt_compiled.pkl.xz"))
     w = {x.remedy: x for x in r.what_if}
@@ -270,7 +270,7 @@ def test_a_hand_written_attention_is_told_by_its_frames_shared():
     """../shared/wild/magma27_cs336 (CS336's LM: its own scaled_dot_product_attention and softmax, fp32,
     no upcast): the scores are quadratic; its rotary halves (2X beside X) and its MLP, as large as the
     scores, are not."""
-    from conftest import FIXTURES
+    from helpers.paths import FIXTURES
 
     path = FIXTURES.parent.parent / "shared" / "wild" / "magma27_cs336.pickle"
     if not path.exists():
@@ -286,7 +286,7 @@ def test_a_hand_written_attention_is_told_by_its_frames_shared():
 def test_no_attention_scores_where_there_are_none(name):
     """A ReLU after a BatchNorm, an MLP's halving Linear, CLIP's one batch x batch softmax per step, and
     SDPA models read like a softmax's upcast by their sizes alone: none is attention."""
-    from conftest import FIXTURES
+    from helpers.paths import FIXTURES
 
     r = phasemem.analyze(str(FIXTURES / f"{name}.pkl.xz"))
     w = {x.remedy: x for x in r.what_if}
@@ -298,7 +298,7 @@ def test_json_carries_what_fits_on_a_real_trace(tmp_path):
     H200 trace; without ``--fits`` the JSON has no ``fits`` key."""
     import json
 
-    from conftest import FIXTURES
+    from helpers.paths import FIXTURES
     from phasemem.cli import main
 
     src = str(FIXTURES / "gpt_foreach.pkl.xz")
@@ -321,7 +321,8 @@ def test_sizes_no_run_has_make_no_scaling_and_no_wrapped_cast():
     (numpy's RuntimeWarning "invalid value encountered in cast")."""
     import warnings
 
-    from conftest import FIXTURES, load_snapshot
+    from helpers.paths import FIXTURES
+    from helpers.snapshots import load_snapshot
 
     snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")
     ev = snap["device_traces"][0]

@@ -1,7 +1,7 @@
 """Which shapes each real H200 trace holds, derived without phasemem's detectors: from the phase
 markers recorded with it, the model dimensions in its metadata (batch, sequence, vocabulary, layers,
 checkpointing, micro-batches, optimizer) and the stack frames of the raw events. The detectors
-run on a copy with every stack frame removed (``detected``). Used by tests/test_pattern_truth.py
+run on a copy with every stack frame removed (``detected``). Used by tests/patterns/test_pattern_truth.py
 and docs/eval_patterns.py.
 """
 from __future__ import annotations
@@ -51,9 +51,11 @@ def load(path: Path) -> tuple[dict, dict, str]:
     return obj, meta, obj["phasemem"].get("markers", "phasemem::")
 
 
-def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
-    """(kind, step) → count, from markers + dimensions + frames; and the steps to score (complete ones)."""
-    r = phasemem.analyze(snap, marker_prefix=prefix)  # with frames; used for markers and lifetimes only
+def truth(snap: dict, meta: dict, prefix: str, report=None) -> tuple[Counter, set[int]]:
+    """(kind, step) → count, from markers + dimensions + frames; and the steps to score (complete ones).
+    ``report``: ``snap`` analysed with ``marker_prefix=prefix``, where the caller has it already."""
+    # with frames; used for markers and lifetimes only
+    r = report if report is not None else phasemem.analyze(snap, marker_prefix=prefix)
     ev = snap["device_traces"][0]
     n = len(ev)
     life = r.timeline.lifetimes
@@ -155,11 +157,15 @@ def vocabulary_sizes(meta: dict) -> list[int]:
     return out
 
 
-def detected(snap: dict, prefix: str) -> Counter:
-    bare = copy.deepcopy(snap)
-    for e in bare["device_traces"][0]:
-        e["frames"] = []
-    r = phasemem.analyze(bare, marker_prefix=prefix)
+def detected(snap: dict, prefix: str, report=None) -> Counter:
+    """(kind, step) → count of what the detectors find with every stack frame removed; ``report``: that
+    analysis (``marker_prefix=prefix``), where the caller has it already."""
+    if report is None:
+        bare = copy.deepcopy(snap)
+        for e in bare["device_traces"][0]:
+            e["frames"] = []
+        report = phasemem.analyze(bare, marker_prefix=prefix)
+    r = report
     out: Counter = Counter()
     for p in r.patterns:
         kind = "gradients(release)" if p.kind == "gradients" and p.phase == "zero_grad" else p.kind

@@ -1,0 +1,89 @@
+"""Each analysis made once a session: ``analyzed(path, form, **options)`` keyed by (path, form,
+options), so the same trace is not analysed again by every file that checks something of it.
+
+A cached Report is shared by every test that asks for it: read it, never change it. A test that
+changes what ``phasemem.analyze`` does (a knocked-out detector) runs inside ``fresh_analyses()``, so
+that it neither reads the session's reports nor leaves its own among them.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import phasemem
+from helpers.paths import heldout_path
+from helpers.snapshots import as_handed_over, bare, read
+from phasemem.vocab import C
+
+
+def _no_frames(snap: dict) -> dict:
+    for e in snap["device_traces"][0]:
+        e["frames"] = []
+    return snap
+
+
+#: How the recording is handed to ``phasemem.analyze``: the file itself (its readers), or the snapshot
+#: read with pickle and then left as recorded, as a user hands it over, bare, or without its events'
+#: stack frames (annotations kept).
+FORMS = {
+    "recorded": lambda s: s,
+    "handed_over": as_handed_over,
+    "bare": bare,
+    "no_frames": _no_frames,
+}
+
+_reports: dict = {}
+
+
+def analyzed(path, form: str = "recorded", **options):
+    """The Report of ``path`` in ``form`` ("file", or one of FORMS) with ``phasemem.analyze``'s
+    ``options``; made on first use, shared afterwards. A held-out name (``h9_ppo``) stands for its file.
+    Skips the test where the file is missing."""
+    path = Path(path) if ("/" in str(path) or str(path).endswith(".xz")) else heldout_path(str(path))
+    key = (path, form, tuple(sorted(options.items())))
+    if key not in _reports:
+        if not path.exists():
+            pytest.skip(f"{path} is missing")
+        if form == "file":
+            _reports[key] = phasemem.analyze(path, **options)
+        else:
+            _reports[key] = phasemem.analyze(FORMS[form](read(path)), **options)
+    return _reports[key]
+
+
+def marked_and_plain(recording) -> list:
+    """[("marked", the report with the gt:: ranges as markers), ("plain", the report as handed over)].
+
+    ``recording``: a held-out name or a path (both analyses cached), or a snapshot dict (analysed
+    here, each call)."""
+    if isinstance(recording, dict):
+        return [("marked", phasemem.analyze(copy.deepcopy(recording), marker_prefix="gt::")),
+                ("plain", phasemem.analyze(as_handed_over(recording)))]
+    return [("marked", analyzed(recording, marker_prefix="gt::")), ("plain", analyzed(recording, "handed_over"))]
+
+
+@contextlib.contextmanager
+def fresh_analyses():
+    """Inside: an empty cache of its own, dropped on leaving (for tests that patch phasemem)."""
+    global _reports
+    kept, _reports = _reports, {}
+    try:
+        yield
+    finally:
+        _reports = kept
+
+
+def category_events(report, cat: str) -> set[int]:
+    """The alloc events of the blocks ``report`` puts in category ``cat``."""
+    life = report.timeline.lifetimes
+    codes = np.asarray(report.category_curves.codes)
+    return set(life.alloc_event[(codes == C[cat]) & (life.alloc_event >= 0)].tolist())
+
+
+def not_released(report, kind: str) -> list:
+    """``report``'s patterns of ``kind``, less those that release (gradients freed by zero_grad)."""
+    return [p for p in report.patterns if p.kind == kind and not p.details.get("release")]

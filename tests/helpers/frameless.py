@@ -1,0 +1,44 @@
+"""A marked trace's truth and its reading from lifetimes alone, as docs/eval_frameless.py scores it:
+the truth is the trace's own marks (phasemem:: or gt::), the reading the same snapshot with every
+annotation and stack frame removed (``snapshots.bare``), segmented without markers."""
+from __future__ import annotations
+
+import lzma
+import pickle
+
+import pytest
+
+from helpers.paths import FIXTURES
+from helpers.snapshots import bare
+from phasemem.segmentation import segment
+from phasemem.timeline import Timeline
+from phasemem.trace import Trace
+from phasemem.vocab import P
+
+_cache: dict = {}
+
+
+def frameless(rel: str):
+    """(truth labels, truth step count, the bare trace, its segmentation) of fixtures/<rel>.pkl.xz; the
+    truth and the bare trace are read once a session, the segmentation is made on each call."""
+    if rel not in _cache:
+        path = FIXTURES / f"{rel}.pkl.xz"
+        if not path.exists():
+            pytest.skip(f"{path} is missing")
+        obj = pickle.loads(lzma.decompress(path.read_bytes()))
+        snap = obj.get("snapshot", obj)
+        names = {str(a.get("name", "")) for a in snap.get("external_annotations") or []}
+        prefix = (snap.get("phasemem") or {}).get("markers") or (
+            "gt::" if any(n.startswith("gt::") for n in names) else "phasemem::")
+        marked = Trace.from_snapshot(snap)
+        truth = segment(marked, prefix, Timeline.from_trace(marked))
+        trace = Trace.from_snapshot(bare(snap))
+        _cache[rel] = (truth.labels.copy(), len(truth.steps), trace, None)
+    truth, steps, trace, _ = _cache[rel]
+    return truth, steps, trace, segment(trace, "phasemem::", Timeline.from_trace(trace))
+
+
+def share(truth, got, phase: str) -> float:
+    """Of the events the marks call ``phase``, the share the inference calls so too."""
+    m = truth == P[phase]
+    return float((got[m] == P[phase]).mean())
