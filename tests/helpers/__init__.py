@@ -1,6 +1,6 @@
 """What the tests share, imported by name (``from helpers.snapshots import heldout``); no test file
-imports another (tests/test_layout.py). pytest puts tests/ on ``sys.path`` for tests/conftest.py, so
-``helpers`` is found from every folder (docs/testing.md).
+imports another (tests/test_layout.py). ``pythonpath = ["tests"]`` in pyproject.toml puts tests/ on
+``sys.path``, so ``helpers`` is found from every folder (docs/testing.md).
 
 - ``paths``: the repository, its fixtures and ../shared, and the snapshot files in them.
 - ``snapshots``: a recording read as it was written, as a user hands it over, bare.

@@ -19,8 +19,8 @@ _cache: dict = {}
 
 
 def frameless(rel: str):
-    """(truth labels, truth step count, the bare trace, its segmentation) of fixtures/<rel>.pkl.xz; the
-    truth and the bare trace are read once a session, the segmentation is made on each call."""
+    """(truth labels, truth step count, the bare trace, its segmentation) of fixtures/<rel>.pkl.xz, made
+    once a session and shared by every test that asks: read them, never change them."""
     if rel not in _cache:
         path = FIXTURES / f"{rel}.pkl.xz"
         if not path.exists():
@@ -33,9 +33,8 @@ def frameless(rel: str):
         marked = Trace.from_snapshot(snap)
         truth = segment(marked, prefix, Timeline.from_trace(marked))
         trace = Trace.from_snapshot(bare(snap))
-        _cache[rel] = (truth.labels.copy(), len(truth.steps), trace, None)
-    truth, steps, trace, _ = _cache[rel]
-    return truth, steps, trace, segment(trace, "phasemem::", Timeline.from_trace(trace))
+        _cache[rel] = (truth.labels.copy(), len(truth.steps), trace, segment(trace, "phasemem::", Timeline.from_trace(trace)))
+    return _cache[rel]
 
 
 def share(truth, got, phase: str) -> float:

@@ -94,3 +94,8 @@ def made_at(snap: dict, script: Path, function: str, line: int) -> set[int]:
         if py and py[0]["filename"].endswith(Path(script).name) and py[0]["name"] == function and py[0]["line"] == line:
             out.add(i)
     return out
+
+
+def close(a, b, tol=0.02) -> bool:
+    """``a`` within ``tol`` of ``b`` (the recording scripts count bytes a block rounds up)."""
+    return abs(a - b) <= tol * b
