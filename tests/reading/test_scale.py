@@ -24,11 +24,11 @@ from phasemem.step_index import build_index, can_slice, cut
 from phasemem.timeline import Timeline
 from phasemem.trace import Trace
 
-from helpers.paths import fixture_paths, shared_paths
-from helpers.traces import assert_same_trace
+from helpers.analyses import analyzed
+from helpers.paths import ROOT, fixture_paths, shared_paths
 from helpers.snapshots import load_snapshot, prefix_of
+from helpers.traces import assert_same_trace
 
-ROOT = Path(__file__).resolve().parents[1]
 PATHS = shared_paths() + fixture_paths()
 ids = lambda p: f"{p.parent.name}/{p.name.split('.')[0]}"  # noqa: E731
 
@@ -240,7 +240,7 @@ def _specs(numbers):
 @pytest.mark.parametrize("path", PATHS, ids=ids)
 def test_steps_analyse_only_those_steps_with_the_full_numbers(path, tmp_path):
     prefix = prefix_of(path)
-    full = phasemem.analyze(path, marker_prefix=prefix)
+    full = analyzed(path, "file", marker_prefix=prefix)
     trace = read_trace(path)
     index = build_index(trace, prefix)
     npz = tmp_path / "t.npz"
@@ -312,7 +312,7 @@ def test_steps_on_a_file_converted_for_other_markers_or_before_the_index(tmp_pat
     old = tmp_path / "old.npz"
     save_trace(trace, old)  # no step index: a file from an older phasemem
     assert read_index(old) is None
-    full = phasemem.analyze(path, marker_prefix="gt::")
+    full = analyzed(path, "file", marker_prefix="gt::")
     assert_slice_matches(full, phasemem.analyze(old, marker_prefix="gt::", steps="1"))
     other = tmp_path / "other.npz"
     save_trace(trace, other, build_index(trace, "phasemem::"))

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import os
 import pickle
-from pathlib import Path
+import re
+from collections import Counter
 
 import pytest
 from matplotlib import image as mpimg
 
+import phasemem
 from phasemem.errors import PhasememError
 from phasemem.live import LiveMemory, category_of, live_memory, site_of
 from phasemem.render.live import TITLE, draw_live, plot_live
+from helpers.paths import WILD
+from helpers.snapshots import heldout
+from helpers.wild import wild_path, wild_report
 
-WILD = Path(__file__).resolve().parents[2] / "shared" / "wild"
 WITH_SEGMENTS = ["yiyi_oom", "yiyi_opt1.3b", "yiyi_opt1.3b_log1", "diffusion_mysnap", "sketchkv_mysnap",
                  "layoutedit_dump", "layoutedit_memsnap"]
 HELD = ("active_allocated", "active_pending_free")
@@ -317,3 +321,49 @@ def test_handbuilt_rest_is_summed_as_other_sites():
     # a short picture holds fewer rows: the rest is still summed, nothing drawn over anything
     small = plot_live(live, size=(480, 270)).phasemem_rows
     assert 1 < len(small) < 16 and sum(r[1] for r in small) == live.allocated_bytes
+
+
+def test_state_only_snapshot_names_its_sites_from_the_frames():
+    """enabled="state" keeps no history: the report says how it was taken (not the legacy call, which
+    records a trace), and a block made by backward on the autograd thread (C++ frames only) is
+    listed under the autograd node its frames name, as many bytes as the raw blocks hold."""
+    snap = heldout("h7_state_only")
+    node = re.compile(r"^torch::autograd::generated::(\w+)::apply\(")
+    want: Counter = Counter()
+    for seg in snap["segments"]:
+        for b in seg["blocks"]:
+            fr = b.get("frames") or []
+            if b["state"] == "active_allocated" and fr and not any(f["filename"].endswith(".py") for f in fr):
+                names = [m.group(1) for f in fr if (m := node.match(f["name"]))]
+                if names:
+                    want[f"{names[0]} (backward, autograd thread)"] += b["requested_size"]
+    assert len(want) >= 3
+    r = phasemem.analyze(snap)
+    assert r.live is not None
+    text = str(r)
+    assert 'enabled="state"' in text and "legacy" not in text
+    got = {site: n for site, n, _ in r.live.by_site}
+    for site, n in want.items():
+        assert got.get(site) == n, site
+
+
+LEGACY = ["yiyi_oom", "yiyi_opt1.3b", "yiyi_opt1.3b_log1", "diffusion_mysnap", "sketchkv_mysnap", "layoutedit_dump",
+          "layoutedit_memsnap"]
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_legacy_snapshots_say_they_hold_no_history(name):
+    """Legacy recordings (one trace entry) and a bare segment list: the report says there is no history
+    and gives the live memory, the active blocks' bytes counted here from the raw pickle."""
+    raw = pickle.loads(wild_path(name).read_bytes())
+    segments = raw if isinstance(raw, list) else raw["segments"]
+    r = wild_report(name)
+    assert r.live is not None and not r.steps and not r.patterns
+    dev = r.live.device
+    want = sum(b.get("requested_size", b["size"]) for s in segments if s["device"] == dev for b in s["blocks"]
+               if b["state"] in ("active_allocated", "active_pending_free"))
+    assert r.live.allocated_bytes == want == r.peak_bytes
+    assert str(r).splitlines()[0].endswith("this snapshot holds no allocation history")
+    # nothing is called a parameter that no stack says is one (diffusion_mysnap's module.to() blocks are)
+    said = r.live.by_category.get("parameter", 0)
+    assert ("made of (where the allocating stack says) parameter" in str(r)) == bool(said)

@@ -19,11 +19,10 @@ from phasemem.read.decoder.machine import Columns
 from phasemem.read.snapshot import read_snapshot_file
 from phasemem.trace import Trace
 
-from helpers.paths import fixture_paths, shared_paths
+from helpers.paths import ROOT, fixture_paths, shared_paths
 from helpers.snapshots import load_snapshot
 from helpers.traces import assert_same_trace
 
-ROOT = Path(__file__).resolve().parents[1]
 WILD = ROOT.parent / "shared" / "wild"
 TORCH_DEFAULTS = ROOT / "fixtures" / "plain_gpt_torch_defaults.pkl.xz"  # stacks="all", C++ frames
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -1,5 +1,6 @@
 """Odd but valid traces, and random garbage: a clean PhasememError or a valid report, never a crash."""
 import lzma
+import pickle
 import random
 
 import pytest
@@ -8,8 +9,10 @@ import phasemem
 from phasemem import PhasememError
 
 from helpers.paths import fixture_paths, shared_paths
-from helpers.snapshots import load_snapshot
+from helpers.raw import close
 from helpers.reference import replay
+from helpers.snapshots import load_snapshot
+from helpers.wild import wild_path, wild_report
 
 PATHS = shared_paths()[:1] + [p for p in fixture_paths() if p.name.startswith("gpt_foreach")]
 
@@ -235,3 +238,35 @@ def test_garbled_segments_of_a_snapshot_without_history_are_one_line(tmp_path):
     with pytest.raises(PhasememError, match="segments are malformed") as e:
         phasemem.analyze(snap)
     assert "\n" not in str(e.value)
+
+
+def test_odd_traces_streams_cudagraph_expandable():
+    """Recorded on the H200: a side stream with record_stream (frees requested and completed apart),
+    a CUDA-graphed model (replays allocate nothing; the optimizer still does), expandable segments
+    (segment_map instead of segment_alloc)."""
+    from helpers.paths import FIXTURES
+    from helpers.reference import replay
+
+    for name in ("odd_streams", "odd_cudagraph", "odd_expandable"):
+        snap = load_snapshot(FIXTURES / f"{name}.pkl.xz")
+        report = phasemem.analyze(snap)
+        _, curve, _ = replay(snap["device_traces"][0], snap["segments"])
+        assert report.timeline.active_after.tolist() == curve
+        assert len(report.steps) == 3 and all(s.complete for s in report.steps)
+        # reserved memory ends where the snapshot's segments say, expandable segments included
+        assert report.timeline.reserved_after[-1] == sum(s["total_size"] for s in snap["segments"])
+        if name == "odd_cudagraph":
+            assert all(st.phases["forward"].n_events == 0 for st in report.steps[1:])
+            assert report.patterns_of("gradients") == []  # the graph writes them into its own pool
+            state = report.patterns_of("optimizer_state_init")
+            assert state and close(state[0].bytes, 2 * snap["phasemem"]["meta"]["param_bytes"])
+        else:
+            assert report.patterns_of("logits") and report.patterns_of("gradients")
+
+
+def test_default_device_is_where_the_memory_is():
+    """layoutedit_dump: one trace entry on each of two devices, every segment on cuda:1."""
+    raw = pickle.loads(wild_path("layoutedit_dump").read_bytes())
+    devices = {s["device"] for s in raw["segments"]}
+    assert devices == {1}
+    assert wild_report("layoutedit_dump").device == "cuda:1"

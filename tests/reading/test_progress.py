@@ -5,13 +5,12 @@ import os
 import pty
 import subprocess
 import sys
-from pathlib import Path
 
 from phasemem import progress
 from phasemem.read.batched import read_batched
 from phasemem.read.decoder import decode_trace
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
 PLAIN = ROOT / "fixtures" / "plain_gpt_torch_defaults.pkl.xz"
 
