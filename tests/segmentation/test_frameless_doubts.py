@@ -19,7 +19,7 @@ def test_doubts_lower_confidence_where_the_reading_contradicts_itself():
     """PPO's rollouts and updates make steps of different orders of phases: the inferred forward and
     optimizer say so (segmentation.inferred.find_doubts, DOUBTFUL), while a plain loop keeps CONFIDENCE.
     (FSDP2 was this test's trace until infer/seed.py placed its backward, then GRPO until
-    infer/other_work.py read its rollouts: tests/test_frameless_backward_anchor.py, test_frameless_other_work.py.)"""
+    infer/other_work.py read its rollouts: test_frameless_backward.py, test_frameless_other_work.py.)"""
     from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
     truth, _, _, seg = frameless("heldout6/h6_ppo")
     assert seg.doubts
@@ -34,7 +34,7 @@ def test_steps_in_different_orders_are_doubted():
     """WGAN-GP's critic and generator turns make steps of different orders of phases: a guess, said so
     (segmentation.inferred.find_doubts); a loop accumulating 4 micro-batches a step is not doubted.
     (LBFGS's closure evaluations, once read as steps of 2, 4 and 3 backward runs, now make its 3 steps of
-    4 each: tests/test_frameless_last_e.py.)"""
+    4 each: test_frameless_steps.py, test_frameless_backward.py.)"""
     _, _, _, seg = frameless("heldout5/h5_wgan_gp")
     assert any("order" in d for d in seg.doubts)
     _, _, _, seg = frameless("heldout2/heldout2_gpt_accum4_bf16_clip")

@@ -29,8 +29,8 @@ from phasemem.torch_labels import (CATEGORY_LABELS, MIN_PHASES_NAMED, PHASE_LABE
                                    from_values, phase_of, phase_runs)
 from phasemem.trace import Trace
 from phasemem.vocab import CATEGORIES, PHASES
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 REAL = SHARED / "torch-labels" / "torch_metadata_labels.pickle.xz"
 STICKY = SHARED / "gpu-snapshots" / "gpt_adamw_foreach.pkl.xz"

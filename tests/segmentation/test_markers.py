@@ -4,8 +4,9 @@ from phasemem.timeline import Timeline
 from phasemem.trace import Trace
 from phasemem.vocab import PHASES
 
-from helpers.snapshots import load_snapshot
+from helpers.analyses import analyzed
 from helpers.reference import add_loss, intervals, label_events, replay, steps_from_optimizer
+from helpers.snapshots import load_snapshot
 
 
 def test_active_curve_equals_naive_replay(real_snapshot):
@@ -22,7 +23,7 @@ def test_phase_labels_and_steps_exactly_as_markers_say(real_snapshot):
     events = snap["device_traces"][0]
     ivs = intervals(snap["external_annotations"], prefix)
     expected = add_loss(events, label_events(events, ivs), ivs)
-    report = phasemem.analyze(snap, marker_prefix=prefix)
+    report = analyzed(path, marker_prefix=prefix)
     assert list(report.labels) == expected
     if "optimizer" not in ivs:  # inference: a step per forward
         assert len(report.steps) == len(ivs["forward"])
@@ -40,13 +41,13 @@ def test_phase_labels_and_steps_exactly_as_markers_say(real_snapshot):
 
 
 def test_every_peak_equals_independent_recomputation(real_snapshot):
-    _, snap, prefix = real_snapshot
+    path, snap, prefix = real_snapshot
     events = snap["device_traces"][0]
     ivs = intervals(snap["external_annotations"], prefix)
     labels = add_loss(events, label_events(events, ivs), ivs)
     _, after, deltas = replay(events, snap["segments"])
     before = [a - d for a, d in zip(after, deltas)]
-    report = phasemem.analyze(snap, marker_prefix=prefix)
+    report = analyzed(path, marker_prefix=prefix)
     step_of = report.step_of.tolist()  # step boundaries are checked above; here the numbers
     checked = 0
     for st in report.steps:
@@ -70,8 +71,8 @@ def test_every_peak_equals_independent_recomputation(real_snapshot):
 
 
 def test_zero_grad_before_any_gradient_is_reported_empty_shared(shared_snapshot):
-    _, snap = shared_snapshot
-    report = phasemem.analyze(snap, marker_prefix="gt::")
+    path, snap = shared_snapshot
+    report = analyzed(path, marker_prefix="gt::")
     zg = report.steps[0].phases["zero_grad"]
     assert zg.n_events == 0 and zg.start_event is None
     # It ran between the forward's end and the backward's start: its level is the level there.
@@ -79,9 +80,9 @@ def test_zero_grad_before_any_gradient_is_reported_empty_shared(shared_snapshot)
 
 
 def test_pytorch_annotations_give_optimizer_and_zero_grad_without_markers_shared(shared_snapshot):
-    _, snap = shared_snapshot
+    path, snap = shared_snapshot
     events = snap["device_traces"][0]
-    report = phasemem.analyze(snap)  # default prefix: no phasemem markers in these files
+    report = analyzed(path)  # default prefix: no phasemem markers in these files
     ivs = intervals(snap["external_annotations"], "Optimizer.")
     opt_ivs = {"optimizer": [iv for k, v in ivs.items() if k.startswith("step#") for iv in v],
                "zero_grad": [iv for k, v in ivs.items() if k.startswith("zero_grad#") for iv in v]}
@@ -97,8 +98,8 @@ def test_pytorch_annotations_give_optimizer_and_zero_grad_without_markers_shared
 
 
 def test_frames_removed_changes_no_number_shared(shared_snapshot):
-    _, snap = shared_snapshot
-    with_frames = phasemem.analyze(snap, marker_prefix="gt::")
+    path, snap = shared_snapshot
+    with_frames = analyzed(path, marker_prefix="gt::")
     for e in snap["device_traces"][0]:
         e["frames"] = []
     without = phasemem.analyze(snap, marker_prefix="gt::")
@@ -110,8 +111,8 @@ def test_frames_removed_changes_no_number_shared(shared_snapshot):
 
 
 def test_wrapped_ring_buffer_recovers_the_same_end_state_shared(shared_snapshot):
-    _, snap = shared_snapshot
-    full = phasemem.analyze(snap, marker_prefix="gt::")
+    path, snap = shared_snapshot
+    full = analyzed(path, marker_prefix="gt::")
     events = snap["device_traces"][0]
     cut = int(len(events) * 0.45)  # inside step 1's forward or backward: a ring buffer that wrapped
     snap["device_traces"][0] = events[cut:]
@@ -125,9 +126,9 @@ def test_wrapped_ring_buffer_recovers_the_same_end_state_shared(shared_snapshot)
 
 
 def test_top_allocations_are_the_largest_made_in_the_phase_shared(shared_snapshot):
-    _, snap = shared_snapshot
+    path, snap = shared_snapshot
     events = snap["device_traces"][0]
-    report = phasemem.analyze(snap, marker_prefix="gt::")
+    report = analyzed(path, marker_prefix="gt::")
     labels = report.labels
     for st in report.steps:
         for name, ph in st.phases.items():
@@ -152,8 +153,8 @@ def test_reserved_curve_ends_at_the_snapshot_segments_shared(shared_snapshot):
 def test_json_round_trip_shared(shared_snapshot, tmp_path):
     import json
 
-    _, snap = shared_snapshot
-    report = phasemem.analyze(snap, marker_prefix="gt::")
+    path, snap = shared_snapshot
+    report = analyzed(path, marker_prefix="gt::")
     out = tmp_path / "r.json"
     report.to_json(out)
     d = json.loads(out.read_text())
@@ -165,10 +166,10 @@ def test_json_round_trip_shared(shared_snapshot, tmp_path):
 
 
 def test_report_text_is_readable_shared(shared_snapshot):
-    _, snap = shared_snapshot
+    path, snap = shared_snapshot
     from phasemem.units import format_bytes
 
-    report = phasemem.analyze(snap, marker_prefix="gt::")
+    report = analyzed(path, marker_prefix="gt::")
     text, full = str(report), report.text(full=True)  # the short one has the typical step's table only
     for t in (text, full):
         assert f"peak allocated {format_bytes(report.peak_bytes)}" in t
@@ -184,7 +185,7 @@ def test_inferred_phases_say_so(real_snapshot):
     inferred = [p for p in report.phases.values() if p.source == "inferred"]
     assert inferred and all(0 < p.confidence < 1 for p in inferred)
     assert "phases were inferred" in str(report)
-    marked = phasemem.analyze(load_snapshot(path), marker_prefix=prefix)
+    marked = analyzed(path, marker_prefix=prefix)
     assert all(p.confidence == 1.0 for p in marked.phases.values())
 
 
@@ -209,8 +210,8 @@ def test_torch_default_recording_with_cpp_stacks():
 
 
 def test_aggregate_top_allocations_are_the_largest_over_all_steps_shared(shared_snapshot):
-    _, snap = shared_snapshot
-    report = phasemem.analyze(snap, marker_prefix="gt::")
+    path, snap = shared_snapshot
+    report = analyzed(path, marker_prefix="gt::")
     for name, agg in report.phases.items():
         every = sorted((a.size for st in report.steps if name in st.phases for a in st.phases[name].top_allocations),
                        reverse=True)
@@ -220,7 +221,7 @@ def test_aggregate_top_allocations_are_the_largest_over_all_steps_shared(shared_
 def test_stack_summaries_point_at_the_users_code_not_at_phasemems_hooks():
     from helpers.paths import FIXTURES
 
-    report = phasemem.analyze(FIXTURES / "gpt_foreach.pkl.xz")  # recorded under instrument()
+    report = analyzed(FIXTURES / "gpt_foreach.pkl.xz", "file")  # recorded under instrument()
     stacks = [a.stack for p in report.phases.values() for a in p.top_allocations if a.stack]
     assert stacks and not any("hooks.py" in s for s in stacks)
     assert any("record.py" in s for s in report.phases["optimizer"].top_allocations[0].stack.split(" ← ")[1:])
