@@ -5,16 +5,15 @@ below are the per-step rules as the docstrings state them, read from the trace's
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import phasemem
+from helpers.paths import ROOT
 from helpers.snapshots import load_snapshot
 from phasemem.vocab import P
 
-ROOT = Path(__file__).resolve().parents[1]
 TRACES = ["gpt_forloop_accum.pkl.xz", "gpt_inference.pkl.xz", "heldout6/h6_optim_in_backward.pkl.xz",
           "heldout16/h16_accum_grad_buffers.pkl.xz", "heldout5/h5_two_losses.pkl.xz",
           "heldout16/h16_compiled_fused.pkl.xz", "heldout/heldout_bert_mlm.pkl.xz", "gpt_ckpt_fused.pkl.xz"]

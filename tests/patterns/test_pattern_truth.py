@@ -1,4 +1,4 @@
-"""Every shape detector against truth that is not its own (tests/pattern_truth.py: markers, model
+"""Every shape detector against truth that is not its own (tests/helpers/pattern_truth.py: markers, model
 dimensions, stack frames), on every real trace we recorded; and each detector knocked out in turn
 must make that comparison fail (docs/testing.md)."""
 from __future__ import annotations
@@ -8,24 +8,20 @@ from pathlib import Path
 
 import pytest
 
-import importlib
-
 import phasemem
-from phasemem.patterns import KINDS as DETECTOR_KINDS
+from helpers.analyses import analyzed
+from helpers.paths import ROOT, SHARED
 from helpers.pattern_truth import KINDS, detected, load, truth, vocabulary_sizes
+from phasemem.patterns import KINDS as DETECTOR_KINDS
 
-# the module, not the function phasemem/__init__.py exports under the same name
-analyze_module = importlib.import_module("phasemem.analyze")
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "gpu-snapshots"
 # fixtures/big holds torch's own recordings (issue 20), fixtures/integrations the trainer callbacks'
 # (issue 16): no instrument() meta with the parameters and the vocabulary to derive truth from.
 # h7_state_only was recorded with enabled="state": no history, nothing to detect. fixtures/fsdp2's
 # parameters are DTensor shards and bf16 copies made per unshard, which the truth's rules (weights of
-# param_bytes, one gradient each) do not model: tests/test_fsdp2_compile.py checks it from its meta.
+# param_bytes, one gradient each) do not model: tests/distributed/test_fsdp2_compile.py checks it from its meta.
 # fixtures/pairs2, capacity, capacity2 (issue 30, fixtures/record_pairs2.py) keep their dimensions under
 # "config" with names pattern_truth.load does not read (ckpt_every, chunks); their truth is not derived yet.
-# fixtures/plans (issue 41) keeps fixtures/record_plans.py's own meta (ranks, plans; tests/test_plans.py
+# fixtures/plans (issue 41) keeps fixtures/record_plans.py's own meta (ranks, plans; tests/predictions/test_plans.py
 # checks them), fixtures/lookalikes (issue 40) plain recordings with gt:: marks (tests/test_lookalikes.py).
 TRACES = sorted(p for p in (ROOT / "fixtures").rglob("*.pkl.xz")
                 if p.parent.name not in ("big", "integrations", "fsdp2", "pairs2", "capacity", "capacity2", "plans",
@@ -113,10 +109,13 @@ _cache: dict = {}
 
 
 def _compare(path: Path):
+    """(the truth, the steps scored, what the detectors find without frames, the meta, the prefix); the
+    two analyses are the session's (helpers.analyses), shared with the other files."""
     if path not in _cache:
         snap, meta, prefix = load(path)
-        gt, scored = truth(snap, meta, prefix)
-        _cache[path] = (gt, scored, detected(snap, prefix), meta, snap, prefix)
+        gt, scored = truth(snap, meta, prefix, analyzed(path, marker_prefix=prefix))
+        det = detected(snap, prefix, analyzed(path, "no_frames", marker_prefix=prefix))
+        _cache[path] = (gt, scored, det, meta, prefix)
     return _cache[path]
 
 
@@ -133,7 +132,7 @@ def test_every_kind_has_truth_to_meet():
             if step in scored:
                 total[kind] += n
     assert len(TRACES) >= 50
-    assert {k for k in KINDS if total[k] == 0} == set()  # h6_kept_logits leaks (test_patterns mutates others)
+    assert {k for k in KINDS if total[k] == 0} == set()  # h6_kept_logits leaks (patterns/test_leak.py mutates others)
 
 
 @pytest.mark.parametrize("path", TRACES, ids=_name)
@@ -151,14 +150,16 @@ def test_shapes_are_the_truth(path):
                 assert d == g, (kind, step, g, d)
 
 
-@pytest.mark.parametrize("path", [p for p in TRACES if load(p)[1].get("vocab")], ids=_name)
+@pytest.mark.parametrize("path", TRACES, ids=_name)
 def test_vocabulary_shapes_have_the_model_sizes(path):
     """Logits are batch × sequence × vocabulary in bf16 or fp32; the softmax spike is some of the
     vocabulary-sized tensors alive at its top above where memory settles, never the whole level
     (sizes from the recorded model's dims; a distillation's KL holds six)."""
-    *_, meta, snap, prefix = _compare(path)
+    *_, meta, prefix = _compare(path)
+    if not meta.get("vocab"):
+        pytest.skip("no vocabulary in the recording's meta")
     sizes = vocabulary_sizes(meta)
-    report = phasemem.analyze(snap, marker_prefix=prefix)
+    report = analyzed(path, marker_prefix=prefix)
     for p in report.patterns_of("logits"):
         assert p.bytes in sizes, p.bytes
     for p in report.patterns_of("softmax_spike"):
@@ -169,48 +170,26 @@ def test_vocabulary_shapes_have_the_model_sizes(path):
         assert level[p.peak_event] == level[p.start_event:p.end_event + 1].max()
 
 
-def _knocked_out(kind):
-    real = analyze_module.detect_patterns
-
-    def without(ctx):
-        return [p for p in real(ctx) if p.kind != kind]
-
-    return without
-
-
 @pytest.mark.parametrize("kind", [k for k in KINDS if k != "leak"])
-def test_knocking_out_a_detector_is_caught(kind, monkeypatch):
+def test_knocking_out_a_detector_is_caught(kind, knock_out):
     """With one detector's output removed, the comparison with the truth must fail somewhere."""
     base = "gradients" if kind.startswith("gradients") else kind
-    monkeypatch.setattr(analyze_module, "detect_patterns", _knocked_out(base))
-    for path in TRACES:
-        gt, scored, *_ , snap, prefix = _compare(path)
+    compared = [_compare(path) for path in TRACES]  # the truth, before the knock-out
+    knock_out(base)
+    for path, (gt, scored, *_, prefix) in zip(TRACES, compared):
         if any(gt[kind, s] for s in scored):
-            det = detected(snap, prefix)
+            det = detected(load(path)[0], prefix)
             assert any(det[kind, s] != gt[kind, s] for s in scored)
             return
     pytest.fail(f"no trace expects {kind}")
 
 
 def test_every_detector_kind_is_knocked_out_somewhere():
-    """The registry's kinds all have a knock-out: the truth's here, the leak's and the workspace's by
-    their own tests in test_patterns.py, forward_rerun's (it needs the frames detected() strips) by
-    test_heldout15.py's (run under the knock-out in test_knockout_leak_and_workspace)."""
+    """The registry's kinds all have a knock-out: the truth's here, the leak's, the workspace's and
+    forward_rerun's (it needs the frames detected() strips) beside the tests they break
+    (patterns/test_leak.py, test_scaler_clip_workspace.py, test_recompute.py)."""
     covered = {k if not k.startswith("gradients") else "gradients" for k in KINDS} | {"workspace", "forward_rerun"}
     assert set(DETECTOR_KINDS) <= covered
-
-
-@pytest.mark.parametrize("kind", ["leak", "workspace", "forward_rerun"])
-def test_knockout_leak_and_workspace(kind, monkeypatch):
-    import test_heldout15
-    import test_patterns
-
-    monkeypatch.setattr(analyze_module, "detect_patterns", _knocked_out(kind))
-    test = {"leak": test_patterns.test_leak_found_where_frees_were_removed_and_nowhere_else_shared,
-            "workspace": test_patterns.test_gradscaler_check_and_workspaces_named_where_frames_say_so,
-            "forward_rerun": test_heldout15.test_gradient_caching_is_not_called_activation_checkpointing}[kind]
-    with pytest.raises(AssertionError):
-        test()
 
 
 def test_fsdp2_parameters_are_the_sharded_parameters():

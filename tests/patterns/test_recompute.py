@@ -10,14 +10,17 @@ from __future__ import annotations
 import copy
 import lzma
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import phasemem
+from helpers.analyses import analyzed, marked_and_plain
+from helpers.paths import ROOT
+from helpers.raw import optimizer_ends
+from helpers.snapshots import as_handed_over, bare, heldout
+from phasemem.patterns.recompute import own_forward
 
-ROOT = Path(__file__).resolve().parents[1]
 KiB = 1024
 #: one layer's forward makes eight activations of these sizes (KiB), all different from each other
 LAYER = [3, 5, 7, 11, 13, 17, 19, 23]
@@ -247,3 +250,158 @@ def test_checkpointing_inside_a_compiled_backward_is_told_by_replayed_random_ops
         found = phasemem.analyze(s).patterns_of("checkpoint_recompute")
         assert [p.step for p in found] == [0, 1, 2], how
         assert all(p.details["count"] == layers and p.details["evidence"] == "rng_replay" for p in found), how
+
+
+def test_checkpoint_recompute_counts_layers_shared(shared_without_frames):
+    report, _, known = shared_without_frames
+    found = report.patterns_of("checkpoint_recompute")
+    if not known["ckpt"]:
+        assert found == []
+        return
+    assert [p.details["count"] for p in found] == [known["layers"]] * len(report.steps)
+
+
+def test_save_on_cpu_is_no_checkpointing():
+    """save_on_cpu(pin_memory=True) keeps the saved activations in host memory: at the peak the GPU
+    holds next to none, and backward's copies of them brought back (made under save_on_cpu's
+    unpack_from_cpu, as the raw frames say) echo forward's sizes in order but are no recompute."""
+    snap = heldout("h6_save_on_cpu")
+    unpacked = [i for i, e in enumerate(snap["device_traces"][0]) if e["action"] == "alloc"
+                and any(f["name"] == "unpack_from_cpu" for f in e.get("frames") or [])]
+    assert len(unpacked) > 100
+    for how, r in marked_and_plain("h6_save_on_cpu"):
+        assert r.by_category["activation"] < 0.01 * r.peak_bytes, how
+        assert not r.patterns_of("checkpoint_recompute"), how
+        ckpt = [w for w in r.what_if if w.remedy == "activation_checkpointing"]
+        assert ckpt and "on already" not in ckpt[0].explanation, how
+
+
+def test_reentrant_checkpointing_recomputes_once_per_layer():
+    """Reentrant checkpointing runs each block's backward inside its own recompute call: the matching
+    sizes split a HF layer into several runs (17 "times" for 4 layers before); the frames count calls."""
+    for name in ("h10_reentrant_ckpt", "h10_hf_reentrant_ckpt"):
+        snap = heldout(name)
+        meta = snap["phasemem"]["meta"]
+        for how, r in marked_and_plain(name):
+            assert [s.end_event + 1 for s in r.steps] == optimizer_ends(snap), (name, how)
+            rc = r.patterns_of("checkpoint_recompute")
+            assert [p.step for p in rc] == [0, 1, 2], (name, how)
+            assert all(p.details["count"] == meta["layers"] for p in rc), (name, how)
+            assert f"{meta['layers']} times here" in rc[0].explanation, (name, how)
+            assert r.by_category["parameter"] == meta["param_bytes"], (name, how)
+
+
+def _frames_of(snap: dict, event: int) -> list[str]:
+    return [f["filename"] + ":" + f["name"] for f in snap["device_traces"][0][event].get("frames") or []]
+
+
+def test_gradient_caching_is_not_called_activation_checkpointing():
+    """GradCache encodes each chunk again with grad inside its backward phase: the ripples are the
+    program's own forwards (module calls from its loop, no torch/utils/checkpoint.py frame)."""
+    snap = heldout("h15_gradcache_contrastive")
+    meta = snap["phasemem"]["meta"]
+    marked = analyzed("h15_gradcache_contrastive", marker_prefix="gt::")
+    assert not any(p.kind == "checkpoint_recompute" for p in marked.patterns)
+    rec = [p for p in marked.patterns if p.kind == "forward_rerun"]
+    assert len(rec) == 3 and all(p.details["count"] == meta["chunks"] for p in rec)
+    for p in rec:
+        assert "checkpointing" not in p.explanation.split("not by")[0]
+        frames = [_frames_of(snap, int(marked.analysis.facts.alloc[m])) for m in p.members]
+        assert not any("torch/utils/checkpoint.py" in f for fr in frames for f in fr)
+        # made by the loop's own encoder calls (all but the odd block of the chunk's backward among them)
+        assert sum(any("record_heldout15.py:w_gradcache_contrastive" in f for f in fr) for fr in frames) >= 0.99 * len(frames)
+
+
+@pytest.mark.parametrize("name,key", [("h15_selective_ac", "layers"), ("h15_chunked_ce", "chunks")])
+def test_recompute_told_by_checkpoints_frames(name, key):
+    """A selective policy saves the matmuls, a checkpointed loss chunk makes two blocks: no run of
+    sizes repeats, but checkpoint's frames count the recomputes (6 blocks; 8 loss chunks)."""
+    snap = heldout(name)
+    meta = snap["phasemem"]["meta"]
+    for how, r in marked_and_plain(name):
+        rec = [p for p in r.patterns if p.kind == "checkpoint_recompute"]
+        assert len(rec) == 3 and all(p.details["count"] == meta[key] for p in rec), how
+        facts = r.analysis.facts
+        for p in rec:
+            assert all(any("torch/utils/checkpoint.py" in f for f in _frames_of(snap, int(facts.alloc[m])))
+                       for m in p.members), how
+            assert not any("Workspace" in f for m in p.members for f in _frames_of(snap, int(facts.alloc[m]))), how
+
+
+def _no_checkpoint_frame(snap: dict) -> bool:
+    return not any("torch/utils/checkpoint.py" in f["filename"]
+                   for e in snap["device_traces"][0] for f in e.get("frames") or [])
+
+
+@pytest.mark.parametrize("name", ["h16_int8_lora", "h16_accum4", "h16_accum_loss_sum", "h16_accum_grad_buffers",
+                                  "h16_int8_lora_redequant", "h16_accum4_mlp"])
+def test_repeated_forwards_and_dequantized_weights_are_no_recompute(name):
+    """Nothing is checkpointed (meta, and no checkpoint frame in the trace): a frozen int8 base
+    dequantized in every forward (and, bitsandbytes' way, again in backward) and micro-batches whose
+    forwards repeat the same sizes make no recompute, marked, handed over or without frames."""
+    snap = heldout(name)
+    assert not snap["phasemem"]["meta"]["checkpointing"] and _no_checkpoint_frame(snap)
+    for how, r in marked_and_plain(name) + [("bare", analyzed(name, "bare"))]:
+        assert not {p.kind for p in r.patterns} & {"checkpoint_recompute", "forward_rerun"}, how
+
+
+def _forward_allocs(snap: dict) -> list[list[int]]:
+    """The sizes allocated inside each gt::forward range, in order."""
+    anns = sorted((a["time_us"], a["stage"]) for a in snap["external_annotations"] if a["name"] == "gt::forward")
+    spans = [(t0, t1) for (t0, s0), (t1, s1) in zip(anns[::2], anns[1::2]) if s0 == "START" and s1 == "END"]
+    events = snap["device_traces"][0]
+    return [[e["size"] for e in events if e["action"] == "alloc" and t0 <= e["time_us"] <= t1] for t0, t1 in spans]
+
+
+def _variants(snap: dict):
+    yield "marked", phasemem.analyze(copy.deepcopy(snap), marker_prefix="gt::")
+    yield "plain", phasemem.analyze(as_handed_over(snap))
+    yield "bare", phasemem.analyze(bare(snap))
+
+
+def test_micro_batches_repeat_forward_and_are_no_recompute():
+    snap = heldout("h16_accum4")
+    meta = snap["phasemem"]["meta"]
+    fwd = _forward_allocs(snap)
+    n = meta["micro_batches"]
+    assert len(fwd) == n * meta["nsteps"]
+    # every micro-batch after a step's first repeats its forward's sizes exactly, in order
+    for s in range(meta["nsteps"]):
+        first = fwd[s * n]
+        assert len(first) > 50 and all(fwd[s * n + k] == first for k in range(1, n))
+    for how, r in _variants(snap):
+        assert not r.patterns_of("checkpoint_recompute"), how
+        assert not r.patterns_of("forward_rerun"), how
+    # marked: each backward is read against the one forward just before it
+    r = analyzed("h16_accum4", marker_prefix="gt::")
+    f = r.analysis.facts
+    for s in range(meta["nsteps"]):
+        fr, br = f.runs_of(s, "forward"), f.runs_of(s, "backward")
+        assert len(fr) == len(br) == n
+        assert [own_forward(fr, br, b0) for b0, _ in br] == [[x] for x in fr]
+
+
+def test_weights_dequantised_every_forward_are_no_recompute():
+    snap = heldout("h16_int8_lora")
+    meta = snap["phasemem"]["meta"]
+    # the blocks' Linear weights: qkv 3d x d, proj d x d, fc 4d x d, out d x 4d, int8; their bf16
+    # copies are twice the bytes, made (cast, then scaled) in every forward
+    d2 = meta["int8_weight_bytes"] // (12 * meta["layers"])
+    bf16 = {2 * k * d2 for k in (1, 3, 4)}
+    fwd = _forward_allocs(snap)
+    assert len(fwd) == meta["nsteps"]
+    for sizes in fwd:
+        copies = [x for x in sizes if x in bf16]
+        assert len(copies) >= 2 * meta["quantized_linears"]
+        assert sum(copies) >= 2 * meta["dequantized_bytes_per_forward"]
+    for how, r in _variants(snap):
+        assert not r.patterns_of("checkpoint_recompute"), how
+        assert not r.patterns_of("forward_rerun"), how
+
+
+def test_knocking_out_the_forward_rerun_detector_is_caught(knock_out):
+    """Without the forward_rerun detector's output the gradient-caching test fails (the pattern truth
+    strips the frames it needs: patterns/test_pattern_truth.py knocks out the others)."""
+    knock_out("forward_rerun")
+    with pytest.raises(AssertionError):
+        test_gradient_caching_is_not_called_activation_checkpointing()
