@@ -21,8 +21,8 @@ import pytest
 import phasemem
 from phasemem.units import format_bytes
 from phasemem.vocab import CATEGORIES
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 WILD = ROOT.parent / "shared" / "wild"
 BEFORE = ROOT / "fixtures" / "before"
 
