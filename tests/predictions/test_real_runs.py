@@ -5,17 +5,16 @@ phasemem's own reading of that run's trace.
 """
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 import phasemem
 from phasemem.fits import predict
-from helpers.paths import FIXTURES
+from helpers.paths import FIXTURES, ROOT
 
 # run -> (remedies with their settings, batch factor, sequence factor): what the real run changed; the
 # table docs/eval_whatif.py prints docs/what-if.md's rows from, so the tests check the rows it shows
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+sys.path.insert(0, str(ROOT / "docs"))
 from eval_whatif import RUNS  # noqa: E402
 
 PAIRS2 = FIXTURES / "pairs2"

@@ -13,8 +13,9 @@ import phasemem
 from phasemem.budgets import budget_for, check_comparison, check_report, parse_budget, parse_budgets, parse_size
 from phasemem.cli import main
 from helpers import reference
+from helpers.paths import FIXTURES
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures"
+FIX = FIXTURES
 FOREACH, KEEP, END = FIX / "gpt_foreach.pkl.xz", FIX / "gpt_zero_grad_keep.pkl.xz", FIX / "gpt_zero_grad_end.pkl.xz"
 GiB, MiB = 2**30, 2**20
 

@@ -1,6 +1,6 @@
 """The peak decomposed, the what-ifs, and the OOM post-mortem (issue 15), on real H200 traces.
 
-Expected values come from the raw snapshots (tests/reference.py's naive replay) and from what the
+Expected values come from the raw snapshots (tests/helpers/reference.py's naive replay) and from what the
 recorded programs measured themselves (``torch.cuda.max_memory_allocated``, in each run's JSON).
 """
 import json
@@ -12,8 +12,8 @@ import pytest
 import phasemem
 from phasemem.replay import Replayed, changed_points, points, replay
 from phasemem.remedies import REMEDIES, SCALINGS
-from helpers.reference import replay as naive_replay
 from helpers.paths import FIXTURES
+from helpers.reference import replay as naive_replay
 from helpers.snapshots import load_snapshot
 
 PAIRS = FIXTURES / "pairs"

@@ -15,7 +15,9 @@ import phasemem
 from phasemem.errors import PhasememError
 from phasemem.plans import parse_plan, plan, shard_bytes, zero_owner
 
-HERE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "plans")
+from helpers.paths import FIXTURES
+
+HERE = str(FIXTURES / "plans")
 TRUTH = json.load(open(os.path.join(HERE, "truth.json")))
 RUNS = {r["name"]: r for r in TRUTH["runs"]}
 #: How each recorded run is asked of phasemem (zero1 ran on the fake group, whose no-op comm hook lets

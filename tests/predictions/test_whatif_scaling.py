@@ -3,7 +3,6 @@ answer is computed here: every block is written with how it grows (constant, lin
 quadratic in the sequence), the expected peak is a naive replay of the scaled blocks, and the
 largest factor under a budget is found by bisection on that replay. Nothing is read from phasemem.
 """
-import numpy as np
 import pytest
 
 import phasemem

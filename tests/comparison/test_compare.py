@@ -17,8 +17,8 @@ from phasemem.cli import main
 from phasemem.compare import align_runs
 from phasemem.comparison import named_floor
 from helpers import reference
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "fixtures"
 PAIRS = FIX / "pairs"
 FOREACH, FUSED = FIX / "gpt_foreach.pkl.xz", FIX / "gpt_ckpt_fused.pkl.xz"
