@@ -4,22 +4,21 @@ fixtures/fsdp2/ holds two recordings of the same job (fixtures/record_fsdp2.py, 
 steps through ``instrument()`` and three more under ``torch.cuda.memory._record_memory_history()`` with
 torch's defaults, the phases marked by hand with ``gt::`` ranges. Every expected number comes from the
 model's sizes (``meta``: the GPT's parameters per block and the root's) or from the raw trace read
-naively (tests/reference.py, the frames of each allocation), never from phasemem's output.
+naively (tests/helpers/reference.py, the frames of each allocation), never from phasemem's output.
 """
 from __future__ import annotations
 
 import lzma
 import pickle
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import reference  # noqa: E402
+from helpers.paths import FIXTURES
 
-FOLDER = Path(__file__).resolve().parents[1] / "fixtures" / "fsdp2"
+FOLDER = FIXTURES / "fsdp2"
 INSTRUMENT, PLAIN = FOLDER / "fsdp2_instrument.pkl.xz", FOLDER / "fsdp2_plain.pkl.xz"
 
 

@@ -3,12 +3,12 @@
 The module fixture spawns a real 2-process torch.distributed job on CPU (gloo, loopback only, a hard
 timeout): DDP, then FSDP2 (fully_shard), each rank recording itself with ``instrument()`` and writing
 ``run.save(folder)``, then ``run.report(gather=True)``. Rank r trains on a batch (r + 1) times rank 0's,
-so the ranks' peaks differ. Expected values come from the raw snapshots (tests/reference.py replays
+so the ranks' peaks differ. Expected values come from the raw snapshots (tests/helpers/reference.py replays
 them), the model's own parameter sizes, and each rank analysed alone.
 
 Run as a script it records such a folder (the lead's GPU recording)::
 
-    python3 tests/test_distributed.py OUT [--ranks 2] [--device cpu|cuda]
+    python3 tests/distributed/test_distributed.py OUT [--ranks 2] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for helpers: also run as a script
+from helpers import reference  # noqa: E402  (a naive replay sharing no code with phasemem)
+from helpers.paths import ROOT  # noqa: E402
+
 HELDOUT4 = ROOT / "fixtures" / "heldout4"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import reference  # noqa: E402  (tests/reference.py: a naive replay sharing no code with phasemem)
 
 WORLD = 2
 #: The whole 2-rank recording (two interpreters importing torch on 2 cores, two profiled runs each)
@@ -117,6 +118,7 @@ def record(out: str, world: int = WORLD, device_kind: str = "cpu") -> None:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
+    pytest.importorskip("torch")  # the job trains on torch: the tests that read its folder skip without it
     out = tmp_path_factory.mktemp("distributed")
     proc = subprocess.Popen([sys.executable, __file__, str(out)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True, text=True)

@@ -3,7 +3,7 @@ cluster (``scheduler``), the same report as one rank after another, the same one
 
 The ranks are real recordings of one model that differ as ranks of an uneven job would (fixtures/pairs:
 the base run, half the batch, checkpointing, chunked cross-entropy; steps 0-4 in each), copied into a
-folder as ``rank<r>.pickle.xz``. Each rank's peak is checked against tests/reference.py's naive replay of
+folder as ``rank<r>.pickle.xz``. Each rank's peak is checked against tests/helpers/reference.py's naive replay of
 its raw trace, so the equal reports are not equal by being empty. The Dask tests run on a
 ``distributed.LocalCluster`` of two worker processes and skip where dask is not installed.
 """
@@ -22,10 +22,10 @@ import phasemem
 from phasemem import ranks as ranks_mod
 from phasemem.cli import main
 
-sys.path.insert(0, str(Path(__file__).parent))
 from helpers import reference  # noqa: E402  (a naive replay sharing no code with phasemem)
+from helpers.paths import FIXTURES, ROOT
 
-PAIRS = Path(__file__).resolve().parents[1] / "fixtures" / "pairs"
+PAIRS = FIXTURES / "pairs"
 RANKS = ["base", "half_batch", "ckpt", "chunked_ce"]  # rank r is RANKS[r]
 
 
@@ -118,7 +118,7 @@ def test_script_without_main_guard(folder, tmp_path):
     script = tmp_path / "plain.py"
     script.write_text("import phasemem\nprint('body ran')\n"
                       f"run = phasemem.analyze_ranks({str(folder)!r}, workers=2)\nprint('peak rank', run.peak.rank)\n")
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(ROOT)
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=300)

@@ -1,6 +1,6 @@
 """Distributed runs written as users write them (issue #31), recorded on two gloo ranks on CPU.
 
-tests/test_distributed.py records one careful job (seed 0 on every rank, the input made before the
+tests/distributed/test_distributed.py records one careful job (seed 0 on every rank, the input made before the
 block, a loop over several lines). Here the job is issue #31's script and one variant per way it
 differs from that one: per-rank seeds, the loop on one line, the batch made inside the loop, equal
 or uneven batches, ``import phasemem`` after ``init_process_group``, ``run.save`` to a file path;
@@ -9,11 +9,11 @@ another thread than the one that entered ``instrument()``: torch's CPU profiler 
 thread that started it), which must say so instead of producing a plausible report.
 
 Every number the many-ranks report gives a rank is checked against that rank's raw snapshot with
-tests/reference.py's naive replay, which shares no code with phasemem.
+tests/helpers/reference.py's naive replay, which shares no code with phasemem.
 
 Run as a script it records the job into a folder::
 
-    python3 tests/test_distributed_loops.py OUT
+    python3 tests/distributed/test_distributed_loops.py OUT
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for helpers: also run as a script
 from helpers import reference  # noqa: E402
+from helpers.paths import ROOT  # noqa: E402
 
 WORLD = 2
 #: Two interpreters, seven recordings each: 25 s here on 2 shared cores; past this the job is killed.
@@ -121,6 +121,7 @@ def record(out: str, world: int = WORLD) -> None:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
+    pytest.importorskip("torch")  # the job trains on torch: the tests that read its folder skip without it
     out = tmp_path_factory.mktemp("loops")
     proc = subprocess.Popen([sys.executable, __file__, str(out)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True, text=True)
@@ -144,7 +145,7 @@ def _meta(job: Path, rank: int) -> dict:
 
 
 def _naive(snap: dict) -> dict:
-    """From the raw snapshot alone: the peak, and each (step, phase)'s peak, by tests/reference.py.
+    """From the raw snapshot alone: the peak, and each (step, phase)'s peak, by tests/helpers/reference.py.
 
     Phases as the markers say (``phasemem::forward``/``backward``, torch's own ``Optimizer.step#`` and
     ``Optimizer.zero_grad#`` ranges; the loss between forward and backward), steps cut at the end of
