@@ -12,9 +12,9 @@ import phasemem
 from phasemem import render
 from phasemem.render import bands
 
+from helpers.paths import ROOT
 from helpers.snapshots import load_snapshot
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 SHARED = ROOT.parent / "shared" / "gpu-snapshots"
 

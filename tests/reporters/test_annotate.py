@@ -16,8 +16,8 @@ import pytest
 
 import phasemem
 from phasemem.cli import main
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
 WILD = ROOT.parent / "shared" / "wild"
 GPU = ROOT.parent / "shared" / "gpu-snapshots"

@@ -9,9 +9,7 @@ import lzma
 import math
 import pickle
 import re
-import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
@@ -20,10 +18,9 @@ from phasemem.cli import main
 from phasemem.plans import PLANS
 from phasemem.vocab import CATEGORIES
 
-sys.path.insert(0, str(Path(__file__).parent))
+from helpers.paths import ROOT
 from helpers.reference import replay  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 GPT = ROOT / "fixtures" / "plans" / "gpt__single_fp32__n1_r0__b4.pkl.xz"
 VIT = ROOT / "fixtures" / "plans" / "vit__single_fp32__n1_r0__b32.pkl.xz"
 INFERENCE = ROOT / "fixtures" / "gpt_inference.pkl.xz"  # no backward: no plan can tell the parameters

@@ -26,9 +26,10 @@ from phasemem.errors import PhasememError
 from phasemem.render import bands
 from phasemem.units import format_bytes
 
+from helpers.paths import ROOT
 from helpers.snapshots import load_snapshot
+from helpers.wild import wild_path
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 SHARED = ROOT.parent / "shared" / "gpu-snapshots"
 SNAPSHOTS = sorted(SHARED.glob("*.pkl.xz"))
@@ -636,3 +637,12 @@ def test_too_small_a_picture_is_refused():
     report = phasemem.analyze(load_snapshot(FIXTURES / "gpt_foreach.pkl.xz"))
     with pytest.raises(ValueError, match="at least 480x270"):
         report.plot(size=(100, 100))
+
+
+def test_out_of_memory_is_marked_in_the_picture():
+    r = phasemem.analyze(wild_path("constructorsun_codeloc"), device=1)
+    fig = r.plot()
+    lines = [a for a in fig.findobj() if a.get_gid() == "oom"]
+    (o,) = [o for o in r.ooms if o.device == r.device]
+    assert len(lines) == 1 and lines[0].get_xdata()[0] == o.event
+    assert any(t.get_text().startswith("OUT OF MEMORY: asked ") for t in fig.axes[0].texts)

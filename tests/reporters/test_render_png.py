@@ -2,15 +2,13 @@
 draws, as RGB since the picture is opaque, at the size asked for."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from PIL import Image
 
 import phasemem
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 
 

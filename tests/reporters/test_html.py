@@ -17,8 +17,8 @@ import pytest
 
 from phasemem.cli import main
 from phasemem.vocab import CATEGORIES
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install -y chromium)")
@@ -344,7 +344,7 @@ def test_time_axis_zooms_to_the_steps_microseconds(browser, tmp_path):
     assert axis == "time since the first event (ms)"
 
 if __name__ == "__main__":
-    # The screenshots in docs/interactive.md: python3 tests/test_html.py docs/img
+    # The screenshots in docs/interactive.md: python3 tests/reporters/test_html.py docs/img
     import sys
 
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -18,7 +18,8 @@ from phasemem.units import format_bytes, signed
 from phasemem.vocab import AT_PEAK, CATEGORIES, CATEGORY_NAMES, GRADIENTS_IN_BACKWARD, GRADIENTS_RELEASED, P, \
     PHASES, SHAPE_SIZE
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.paths import ROOT, WILD
+
 SHARED = ROOT.parent / "shared"
 PATHS = (sorted((ROOT / "fixtures").glob("**/*.pkl.xz")) + sorted((SHARED / "wild").glob("*.pickle"))
          + sorted((SHARED / "gpu-snapshots").glob("*.pkl.xz")))
@@ -280,3 +281,16 @@ def test_steps_that_differ_in_many_ways_stay_a_few_lines():
     assert 1 < len(differ) <= MAX_GROUPS and len(text.splitlines()) < 40
     assert ranges([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10"
     assert ranges(list(range(0, 40, 2)), most=3) == "0, 2, 4, and 17 more"
+
+
+@pytest.mark.parametrize("path", sorted(WILD.glob("*.pickle")) if WILD.exists() else [], ids=lambda p: p.stem)
+def test_the_report_tells_the_truth_about_itself(path):
+    try:
+        r = phasemem.analyze(path)
+    except phasemem.PhasememError:
+        return  # a one-line refusal is a true statement (the empty snapshot)
+    text = str(r)
+    assert "None" not in text
+    for p in r.patterns:
+        if p.kind != "leak":  # a shape's phase is the phase its events carry
+            assert p.phase == PHASES[int(r.label_codes[p.start_event])]

@@ -2,17 +2,15 @@
 reader numbered its stacks."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import phasemem
 from phasemem.render import colours
 
+from helpers.paths import ROOT
 from helpers.snapshots import load_snapshot
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 
 
