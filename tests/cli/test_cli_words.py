@@ -3,14 +3,13 @@
 real runs of docs/what-if.md show."""
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
 import phasemem
 from phasemem.cli import main
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FOREACH = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
 
 

@@ -13,9 +13,8 @@ import pytest
 
 import phasemem
 from phasemem.cli import main
+from helpers.paths import FIXTURES, ROOT, SHARED
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-snapshots"
 SNAPSHOTS = sorted(SHARED.glob("*.pkl.xz"))
 needs_snapshots = pytest.mark.skipif(not SNAPSHOTS, reason=f"no real GPU snapshots at {SHARED}")
 
@@ -227,6 +226,7 @@ def test_python_dash_m_runs_the_same_cli(tmp_path):
 
 
 def test_demo_trains_records_and_draws(tmp_path, capsys):
+    pytest.importorskip("torch")  # the demo trains a tiny model
     png, js = tmp_path / "demo.png", tmp_path / "demo.json"
     rc = main(["demo", "-o", str(png), "--json", str(js), "--device", "cpu", "--steps", "2"])
     out, err = capsys.readouterr()
@@ -241,9 +241,7 @@ def test_demo_trains_records_and_draws(tmp_path, capsys):
 
 
 def test_convert_then_analyze_the_columnar_file_gives_the_same_report(tmp_path, capsys):
-    from pathlib import Path
-
-    src = Path(__file__).resolve().parents[1] / "fixtures" / "gpt_foreach.pkl.xz"
+    src = FIXTURES / "gpt_foreach.pkl.xz"
     npz = tmp_path / "trace.npz"
     assert main(["convert", str(src), "-o", str(npz)]) == 0
     assert npz.stat().st_size < src.stat().st_size * 20
