@@ -9,16 +9,17 @@ import io
 import lzma
 import pickle
 import warnings
-from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
 
-import phasemem
-from phasemem.capture import Run, instrument
-from phasemem.capture import cpu as capture_cpu
-from phasemem.capture import hooks
+torch = pytest.importorskip("torch")  # what this file records runs on torch: without it, it skips
+import torch.nn.functional as F  # noqa: E402
+
+import phasemem  # noqa: E402
+from phasemem.capture import Run, instrument  # noqa: E402
+from phasemem.capture import cpu as capture_cpu  # noqa: E402
+from phasemem.capture import hooks  # noqa: E402
+from helpers.paths import FIXTURES  # noqa: E402
 
 VOCAB, DIM, BATCH, SEQ = 2000, 32, 4, 16
 PHASES = ("forward", "zero_grad", "backward", "optimizer")
@@ -433,9 +434,9 @@ def test_report_needs_finished_run():
         run.save("/nonexistent/x.pkl")
 
 
-FIXTURES = sorted((Path(__file__).parent.parent / "fixtures").glob("*.pkl.xz"))
+FIXTURES = sorted((FIXTURES).glob("*.pkl.xz"))
 # The held-out recordings (fixtures/heldout*/, for evaluating marker-free inference) are checked here only.
-FIXTURES += sorted((Path(__file__).parent.parent / "fixtures").glob("heldout*/*.pkl.xz"))
+FIXTURES += sorted((FIXTURES).glob("heldout*/*.pkl.xz"))
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name.split(".")[0])

@@ -8,12 +8,13 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
-import torch.nn.functional as F
 
-import phasemem
-from phasemem.capture import hooks, instrument
-from phasemem.capture import cpu as capture_cpu
+torch = pytest.importorskip("torch")  # what this file records runs on torch: without it, it skips
+import torch.nn.functional as F  # noqa: E402
+
+import phasemem  # noqa: E402
+from phasemem.capture import hooks, instrument  # noqa: E402
+from phasemem.capture import cpu as capture_cpu  # noqa: E402
 
 VOCAB, DIM = 2000, 32
 NSTEPS = 6

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from helpers.paths import ROOT
+
+README = ROOT / "README.md"
 
 
 def _use_example() -> str:

@@ -7,15 +7,15 @@ import json
 import sys
 import tomllib
 from importlib.metadata import entry_points
-from pathlib import Path
 
 import pytest
+
+from helpers.paths import ROOT
 
 pytest_plugins = ["pytester"]
 # Runs that record import torch in a subprocess: pytester's in-process runs drop the modules a run
 # imported, and torch cannot be imported a second time in one process.
 
-ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 
 
@@ -93,6 +93,7 @@ def test_body_fails():
 def scenarios(tmp_path_factory):
     """One pytest run (a subprocess: torch imports once per process) of every scenario; per test, its
     outcome, its message and its junit properties."""
+    pytest.importorskip("torch")  # the scenarios record torch tensors
     import subprocess
     import xml.etree.ElementTree as ET
 
@@ -157,6 +158,7 @@ def test_a_failing_body_is_reported_as_itself(scenarios):
 
 
 def test_phasemem_dir_chooses_the_folder(pytester):
+    pytest.importorskip("torch")
     pytester.makepyfile(test_it="import pytest, torch\n\n@pytest.mark.phasemem_limit(peak='1 MiB')\n"
                                 "def test_x():\n    torch.ones(2**20)\n")
     result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "--phasemem-dir=pics")
