@@ -5,12 +5,27 @@ session) by the first test that needs it."""
 import importlib
 import lzma
 import pickle
+from pathlib import Path
 
 import pytest
 
 from helpers.analyses import analyzed, fresh_analyses
+from helpers.modules import have
 from helpers.paths import SHARED, fixture_paths, path_id, shared_paths
 from helpers.snapshots import load_snapshot, prefix_of
+
+
+def pytest_collection_modifyitems(items):
+    """Without torch, a test over a ../shared/gpu-snapshots file skips: the tests read those files with
+    pickle, and their meta holds a TorchVersion (phasemem's own readers need no torch)."""
+    if have("torch"):
+        return
+    skip = pytest.mark.skip(reason=f"no torch: the tests read {SHARED}'s files with pickle, and their meta "
+                                   "holds a TorchVersion")
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {}).values()
+        if any(isinstance(v, Path) and v.parent == SHARED for v in params):
+            item.add_marker(skip)
 
 
 @pytest.fixture(params=shared_paths() or [None], ids=lambda p: p.stem if p else "missing")

@@ -9,4 +9,5 @@ imports another (tests/test_layout.py). ``pythonpath = ["tests"]`` in pyproject.
 - ``pattern_truth``: which shapes a trace holds, from markers, dimensions and frames.
 - ``frameless``: a marked trace's truth and its reading from lifetimes alone.
 - ``traces``: two Traces compared field by field.
+- ``wild``: ../shared/wild and what each program did; ``modules``: whether torch (or another) is there.
 """

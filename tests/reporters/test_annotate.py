@@ -175,6 +175,7 @@ def test_labelled_snapshot_analyses_as_the_original(labelled):
 
 
 def test_torch_memory_viz_tooling_opens_it(labelled, tmp_path):
+    pytest.importorskip("torch")  # torch's own tooling
     out, _, lab, _ = labelled
     html = tmp_path / "x.html"
     for argv in (["trace_plot", str(out), "-o", str(html)], ["stats", str(out)], ["trace", str(out)]):
@@ -199,6 +200,7 @@ def test_input_dict_is_not_changed():
 
 @pytest.mark.skipif(not (GPU / "mlp_fp16_scaler.pkl.xz").exists(), reason=f"no snapshots at {GPU}")
 def test_users_own_metadata_is_kept_and_the_wrapper_left_shared(tmp_path):
+    pytest.importorskip("torch")  # the wrapper's meta holds a TorchVersion: pickle.loads below needs torch
     # These files wrap the snapshot ({"snapshot": ..., "meta": ...}, meta holding a TorchVersion, a GLOBAL
     # MemoryViz.js has no opcode for) and label backward allocations with user_metadata "phase=backward".
     src = GPU / "mlp_fp16_scaler.pkl.xz"
@@ -243,6 +245,7 @@ def test_wild_snapshot_shared(name, tmp_path):
     lab, orig = pickle.loads(data), pickle.loads(src.read_bytes())
     assert pickle.dumps(strip_labels(lab, orig), protocol=4) == src.read_bytes()
     assert "unknown" in {e.get("category") for t in lab["device_traces"] for e in t}
+    pytest.importorskip("torch")  # torch's own tooling opens it
     run = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace_plot", str(tmp_path / "l.pickle"),
                           "-o", str(tmp_path / "x.html")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
