@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 
+from helpers.analyses import analyzed
 from helpers.paths import FIXTURES
-from helpers.snapshots import bare
 from phasemem.segmentation import segment
 from phasemem.timeline import Timeline
 from phasemem.trace import Trace
@@ -32,8 +32,10 @@ def frameless(rel: str):
             "gt::" if any(n.startswith("gt::") for n in names) else "phasemem::")
         marked = Trace.from_snapshot(snap)
         truth = segment(marked, prefix, Timeline.from_trace(marked))
-        trace = Trace.from_snapshot(bare(snap))
-        _cache[rel] = (truth.labels.copy(), len(truth.steps), trace, segment(trace, "phasemem::", Timeline.from_trace(trace)))
+        # the session's analysis of the bare snapshot (helpers.analyses): its trace and segmentation are
+        # segment()'s of the bare Trace, and the held-out tests that analyse it bare share it
+        reading = analyzed(path, "bare")
+        _cache[rel] = (truth.labels.copy(), len(truth.steps), reading.trace, reading.analysis.segmentation)
     return _cache[rel]
 
 

@@ -12,6 +12,7 @@ import pytest
 import phasemem
 from phasemem.replay import Replayed, changed_points, points, replay
 from phasemem.remedies import REMEDIES, SCALINGS
+from helpers.analyses import analyzed
 from helpers.paths import FIXTURES
 from helpers.reference import replay as naive_replay
 from helpers.snapshots import load_snapshot
@@ -34,7 +35,7 @@ def _meta(path: Path) -> dict:
 @pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.name.split('.')[0]}")
 def test_peak_decomposition_sums_to_the_raw_traces_peak(path):
     snap = load_snapshot(path)
-    report = phasemem.analyze(snap)
+    report = analyzed(path, "file")
     if report.live is not None or report.peak is None:
         pytest.skip("no allocation history")
     dev = report.analysis.trace.device
@@ -49,7 +50,7 @@ def test_peak_decomposition_sums_to_the_raw_traces_peak(path):
 
 @pytest.mark.parametrize("path", ALL[:12], ids=lambda p: p.name.split(".")[0])
 def test_replay_without_a_change_is_the_memory_curve(path):
-    report = phasemem.analyze(str(path))
+    report = analyzed(path, "file")
     life = report.timeline.lifetimes
     assert np.array_equal(replay(report.n_events, life.alloc_event, life.free_event, life.size), report.timeline.level)
 
@@ -57,7 +58,7 @@ def test_replay_without_a_change_is_the_memory_curve(path):
 @pytest.mark.parametrize("share", [0.001, 0.05, 0.5])  # below and above replay.SPARSE_SHARE
 @pytest.mark.parametrize("path", ALL[:6], ids=lambda p: p.name.split(".")[0])
 def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
-    report = phasemem.analyze(str(path))
+    report = analyzed(path, "file")
     life, n = report.timeline.lifetimes, report.n_events
     rng = np.random.default_rng(len(life.size))
     touched = rng.random(len(life.size)) < share
@@ -90,7 +91,7 @@ def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
 def base():
     if not (PAIRS / "base.pkl.xz").exists():
         pytest.skip("fixtures/pairs not recorded")
-    return phasemem.analyze(str(PAIRS / "base.pkl.xz"))
+    return analyzed(PAIRS / "base.pkl.xz", "file")
 
 
 @pytest.mark.parametrize("remedy", sorted(REAL_RUN))
@@ -119,7 +120,7 @@ def test_a_remedy_already_applied_does_not_apply(run, remedy):
     path = PAIRS / f"{run}.pkl.xz"
     if not path.exists():
         pytest.skip("fixtures/pairs not recorded")
-    w = {x.remedy: x for x in phasemem.analyze(str(path)).what_if}[remedy]
+    w = {x.remedy: x for x in analyzed(path, "file").what_if}[remedy]
     assert not w.applies and w.saves_bytes is None
 
 
@@ -161,7 +162,7 @@ def test_peak_decomposition_sums_exactly_on_the_shared_traces_shared(path):
     if path is None:
         pytest.skip(f"no ../shared beside the repository ({SHARED})")
     try:
-        report = phasemem.analyze(str(path))
+        report = analyzed(path, "file")
     except phasemem.PhasememError as e:
         assert "empty" in str(e)  # an empty snapshot (hitsbe_mysnap) is refused, with one line
         return
@@ -199,7 +200,7 @@ def test_without_what_ifs_the_report_is_the_same_but_its_what_if_list(path):
     would_fit (which the replays give) is still there."""
     if not path.exists():
         pytest.skip("fixture not recorded")
-    full, lean = phasemem.analyze(str(path)).to_dict(), phasemem.analyze(str(path), what_ifs=False).to_dict()
+    full, lean = analyzed(path, "file").to_dict(), analyzed(path, "file", what_ifs=False).to_dict()
     assert full["what_if"] and lean["what_if"] == []
     assert {k: v for k, v in lean.items() if k != "what_if"} == {k: v for k, v in full.items() if k != "what_if"}
     assert all(o["would_fit"] for o in lean["ooms"]) and (path.parent != OOM or lean["ooms"])

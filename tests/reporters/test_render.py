@@ -26,6 +26,7 @@ from phasemem.errors import PhasememError
 from phasemem.render import bands
 from phasemem.units import format_bytes
 
+from helpers.analyses import analyzed
 from helpers.paths import ROOT
 from helpers.snapshots import load_snapshot
 from helpers.wild import wild_path
@@ -55,7 +56,7 @@ def _raw(path: Path) -> dict:
 
 @lru_cache(maxsize=None)
 def _report(path: Path):
-    return phasemem.analyze(path, marker_prefix="gt::" if path.parent == SHARED else "phasemem::")
+    return analyzed(path, "file", marker_prefix="gt::" if path.parent == SHARED else "phasemem::")
 
 
 @lru_cache(maxsize=None)

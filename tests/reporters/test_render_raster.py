@@ -12,6 +12,7 @@ import phasemem
 from phasemem import render
 from phasemem.render import bands
 
+from helpers.analyses import analyzed
 from helpers.paths import ROOT
 from helpers.snapshots import load_snapshot
 
@@ -45,7 +46,7 @@ def _need(path: Path) -> Path:
 
 @lru_cache(maxsize=None)
 def _report(path: Path):
-    return phasemem.analyze(path, marker_prefix="gt::" if path.parent == SHARED else "phasemem::")
+    return analyzed(path, "file", marker_prefix="gt::" if path.parent == SHARED else "phasemem::")
 
 
 @lru_cache(maxsize=None)

@@ -18,6 +18,7 @@ from phasemem.units import format_bytes, signed
 from phasemem.vocab import AT_PEAK, CATEGORIES, CATEGORY_NAMES, GRADIENTS_IN_BACKWARD, GRADIENTS_RELEASED, P, \
     PHASES, SHAPE_SIZE
 
+from helpers.analyses import analyzed
 from helpers.paths import ROOT, WILD
 
 SHARED = ROOT.parent / "shared"
@@ -36,9 +37,9 @@ def ids(p: Path) -> str:
 
 @lru_cache(maxsize=None)
 def analysed(path: Path):
-    """Each trace analysed once for every test of this module (None: refused, or no history)."""
+    """Each trace analysed once a session (helpers.analyses; None: refused, or no history)."""
     try:
-        r = phasemem.analyze(path)
+        r = analyzed(path, "file")
     except phasemem.PhasememError:
         return None
     return r if r.live is None else None
@@ -286,7 +287,7 @@ def test_steps_that_differ_in_many_ways_stay_a_few_lines():
 @pytest.mark.parametrize("path", sorted(WILD.glob("*.pickle")) if WILD.exists() else [], ids=lambda p: p.stem)
 def test_the_report_tells_the_truth_about_itself(path):
     try:
-        r = phasemem.analyze(path)
+        r = analyzed(path, "file")
     except phasemem.PhasememError:
         return  # a one-line refusal is a true statement (the empty snapshot)
     text = str(r)
