@@ -434,12 +434,12 @@ def test_report_needs_finished_run():
         run.save("/nonexistent/x.pkl")
 
 
-FIXTURES = sorted((FIXTURES).glob("*.pkl.xz"))
+RECORDED = sorted(FIXTURES.glob("*.pkl.xz"))
 # The held-out recordings (fixtures/heldout*/, for evaluating marker-free inference) are checked here only.
-FIXTURES += sorted((FIXTURES).glob("heldout*/*.pkl.xz"))
+RECORDED += sorted(FIXTURES.glob("heldout*/*.pkl.xz"))
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name.split(".")[0])
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name.split(".")[0])
 def test_recorded_fixture_markers_pair(path):
     """The GPU fixtures recorded with fixtures/record.py: one marker range per phase call, balanced."""
     snap = pickle.loads(lzma.decompress(path.read_bytes()))
