@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,12 @@ FORMS = {
     "no_frames": _no_frames,
 }
 
-_reports: dict = {}
+#: The most trace events the cached reports may hold together, least recently used dropped first: a
+#: Report keeps ~290 B an event (40 of fixtures/heldout1x: 383,177 events, +105 MiB), so about 1.7 GiB;
+#: the suite's analyses that more than one file reads (fixtures/: 2.15 M events) fit in it a few times.
+MAX_CACHED_EVENTS = 6_000_000
+
+_reports: OrderedDict = OrderedDict()
 
 
 def analyzed(path, form: str = "recorded", **options):
@@ -45,14 +51,19 @@ def analyzed(path, form: str = "recorded", **options):
     Skips the test where the file is missing."""
     path = Path(path) if ("/" in str(path) or str(path).endswith(".xz")) else heldout_path(str(path))
     key = (path, form, tuple(sorted(options.items())))
-    if key not in _reports:
-        if not path.exists():
-            pytest.skip(f"{path} is missing")
-        if form == "file":
-            _reports[key] = phasemem.analyze(path, **options)
-        else:
-            _reports[key] = phasemem.analyze(FORMS[form](read(path)), **options)
-    return _reports[key]
+    if key in _reports:
+        _reports.move_to_end(key)
+        return _reports[key]
+    if not path.exists():
+        pytest.skip(f"{path} is missing")
+    if form == "file":
+        report = phasemem.analyze(path, **options)
+    else:
+        report = phasemem.analyze(FORMS[form](read(path)), **options)
+    _reports[key] = report
+    while len(_reports) > 1 and sum(r.n_events for r in _reports.values()) > MAX_CACHED_EVENTS:
+        _reports.popitem(last=False)
+    return report
 
 
 def marked_and_plain(recording) -> list:
@@ -70,7 +81,7 @@ def marked_and_plain(recording) -> list:
 def fresh_analyses():
     """Inside: an empty cache of its own, dropped on leaving (for tests that patch phasemem)."""
     global _reports
-    kept, _reports = _reports, {}
+    kept, _reports = _reports, OrderedDict()
     try:
         yield
     finally:
