@@ -64,7 +64,7 @@ def shared_without_frames(request):
 def knock_out(monkeypatch):
     """``knock_out(kind)``: the analysis without that detector's output, on analyses of this test's own
     (the session's cached reports are neither read nor written while it runs)."""
-    analyze_module = importlib.import_module("phasemem.analyze")
+    analyze_module = importlib.import_module("phasemem.report.pipeline")
     real = analyze_module.detect_patterns
 
     def knock(kind: str) -> None:

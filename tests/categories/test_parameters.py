@@ -57,8 +57,8 @@ def test_weights_named_by_optimizer_state_when_the_gradient_is_sparse():
               if b["state"] == "active_allocated" and b["size"] == rows_dim]
     assert blocks  # alive from before recording to the end
     for how, r in marked_and_plain("h6_sparse_two_opt"):
-        life = r.timeline.lifetimes
-        codes = np.asarray(r.category_curves.codes)
+        life = r.analysis.timeline.lifetimes
+        codes = np.asarray(r.analysis.categories.codes)
         big = life.preexisting & (life.size == rows_dim)
         assert big.any() and (codes[big] == C["parameter"]).all(), how
         assert r.by_category["parameter"] >= meta["param_bytes"], how
@@ -98,8 +98,8 @@ def test_ema_copy_is_neither_parameter_nor_state():
     optimizer state and not the model's parameters: those are exactly the trained weights."""
     snap = heldout("h7_swa_ema_bf16")
     for how, r in marked_and_plain("h7_swa_ema_bf16"):
-        life = r.timeline.lifetimes
-        codes = np.asarray(r.category_curves.codes)
+        life = r.analysis.timeline.lifetimes
+        codes = np.asarray(r.analysis.categories.codes)
         kept = life.free_event >= r.n_events
         assert int(life.size[kept & (codes == C["parameter"])].sum()) == param_bytes(snap), how
         assert not r.patterns_of("leak"), how

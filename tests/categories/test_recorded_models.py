@@ -13,8 +13,8 @@ from helpers.snapshots import load_snapshot
 
 def test_categories_sum_to_the_curve_and_match_the_model_shared(shared_without_frames):
     report, meta, _ = shared_without_frames
-    tl = report.timeline
-    every = report.category_curves.at_level(np.arange(report.n_events), tl)
+    tl = report.analysis.timeline
+    every = report.analysis.categories.at_level(np.arange(report.n_events), tl)
     assert (every.sum(axis=1) == tl.level).all()
     cats = report.categories()
     assert close(cats["parameter"], meta["param_bytes"])
@@ -28,7 +28,7 @@ def test_categories_at_a_few_points_equal_the_curves_over_every_event_shared(sha
     """CategoryCurves.at sorts the blocks between the asked points (few points) or sums every event
     per category (many): both paths give the same bytes."""
     report, _, _ = shared_without_frames
-    cc = report.category_curves
+    cc = report.analysis.categories
     pts = np.random.default_rng(0).integers(0, report.n_events + 1, 300)
     assert np.array_equal(cc.at(pts), cc.at(np.arange(report.n_events + 1))[pts])
     assert np.array_equal(cc.at(pts), cc._at_by_cumsum(pts))
@@ -54,7 +54,7 @@ def test_categories_match_each_recorded_model(path):
         e["frames"] = []
     report = phasemem.analyze(snap)
     p = meta["param_bytes"]
-    every = report.category_curves.at_level(np.arange(report.n_events), report.timeline)
+    every = report.analysis.categories.at_level(np.arange(report.n_events), report.analysis.timeline)
     assert close(report.categories()["parameter"], p)
     assert close(int(every[:, 1].max()), p)  # gradients, where alive
     name = meta["optimizer"]

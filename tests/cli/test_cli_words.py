@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import phasemem
-from phasemem.cli import main
+from phasemem.commands.cli import main
 from helpers.paths import ROOT
 
 FOREACH = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
@@ -47,7 +47,7 @@ def test_full_prints_every_step_and_shape(tmp_path, capsys):
 
 
 def test_the_accuracy_fits_claims_is_the_readmes_and_the_runs():
-    from phasemem.fits import CHECKED_ERROR
+    from phasemem.predictions.fits import CHECKED_ERROR
 
     sys.path.insert(0, str(ROOT / "docs"))
     from eval_whatif import rows

@@ -90,8 +90,8 @@ def fresh_analyses():
 
 def category_events(report, cat: str) -> set[int]:
     """The alloc events of the blocks ``report`` puts in category ``cat``."""
-    life = report.timeline.lifetimes
-    codes = np.asarray(report.category_curves.codes)
+    life = report.analysis.timeline.lifetimes
+    codes = np.asarray(report.analysis.categories.codes)
     return set(life.alloc_event[(codes == C[cat]) & (life.alloc_event >= 0)].tolist())
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from helpers.analyses import analyzed
 from helpers.paths import FIXTURES
-from phasemem.segmentation import segment
-from phasemem.timeline import Timeline
-from phasemem.trace import Trace
+from phasemem.analysis.segmentation import segment
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import Trace
 from phasemem.vocab import P
 
 _cache: dict = {}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from phasemem.trace import Trace
+from phasemem.read.trace import Trace
 
 
 def resolved(t: Trace) -> list:

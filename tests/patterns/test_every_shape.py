@@ -27,7 +27,7 @@ def test_every_pattern_sits_in_its_own_step_and_phase(real_snapshot):
     for p in report.patterns:
         if p.kind in ("leak", "gradient_accumulation") or not report.steps[p.step].complete:
             continue
-        assert report.step_of[p.peak_event] == p.step, p
+        assert report.analysis.step_of[p.peak_event] == p.step, p
         assert p.start_event <= p.peak_event, p
         # an evaluation forward has no backward after it, so its loss stays "other"
         want = {"logits": ("forward", "loss", "other"), "softmax_spike": ("forward", "loss", "other"),

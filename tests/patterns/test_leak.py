@@ -45,7 +45,7 @@ def test_leak_found_where_frees_were_removed_and_nowhere_else_shared():
     for st in clean.steps[2:-2]:  # middle steps whose addresses are their own
         fwd = st.phases["forward"]
         # the first allocation of this forward that forward itself frees again
-        life = clean.timeline.lifetimes
+        life = clean.analysis.timeline.lifetimes
         pick = [(a, f) for a, f in zip(life.alloc_event.tolist(), life.free_event.tolist())
                 if fwd.start_event <= a <= fwd.end_event and f <= fwd.end_event]
         a, f = pick[0]

@@ -31,7 +31,7 @@ def test_logits_only_with_an_lm_head_shared(shared_without_frames):
     assert all(p.bytes == known["logits"] for p in logits)
     for p in logits:
         assert 0 < p.details["vocab_share_of_peak"] <= 1
-        assert report.label_codes[p.start_event] == 1  # made in forward
+        assert report.analysis.labels[p.start_event] == 1  # made in forward
     # The spike sits on the logits and sets the forward's peak; the release opens backward.
     for spike, st in zip(report.patterns_of("softmax_spike"), report.steps):
         assert spike.peak_event == st.phases["forward"].peak_event

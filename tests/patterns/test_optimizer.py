@@ -29,7 +29,7 @@ def test_adam_state_once_and_temporaries_unless_fused_shared(shared_without_fram
         assert [p.step for p in temps] == list(range(len(report.steps)))
         for p in temps:
             assert 0 < p.details["flagpole_bytes"] <= p.bytes
-            assert report.label_codes[p.peak_event] == 5  # optimizer
+            assert report.analysis.labels[p.peak_event] == 5  # optimizer
     assert report.patterns_of("leak") == []
 
 

@@ -19,7 +19,7 @@ from helpers.analyses import analyzed, marked_and_plain
 from helpers.paths import ROOT
 from helpers.raw import optimizer_ends
 from helpers.snapshots import as_handed_over, bare, heldout
-from phasemem.patterns.recompute import own_forward
+from phasemem.analysis.patterns.recompute import own_forward
 
 KiB = 1024
 #: one layer's forward makes eight activations of these sizes (KiB), all different from each other

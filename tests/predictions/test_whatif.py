@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.replay import Replayed, changed_points, points, replay
-from phasemem.remedies import REMEDIES, SCALINGS
+from phasemem.predictions.replay import Replayed, changed_points, points, replay
+from phasemem.predictions.remedies import REMEDIES, SCALINGS
 from helpers.analyses import analyzed
 from helpers.paths import FIXTURES
 from helpers.reference import replay as naive_replay
@@ -51,15 +51,15 @@ def test_peak_decomposition_sums_to_the_raw_traces_peak(path):
 @pytest.mark.parametrize("path", ALL[:12], ids=lambda p: p.name.split(".")[0])
 def test_replay_without_a_change_is_the_memory_curve(path):
     report = analyzed(path, "file")
-    life = report.timeline.lifetimes
-    assert np.array_equal(replay(report.n_events, life.alloc_event, life.free_event, life.size), report.timeline.level)
+    life = report.analysis.timeline.lifetimes
+    assert np.array_equal(replay(report.n_events, life.alloc_event, life.free_event, life.size), report.analysis.timeline.level)
 
 
 @pytest.mark.parametrize("share", [0.001, 0.05, 0.5])  # below and above replay.SPARSE_SHARE
 @pytest.mark.parametrize("path", ALL[:6], ids=lambda p: p.name.split(".")[0])
 def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
     report = analyzed(path, "file")
-    life, n = report.timeline.lifetimes, report.n_events
+    life, n = report.analysis.timeline.lifetimes, report.n_events
     rng = np.random.default_rng(len(life.size))
     touched = rng.random(len(life.size)) < share
     size, free = life.size.copy(), life.free_event.copy()
@@ -74,7 +74,7 @@ def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
     pts = changed_points(base_pts, life.alloc_event, life.free_event, life.size, free, size, added)
     assert np.array_equal(np.maximum(pts[:-1], pts[1:]), want)
     # the timeline's own curve as the base (what whatif.replays gives, no copy): the same points
-    tl = report.timeline
+    tl = report.analysis.timeline
     assert np.array_equal(base_pts, np.concatenate([[tl.baseline], tl.active_after]))
     on_timeline = changed_points((tl.baseline, tl.active_after), life.alloc_event, life.free_event, life.size,
                                  free, size, added)
@@ -182,7 +182,7 @@ UNCAPPED = {"oom_base": ({}, "batch x2"), "oom_fix_chunked_ce": ({"chunked_cross
 
 @pytest.mark.parametrize("run", sorted(UNCAPPED))
 def test_batch_x2_predicted_from_the_base_matches_the_uncapped_2b_run(base, run):
-    from phasemem.fits import predict
+    from phasemem.predictions.fits import predict
 
     path = OOM / f"{run}.json"
     if not path.exists():

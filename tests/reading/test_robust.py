@@ -39,7 +39,7 @@ def test_oom_is_reported_with_its_phase_step_and_what_was_live(path):
     _, after, _ = replay(snap["device_traces"][0][:cut], [])
     # The trace now ends at the OOM, so blocks alive in the snapshot's segments are what was live
     # at the end of the full run, not at the OOM: compare the change from the first event instead.
-    assert o.allocated_bytes - report.timeline.active_after[0] == after[-1] - after[0]
+    assert o.allocated_bytes - report.analysis.timeline.active_after[0] == after[-1] - after[0]
     assert sum(o.by_category.values()) == o.allocated_bytes
     assert "OUT OF MEMORY" in str(report)
 
@@ -145,7 +145,7 @@ def test_older_and_newer_snapshot_formats_degrade_gracefully(path):
         seg["future_key"] = 3
     snap["brand_new_top_level"] = []
     report = phasemem.analyze(snap, marker_prefix=prefix_of(path))
-    assert report.timeline.active_after.tolist() == marked.timeline.active_after.tolist()
+    assert report.analysis.timeline.active_after.tolist() == marked.analysis.timeline.active_after.tolist()
     assert any("no event times" in n for n in report.notes)
     # frames still tell the phases: forward, backward and optimizer are found
     assert {"forward", "backward", "optimizer"} <= set(report.phases)
@@ -183,7 +183,7 @@ FOREACH_XZ = [p for p in fixture_paths() if p.name == "gpt_foreach.pkl.xz"][0]
 def test_a_number_past_64_bits_is_one_line_in_every_reader(tmp_path, where, capsys):
     import pickle
 
-    from phasemem.cli import main
+    from phasemem.commands.cli import main
     from phasemem.read import trace as read_trace
     from phasemem.read.batched import read_batched
     from phasemem.read.decoder import decode_trace
@@ -251,10 +251,10 @@ def test_odd_traces_streams_cudagraph_expandable():
         snap = load_snapshot(FIXTURES / f"{name}.pkl.xz")
         report = phasemem.analyze(snap)
         _, curve, _ = replay(snap["device_traces"][0], snap["segments"])
-        assert report.timeline.active_after.tolist() == curve
+        assert report.analysis.timeline.active_after.tolist() == curve
         assert len(report.steps) == 3 and all(s.complete for s in report.steps)
         # reserved memory ends where the snapshot's segments say, expandable segments included
-        assert report.timeline.reserved_after[-1] == sum(s["total_size"] for s in snap["segments"])
+        assert report.analysis.timeline.reserved_after[-1] == sum(s["total_size"] for s in snap["segments"])
         if name == "odd_cudagraph":
             assert all(st.phases["forward"].n_events == 0 for st in report.steps[1:])
             assert report.patterns_of("gradients") == []  # the graph writes them into its own pool

@@ -14,15 +14,15 @@ import pytest
 
 import phasemem
 from phasemem import PhasememError
-from phasemem.cli import main
+from phasemem.commands.cli import main
 from phasemem.read import read, trace as read_trace
 from phasemem.read.batched import _find_events, read_batched as _stream
 from phasemem.read.columnar import EVENTS, read_index, save_trace
 from phasemem.read.snapshot import read_snapshot_file
-from phasemem.segmentation import Segmentation, segment, segment_marked
-from phasemem.step_index import build_index, can_slice, cut
-from phasemem.timeline import Timeline
-from phasemem.trace import Trace
+from phasemem.analysis.segmentation import Segmentation, segment, segment_marked
+from phasemem.analysis.step_index import build_index, can_slice, cut
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import Trace
 
 from helpers.analyses import analyzed
 from helpers.paths import ROOT, fixture_paths, shared_paths
@@ -198,7 +198,7 @@ def _phase_fields(p, off):
 
 
 def assert_slice_matches(full, part):
-    off, n = part.trace.first_event, part.n_events
+    off, n = part.analysis.trace.first_event, part.n_events
     numbers = [s.number for s in part.steps]
     mine = [s for s in full.steps if s.number in numbers]
     assert [s.number for s in mine] == numbers and numbers
@@ -224,10 +224,10 @@ def assert_slice_matches(full, part):
     a, b = off, off + n
     assert a == mine[0].start_event and b == mine[-1].end_event + 1
     assert part.peak_bytes == max(s.peak_bytes for s in mine)
-    assert np.array_equal(part.label_codes, full.label_codes[a:b])
-    assert np.array_equal(part.step_of + mine[0].index, full.step_of[a:b])
-    assert np.array_equal(part.timeline.active_after, full.timeline.active_after[a:b])
-    assert np.array_equal(part.timeline.reserved_after, full.timeline.reserved_after[a:b])
+    assert np.array_equal(part.analysis.labels, full.analysis.labels[a:b])
+    assert np.array_equal(part.analysis.step_of + mine[0].index, full.analysis.step_of[a:b])
+    assert np.array_equal(part.analysis.timeline.active_after, full.analysis.timeline.active_after[a:b])
+    assert np.array_equal(part.analysis.timeline.reserved_after, full.analysis.timeline.reserved_after[a:b])
     assert any(n.startswith("only step") for n in part.notes)
 
 
@@ -300,7 +300,7 @@ def test_slices_of_a_long_trace_equal_the_full_analysis(tmp_path):
         assert_slice_matches(full, phasemem.analyze(npz, steps=spec))
     # only those events are read: the file's event columns are mapped, and the cut copies out its steps'
     got = read(npz, steps="11-13")
-    assert all(isinstance(getattr(getattr(got.trace, name).base, "obj", None), mmap.mmap) for name in EVENTS)
+    assert all(isinstance(getattr(getattr(got.analysis.trace, name).base, "obj", None), mmap.mmap) for name in EVENTS)
     part = cut(got).trace
     assert all(getattr(part, name).flags.owndata for name in EVENTS)
     assert len(part) == full.steps[13].end_event + 1 - full.steps[11].start_event

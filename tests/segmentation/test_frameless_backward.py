@@ -10,8 +10,8 @@ marked trace" and "Third round").
 import numpy as np
 
 from helpers.frameless import frameless, share
-from phasemem.spans import phase_runs
-from phasemem.trace import A
+from phasemem.analysis.spans import phase_runs
+from phasemem.read.trace import A
 from phasemem.vocab import P
 
 

@@ -20,7 +20,7 @@ def test_doubts_lower_confidence_where_the_reading_contradicts_itself():
     optimizer say so (segmentation.inferred.find_doubts, DOUBTFUL), while a plain loop keeps CONFIDENCE.
     (FSDP2 was this test's trace until infer/seed.py placed its backward, then GRPO until
     infer/other_work.py read its rollouts: test_frameless_backward.py, test_frameless_other_work.py.)"""
-    from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
+    from phasemem.analysis.segmentation.inferred import CONFIDENCE, DOUBTFUL
     truth, _, _, seg = frameless("heldout6/h6_ppo")
     assert seg.doubts
     assert seg.confidence["forward"] == DOUBTFUL["forward"] and seg.confidence["optimizer"] == DOUBTFUL["optimizer"]
@@ -60,5 +60,5 @@ def test_gradients_overruling_passes_with_other_steps_is_doubted():
     assert len(seg.steps) == steps == 16
     said = seg.labels == P["forward"]
     assert np.mean(truth[said] == P["forward"]) > 0.8
-    from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
+    from phasemem.analysis.segmentation.inferred import CONFIDENCE, DOUBTFUL
     assert seg.doubts and seg.confidence["optimizer"] == DOUBTFUL["optimizer"] < CONFIDENCE["lifetimes"]["optimizer"]

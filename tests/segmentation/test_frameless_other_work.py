@@ -1,4 +1,4 @@
-"""Work that is not a training step, read from lifetimes alone (phasemem/infer/other_work.py): attacks,
+"""Work that is not a training step, read from lifetimes alone (phasemem/analysis/infer/other_work.py): attacks,
 rollouts, serving, an out-of-memory forward.
 
 Each rule on the real trace that showed the need for it. A trace's truth is its own marks (phasemem::
@@ -10,7 +10,7 @@ marked trace" and "Third round").
 import numpy as np
 
 from helpers.frameless import frameless, share
-from phasemem.trace import A
+from phasemem.read.trace import A
 from phasemem.vocab import P
 
 

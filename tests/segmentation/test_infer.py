@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem import infer
-from phasemem.infer import frames as frames_mod, passes as passes_mod
-from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
-from phasemem.timeline import Timeline
-from phasemem.trace import A, Trace
+from phasemem.analysis import infer
+from phasemem.analysis.infer import frames as frames_mod, passes as passes_mod
+from phasemem.analysis.segmentation.inferred import CONFIDENCE, DOUBTFUL
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import A, Trace
 from phasemem.vocab import P
 
 from helpers.analyses import analyzed
@@ -55,14 +55,14 @@ def _scored(path, frames: bool):
         prefix = prefix_of(path)
         truth = analyzed(path, marker_prefix=prefix)
         got = phasemem.analyze(_stripped(path, frames))
-        codes = got.label_codes.copy()
+        codes = got.analysis.labels.copy()
         if prefix == "gt::":  # the shared snapshots' gt::forward spans the model and the loss
             codes[codes == P["loss"]] = P["forward"]
         # Without a backward the inferred trace is one step (nothing tells which forward runs make up a
         # call of the model); instrument()'s markers count one per forward.
-        expected = len(truth.steps) if (truth.label_codes == P["backward"]).any() else 1
-        _scores[key] = (float(np.mean(codes == truth.label_codes)), len(got.steps), expected,
-                        truth.label_codes, codes, got)
+        expected = len(truth.steps) if (truth.analysis.labels == P["backward"]).any() else 1
+        _scores[key] = (float(np.mean(codes == truth.analysis.labels)), len(got.steps), expected,
+                        truth.analysis.labels, codes, got)
     return _scores[key]
 
 
@@ -88,7 +88,7 @@ def test_loss_found_from_cross_entropy_without_frames():
         prefix = prefix_of(path)
         truth = analyzed(path, marker_prefix=prefix)
         got = _scored(path, False)[-1]
-        t, g = truth.label_codes, got.label_codes
+        t, g = truth.analysis.labels, got.analysis.labels
         t_bwd = np.flatnonzero((t[1:] == P["backward"]) & (t[:-1] != P["backward"])) + 1
         g_loss = set((np.flatnonzero((g[1:] == P["loss"]) & (g[:-1] != P["loss"])) + 1).tolist())
         g_bwd = set((np.flatnonzero((g[1:] == P["backward"]) & (g[:-1] != P["backward"])) + 1).tolist())
@@ -111,7 +111,7 @@ def test_layer_period_is_not_taken_for_the_step():
     labels, starts = infer.labels_from_lifetimes(trace, tl)
     truth = analyzed(FIXTURES / "gpt_wrapped.pkl.xz", marker_prefix=prefix_of(FIXTURES / "gpt_wrapped.pkl.xz"))
     assert len(starts) == len(truth.steps) == 2
-    bwd = np.flatnonzero(truth.label_codes == P["backward"])
+    bwd = np.flatnonzero(truth.analysis.labels == P["backward"])
     assert np.mean(labels[bwd] == P["backward"]) > 0.9
 
 
@@ -304,7 +304,7 @@ def test_a_decorated_optimizer_subclass_with_helpers_is_the_optimizer_by_its_fra
     snap = heldout("h13_muon_adamw")
     opt = in_gt_range(snap, "optimizer")
     got = phasemem.analyze(_frames_only(snap))
-    codes = got.label_codes
+    codes = got.analysis.labels
     assert opt.sum() > 5000
     assert np.mean(codes[opt] == P["optimizer"]) > 0.99
     # and nothing outside the update is called optimizer

@@ -28,7 +28,7 @@ def test_forward_only_runs_are_forward_and_one_step(name):
     assert len(r.steps) == 1
     # the forward passes are forward: most allocations are labelled so (sqattn's others move weights
     # to the GPU between layers: 'other'), and none a phase that never ran
-    allocs = r.trace.action == 0
+    allocs = r.analysis.trace.action == 0
     assert set(r.labels[allocs]) <= {"forward", "other"}
     assert np.mean(r.labels[allocs] == "forward") >= 0.85
     assert any("forward passes only" in n for n in r.notes)
