@@ -89,7 +89,7 @@ def _row(name, axis, now, unit, fit, real, oom, before, cap, seconds) -> dict:
 
 
 def table(rows) -> str:
-    out = ["| trace | axis | cap | predicted | real limit (first OOM) | error | runs? | before | allocated bound |",
+    out = ["| trace | axis | cap | predicted | real limit (first OOM) | error | runs? | said when run | allocated bound |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         real = f"{r['real']} ({r['first_oom']})" if r["real"] is not None else f"< {r['first_oom']}"
