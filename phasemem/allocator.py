@@ -69,12 +69,28 @@ class Settings:
         s = trace.allocator_settings or {}
         if s.get("expandable_segments") or np.isin(trace.action, [A["segment_map"], A["segment_unmap"]]).any():
             return "expandable segments (the allocator maps pages into one segment per stream): not replayed"
+        if _in_private_pools(trace):
+            return "the trace allocates in CUDA graphs' private memory pools (a captured graph's): not replayed"
         if float(s.get("garbage_collection_threshold") or 0) > 0:
             return "garbage_collection_threshold is set: the allocator's collection of old cached blocks is not replayed"
         if any(int(v or 0) > 1 for v in (s.get("roundup_power2_divisions") or {}).values()):
             return "roundup_power2_divisions is set: its rounding is not replayed"
         mss = int(s.get("max_split_size", -1) or -1)
         return cls(NO_LIMIT if mss <= 0 or mss >= NO_LIMIT else mss)
+
+
+def _in_private_pools(trace: Trace) -> bool:
+    """Whether an allocation of the trace lies in a segment of a CUDA graph's private pool (the
+    snapshot's ``segment_pool_id``). Such segments that the trace does not allocate in are kept as
+    they are, reserved, neither used nor given back."""
+    seg = trace.segments
+    if seg is None or not len(seg) or not seg[:, 3].any():
+        return False
+    priv = seg[seg[:, 3] != 0]
+    priv = priv[np.argsort(priv[:, 0])]
+    addr = trace.addr[trace.action == A["alloc"]]
+    k = np.searchsorted(priv[:, 0], addr, "right") - 1
+    return bool(((k >= 0) & (addr < priv[np.maximum(k, 0), 0] + priv[np.maximum(k, 0), 1])).any())
 
 
 class _Block:
@@ -280,6 +296,7 @@ class Layout:
     block_size: np.ndarray  # the block's extent (rounded, with what was not split off)
     unplaced: np.ndarray  # Lifetimes index of the blocks alive at ``at`` in no known segment
     known: bool  # False: the snapshot has no segments (every block alive at ``at`` is unplaced)
+    seg_private: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # a CUDA graph's pool: kept as is
 
 
 def layout_at(trace: Trace, life, at: int = 0) -> Layout:
@@ -293,17 +310,18 @@ def layout_at(trace: Trace, life, at: int = 0) -> Layout:
     alive = alive[np.argsort(life.addr[alive], kind="stable")]
     if trace.segments is None:
         z = np.zeros(0, np.int64)
-        return Layout(at, z, z, z, z, z, z, alive, False)
-    segs = {int(a): (int(s), int(st)) for a, s, st in trace.segments.tolist()}
+        return Layout(at, z, z, z, z, z, z, alive, False, np.zeros(0, bool))
+    segs = {int(a): (int(s), int(st), int(pv)) for a, s, st, pv in trace.segments.tolist()}
     ev = np.flatnonzero(np.isin(trace.action[at:], [A["segment_alloc"], A["segment_free"]])) + at
     for e in ev[::-1].tolist():  # undo, last first
         if trace.action[e] == A["segment_alloc"]:
             segs.pop(int(trace.addr[e]), None)
         else:
-            segs[int(trace.addr[e])] = (int(trace.size[e]), int(trace.stream[e]))
+            segs[int(trace.addr[e])] = (int(trace.size[e]), int(trace.stream[e]), 0)
     seg_addr = np.array(sorted(segs), np.int64)
     seg_size = np.array([segs[a][0] for a in seg_addr.tolist()], np.int64)
     seg_stream = np.array([segs[a][1] for a in seg_addr.tolist()], np.int64)
+    seg_private = np.array([segs[a][2] for a in seg_addr.tolist()], bool)
     addr = life.addr[alive]
     k = np.searchsorted(seg_addr, addr, "right") - 1
     inside = (k >= 0) & (addr < seg_addr[np.maximum(k, 0)] + seg_size[np.maximum(k, 0)])
@@ -338,7 +356,23 @@ def layout_at(trace: Trace, life, at: int = 0) -> Layout:
     gap = limit - (addr + ext)
     ext = np.where(~known & large & (gap > 0) & (gap <= K_SMALL_SIZE), limit - addr, ext)
     ext = np.minimum(ext, limit - addr)  # never over the next block (a damaged trace)
-    return Layout(at, seg_addr, seg_size, seg_stream, blk, addr, ext, unplaced, True)
+    return Layout(at, seg_addr, seg_size, seg_stream, blk, addr, ext, unplaced, True, seg_private)
+
+
+def outside_segments(trace: Trace, layout: Layout) -> int:
+    """How many of the trace's allocations from ``layout.at`` on lie in no segment it knows of (the
+    layout's, or one the trace makes): none in a trace of PyTorch's CUDA allocator; a hand-built trace,
+    or one from the CPU profiler, has no segments to replay."""
+    made = np.flatnonzero(trace.action[layout.at:] == A["segment_alloc"]) + layout.at
+    lo = np.concatenate([layout.seg_addr, trace.addr[made]])
+    hi = np.concatenate([layout.seg_addr + layout.seg_size, trace.addr[made] + trace.size[made]])
+    addr = trace.addr[np.flatnonzero(trace.action[layout.at:] == A["alloc"]) + layout.at]
+    if not len(lo):
+        return len(addr)
+    order = np.argsort(lo, kind="stable")
+    lo, reach = lo[order], np.maximum.accumulate(hi[order])  # the furthest end of any range starting below
+    k = np.searchsorted(lo, addr, "right") - 1
+    return int(((k < 0) | (addr >= reach[np.maximum(k, 0)])).sum())
 
 
 def block_streams(trace: Trace, life) -> np.ndarray:
@@ -411,9 +445,14 @@ def replay(alloc: np.ndarray, free: np.ndarray, size: np.ndarray, stream: np.nda
         for i, bid, addr, ext in zip(k.tolist(), layout.block[ok].tolist(), layout.block_addr[ok].tolist(),
                                      layout.block_size[ok].tolist()):
             by_seg.setdefault(i, []).append((bid, addr, ext))
-        for i, (addr, ssz, sst) in enumerate(zip(layout.seg_addr.tolist(), layout.seg_size.tolist(),
-                                                 layout.seg_stream.tolist())):
-            a.add_segment(addr, ssz, sst, by_seg.get(i, ()))
+        private = layout.seg_private if len(layout.seg_private) == len(layout.seg_addr) else \
+            np.zeros(len(layout.seg_addr), bool)
+        for i, (addr, ssz, sst, pv) in enumerate(zip(layout.seg_addr.tolist(), layout.seg_size.tolist(),
+                                                     layout.seg_stream.tolist(), private.tolist())):
+            if pv:  # a graph's pool: reserved, never used nor given back by the default pools
+                a.reserved += ssz
+            else:
+                a.add_segment(addr, ssz, sst, by_seg.get(i, ()))
     reserved_start = a.reserved
     alive = np.flatnonzero((alloc < start) & (free >= start) & ~placed & (size > 0))
     alive = alive[np.lexsort((alive, alloc[alive]))]

@@ -280,6 +280,16 @@ class _Capped:
             if k >= 0:
                 start, stop = int(steps[max(k - 1, 0)][0]), int(steps[k][1])
         layout = allocator.layout_at(tr, life, start)
+        if not layout.known:
+            return ("the snapshot's segments are not known here (a slice of steps: --steps; an .npz converted before "
+                    "they were kept), so the allocator cannot start from the state it was in: not replayed")
+        if len(layout.unplaced):
+            return (f"{len(layout.unplaced)} blocks alive at the start of the replay lie in no segment the snapshot "
+                    f"lists, so the allocator cannot start from the state it was in: not replayed")
+        outside = allocator.outside_segments(tr, layout)
+        if outside:
+            return (f"{outside} of the trace's allocations lie in no segment of the allocator's (a trace not of "
+                    f"PyTorch's CUDA caching allocator: the CPU profiler's, or one built by hand): not replayed")
         stream = allocator.block_streams(tr, life)
         cap = cls(f, settings, layout, start, stop, allocator.empty_cache_events(tr), stream, "")
         cap.checked = cap._check()
@@ -298,9 +308,7 @@ class _Capped:
                     + (f" and frees the same {freed}" if freed else "") + ", in the same sizes and order")
         peak_t = int(self.f.an.timeline.reserved_after[self.start:self.stop].max(initial=0))
         self.exact = False
-        cause = (f"{len(self.layout.unplaced)} blocks alive at its start lie in no segment the snapshot lists and "
-                 f"were laid out afresh" if len(self.layout.unplaced) else
-                 "the driver's addresses for new segments, which decide ties between free blocks of one size, "
+        cause = ("the driver's addresses for new segments, which decide ties between free blocks of one size, "
                  "are not known")
         return (f"at factor 1 the replay makes {int((r.segment_size > 0).sum())} segments where {where} made "
                 f"{int((made > 0).sum())} (peak reserved {format_bytes(r.reserved_peak)} against "

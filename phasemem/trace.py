@@ -108,9 +108,9 @@ class Trace:
     #: PyTorch's own labels of allocations (component tracking, ``_annotate_memory``), where the
     #: snapshot carries them and was read as a dict (``phasemem.torch_labels``); None otherwise.
     torch_labels: TorchLabels | None = None
-    #: The allocator's segments when the snapshot was taken, (k, 3) int64: address, total size,
-    #: stream; and every block in them, (m, 3) int64: address, size (the block's, rounded), 1 where
-    #: allocated. None where unknown (a slice of steps, an .npz written before): what
+    #: The allocator's segments when the snapshot was taken, (k, 4) int64: address, total size,
+    #: stream, 1 where a CUDA graph's private pool holds it; and every block in them, (m, 3) int64:
+    #: address, size (the block's, rounded), 1 where allocated. None where unknown (a slice of steps, an .npz written before): what
     #: ``phasemem.allocator`` lays the trace's first state out from.
     segments: np.ndarray | None = None
     segment_blocks: np.ndarray | None = None
@@ -338,11 +338,13 @@ def _layout(snapshot: dict, device: int) -> tuple[np.ndarray | None, np.ndarray 
             continue
         if "address" not in seg or "total_size" not in seg:
             return None, None
-        segs.append((int(seg["address"]), int(seg["total_size"]), int(seg.get("stream", 0) or 0)))
+        pool = seg.get("segment_pool_id") or (0, 0)
+        private = int(any(int(x or 0) for x in pool)) if isinstance(pool, (list, tuple)) else int(bool(pool))
+        segs.append((int(seg["address"]), int(seg["total_size"]), int(seg.get("stream", 0) or 0), private))
         blocks.extend((int(b["address"]), int(b.get("size", 0)), int(b.get("state") in ("active_allocated",
                                                                                            "active_pending_free")))
                       for b in _blocks_with_addresses(seg))
-    return np.array(segs, np.int64).reshape(-1, 3), np.array(blocks, np.int64).reshape(-1, 3)
+    return np.array(segs, np.int64).reshape(-1, 4), np.array(blocks, np.int64).reshape(-1, 3)
 
 
 def _blocks_with_addresses(seg: dict):

@@ -238,11 +238,31 @@ def test_a_plans_added_buffer_is_replayed_with_the_rest():
     assert got.largest_factor_allocated == pytest.approx(want.largest_factor_allocated, abs=1e-3)
 
 
-def test_expandable_segments_are_not_replayed_and_fits_says_so():
-    r = phasemem.analyze(str(FIXTURES / "odd_expandable.pkl.xz"))
-    assert isinstance(al.Settings.of(r.analysis.trace), str)
+@pytest.mark.parametrize("name,why", [("odd_expandable", "expandable segments"),
+                                      ("heldout12/h12_hf_static_generate", "private memory pools")])
+def test_what_the_replay_does_not_follow_is_not_replayed_and_fits_says_so(name, why):
+    """Expandable segments (pages mapped into one segment per stream), and allocations inside a CUDA
+    graph's private pool: the budget is read against the trace's reserve instead, and said to be."""
+    r = phasemem.analyze(str(FIXTURES / f"{name}.pkl.xz"))
+    assert why in al.Settings.of(r.analysis.trace)
     fx = r.fits(2 * r.peak_bytes)
-    fit = fx.batch if fx.batch.applies else fx.sequence
-    assert "expandable segments" in fx.allocator
-    if fit.applies:
-        assert any("not replayed" in w for w in fit.why) and fit.fails_at is None
+    assert why in fx.allocator
+    for fit in (fx.batch, fx.sequence):
+        if fit.applies:
+            assert any("not replayed" in w and why in w for w in fit.why) and fit.fails_at is None
+
+
+def test_a_graphs_private_pool_is_kept_reserved_and_unused():
+    """odd_cudagraph: segments of a captured graph's pool that the trace does not allocate in count as
+    reserved and serve nothing; its allocations are served where it served them."""
+    snap, t, life = _trace("odd_cudagraph")
+    assert t.segments[:, 3].any()
+    r = al.replay_trace(t, life, recorded_addresses=True, record_addresses=True)
+    made = np.flatnonzero(t.action == A["alloc"])
+    assert np.array_equal(r.alloc_addr, t.addr[made])
+    private = t.segments[t.segments[:, 3] != 0]
+    inside = (t.addr[made][:, None] >= private[:, 0]) & (t.addr[made][:, None] < private[:, 0] + private[:, 1])
+    assert not inside.any()
+    sign = np.where(t.action == A["segment_alloc"], 1, np.where(t.action == A["segment_free"], -1, 0))
+    at_start = sum(s["total_size"] for s in snap["segments"]) - int((sign * t.size).sum())
+    assert r.reserved_start == at_start  # the pool's segments among them
