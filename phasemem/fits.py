@@ -357,10 +357,11 @@ class _Capped:
 
     def largest(self, blocks, budget: int, axis: str, hi: float) -> tuple[float, float, allocator.Replay | None]:
         """The largest factor (to FACTOR_PRECISION) up to which the replay does not run out of memory,
-        at most ``hi``; the factor just above it that ran out, and that replay (None: none did). Running out is not monotone in the
-        factor (a size that splits the cached blocks worse runs out where a larger one fits), so the
-        factors are walked up from 1, in steps as long as the reserved bytes leave room for
-        (SCAN_STEPS), to the first that runs out; then halved between it and the last that fitted."""
+        at most ``hi``; the factor just above it that ran out, and that replay (None: none did).
+        Running out is not monotone in the factor (a size that splits the cached blocks worse runs out
+        where a larger one fits), so the factors are walked up from 1, in steps as long as the reserved
+        bytes leave room for (SCAN_STEPS), to the first that runs out; then halved between it and the
+        last that fitted."""
         def ok(x):
             r = self.run(*blocks, budget, x, axis)
             return r.oom_event is None, r
@@ -392,7 +393,6 @@ class _Capped:
                 hi, failed = mid, r
         return lo, hi, failed
 
-
     def beyond(self, blocks, budget: int, axis: str, failed: float, hi: float) -> tuple[float, float] | None:
         """Above a factor that ran out (``failed``), up to ``hi``: the first factor that fits again
         and the largest one of that run of fitting ones (the gap's end and the next limit), walked
@@ -400,13 +400,13 @@ class _Capped:
         x = failed * (1 + SCAN_STEPS[0])
         while x < hi:
             if self.run(*blocks, budget, x, axis).oom_event is None:
-                start = x
-                lo, top, _ = self._up_from(blocks, budget, axis, x, hi)
-                return start, lo
+                return x, self._up_from(blocks, budget, axis, x, hi)[0]
             x *= 1 + SCAN_STEPS[0]
         return None
 
     def _up_from(self, blocks, budget, axis, lo, hi):
+        """From ``lo``, which fits, up in the smallest steps to the first that runs out, then halved:
+        (the largest that fits, the smallest above it that ran out, that replay)."""
         x, failed = lo, None
         while x < hi:
             x = min(hi, x * (1 + SCAN_STEPS[0]))
