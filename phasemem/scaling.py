@@ -42,6 +42,15 @@ ATTENTION_WORDS = ("attention", "attn")
 #: Batch and sequence factors the report replays (issue 30): named batch_x0.5 ... seq_x4.
 BATCH_FACTORS = (0.5, 2, 4)
 SEQ_FACTORS = (2, 4)
+#: A word in a Python function's name that says it builds the attention mask (transformers'
+#: create_causal_mask, eager_mask, sdpa_mask). The mask is batch x 1 x T x T (or T x T): quadratic in
+#: the sequence like the scores (fixtures/pairs2/llama__seq_x4: its 8 MiB mask at T 512 is 128 MiB at
+#: T 2048, where a linear reading said 32 MiB and the allocator replay missed a 2 GiB segment).
+MASK_WORD = "mask"
+#: Such a block is the mask where its size divides the probabilities' (batch x heads x T x T) and is at
+#: least this share of it (fixtures/capacity/llama: 2 MiB and 256 KiB beside 16 MiB probabilities; the
+#: mask function's linear blocks, positions and indices, are 4 KiB).
+MASK_SHARE = 64
 #: Frames of a compiled graph running: inductor's output code and its generated file. Not torch/_dynamo/
 #: alone: transformers and checkpoint wrap eager functions in torch._dynamo.disable, whose ``_fn`` frame
 #: is in every allocation of fixtures/llama_hf_ckpt_bf16 (an eager model).
@@ -85,6 +94,11 @@ def _named_attention(frames) -> bool:
 def _attention_stacks(trace: Trace) -> np.ndarray:
     """Per stack id: a Python frame is a function (or file) named for attention."""
     return per_stack(trace, _named_attention)
+
+
+def _mask_stacks(trace: Trace) -> np.ndarray:
+    """Per stack id: a Python frame is a function named for a mask (MASK_WORD)."""
+    return per_stack(trace, lambda frames: any(MASK_WORD in name.lower() for fn, _, name in frames if fn.endswith(".py")))
 
 
 def _softmax_in_attention(trace: Trace) -> np.ndarray:
@@ -176,9 +190,12 @@ def growth(trace: Trace, alloc: np.ndarray, free: np.ndarray, size: np.ndarray, 
         if seed.any():
             probs = set(np.unique(size[fwd[seed]]).tolist())
             inside = _attention_stacks(trace)[stacks]
-            quad_fwd = fwd[inside & np.isin(size[fwd], list(probs | {v // 2 for v in probs}))]
+            top, s = max(probs), np.maximum(size[fwd], 1)
+            mask = _mask_stacks(trace)[stacks] & (s >= top // MASK_SHARE) & (top % s == 0)
+            quad_fwd = fwd[(inside & np.isin(size[fwd], list(probs | {v // 2 for v in probs}))) | mask]
             evidence = ("attention scores told by the frames: a softmax called inside a function named for "
-                        "attention; the blocks made inside that function of the probabilities' size or half of it")
+                        "attention; the blocks made inside that function of the probabilities' size or half of it, "
+                        "and the attention mask (made in a function named for a mask, a part of their size)")
     if not len(quad_fwd) and len(fwd) > 2:
         quad_fwd = _softmax_runs(trace, fwd, alloc, size, phase_free, step)
         if len(quad_fwd):

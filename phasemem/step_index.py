@@ -65,7 +65,8 @@ def cut(got: Reading) -> Reading:
                    markers=Markers(name=m.name[:keep], start=m.start[:keep], time_us=m.time_us[:keep]),
                    live_blocks=np.ascontiguousarray(alive[:, 2:4]), reserved_at_snapshot=int(index.reserved_end[k1]),
                    oom_device_free={e - a: v for e, v in trace.oom_device_free.items() if a <= e < b},
-                   meta=dict(trace.meta), first_event=trace.first_event + a, other_devices=[], torch_labels=None)
+                   meta=dict(trace.meta), first_event=trace.first_event + a, other_devices=[], torch_labels=None,
+                   segments=None, segment_blocks=None)  # the snapshot's layout is of the whole trace's end
     return replace(got, trace=part, window=(index, k0, k1), whole=whole, steps=None, index=None)
 
 

@@ -109,6 +109,14 @@ class Trace:
     #: into every entry's ``user_metadata`` (``phasemem.torch_labels``); None where no entry carries
     #: one, and in a slice of steps (``step_index.cut``).
     torch_labels: TorchLabels | None = None
+    #: The allocator's segments when the snapshot was taken, (k, 4) int64: address, total size,
+    #: stream, 1 where a CUDA graph's private pool holds it; and every block in them, (m, 3) int64:
+    #: address, size (the block's, rounded), 1 where allocated. None where unknown (a slice of steps, an .npz written before): what
+    #: ``phasemem.allocator`` lays the trace's first state out from.
+    segments: np.ndarray | None = None
+    segment_blocks: np.ndarray | None = None
+    #: ``snapshot["allocator_settings"]`` (torch >= 2.5): expandable segments, max_split_size...
+    allocator_settings: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.action)
@@ -177,7 +185,11 @@ class Trace:
         if not -_I64 <= reserved < _I64:  # the reserved curve is int64
             raise OverflowError("reserved bytes")
         live_bytes = _live_bytes(snapshot) if n_devices > 1 else {}  # every segment read once, not per device
+        segments, segment_blocks = _layout(snapshot, device)
+        settings = snapshot.get("allocator_settings")
         return cls(
+            segments=segments, segment_blocks=segment_blocks,
+            allocator_settings=dict(settings) if isinstance(settings, dict) else {},
             device=device,
             other_devices=[device_activity(snapshot, d, live_bytes) for d in range(n_devices) if d != device],
             # Without event times (older snapshots) annotations cannot be placed among the events.
@@ -333,6 +345,24 @@ def _stack_table(by_content: dict) -> tuple[list[tuple[int, ...]], list[tuple]]:
     # Windows writes C:\...\torch\nn\modules\module.py; every rule on file names reads '/'
     # (magma27_cs336 in ../shared/wild was recorded on Windows).
     return stacks, [(str(fn).replace("\\", "/"), line, name) for fn, line, name in frame_ids]
+
+
+def _layout(snapshot: dict, device: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """This device's segments and their blocks (``Trace.segments``, ``Trace.segment_blocks``); None
+    where a segment lacks its address or size."""
+    segs, blocks = [], []
+    for seg in snapshot.get("segments") or []:
+        if not isinstance(seg, dict) or seg.get("device", device) != device:
+            continue
+        if "address" not in seg or "total_size" not in seg:
+            return None, None
+        pool = seg.get("segment_pool_id") or (0, 0)
+        private = int(any(int(x or 0) for x in pool)) if isinstance(pool, (list, tuple)) else int(bool(pool))
+        segs.append((int(seg["address"]), int(seg["total_size"]), int(seg.get("stream", 0) or 0), private))
+        blocks.extend((int(b["address"]), int(b.get("size", 0)), int(b.get("state") in ("active_allocated",
+                                                                                           "active_pending_free")))
+                      for b in _blocks_with_addresses(seg))
+    return np.array(segs, np.int64).reshape(-1, 4), np.array(blocks, np.int64).reshape(-1, 3)
 
 
 def _blocks_with_addresses(seg: dict):

@@ -180,9 +180,10 @@ def test_fits_is_the_largest_factor_under_the_budget(attention, axis):
     r = phasemem.analyze(L.snapshot())
     budget = 3 * r.peak_bytes
     fit = getattr(r.fits(budget), axis)
-    # no segments in the trace: no reserve seen, but the answer keeps RESERVE_MARGIN more room
+    # the hand-built blocks lie in no segment of the snapshot: the allocator is not replayed (it could not
+    # start from the state the trace was in) and, no reserve seen, the answer keeps RESERVE_MARGIN more room
     want = largest(L, budget / (1 + RESERVE_MARGIN), axis)
-    assert fit.applies
+    assert fit.applies and any("not replayed" in w for w in fit.why)
     assert fit.largest_factor == pytest.approx(want, abs=2e-3)
     assert fit.largest_factor_allocated == pytest.approx(largest(L, budget, axis), abs=2e-3)
     assert fit.largest_listed == max(x for x in FACTOR_GRID if x <= want)

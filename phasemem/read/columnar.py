@@ -89,6 +89,9 @@ def save_trace(trace: Trace, path: str | os.PathLike, index: StepIndex | None = 
         "first_event": trace.first_event, "live_workspaces": trace.live_workspaces.tolist(),
     }
     arrays = {name: getattr(trace, name) for name in _ARRAYS}
+    if trace.segments is not None and trace.segment_blocks is not None:  # the allocator replay's first state
+        arrays.update(segments=trace.segments, segment_blocks=trace.segment_blocks)
+    doc["allocator_settings"] = trace.allocator_settings
     arrays.update(stack_offsets=offsets, stack_frames=flat, marker_start=trace.markers.start,
                   marker_time_us=trace.markers.time_us)
     if (labels := trace.torch_labels) is not None:  # the program's labels (user_metadata): few entries
@@ -189,7 +192,10 @@ def _trace(z, doc: dict, arrays: dict) -> Trace:
         oom_device_free={int(k): int(v) for k, v in doc["oom_device_free"].items()},
         reserved_at_snapshot=int(doc["reserved_at_snapshot"]), n_devices=int(doc["n_devices"]),
         meta=dict(doc["meta"]), first_event=int(doc.get("first_event", 0)),
-        live_workspaces=np.array(doc.get("live_workspaces", []), dtype=np.int64), torch_labels=labels, **arrays,
+        live_workspaces=np.array(doc.get("live_workspaces", []), dtype=np.int64), torch_labels=labels,
+        segments=z["segments"] if "segments" in z.files else None,
+        segment_blocks=z["segment_blocks"] if "segment_blocks" in z.files else None,
+        allocator_settings=dict(doc.get("allocator_settings") or {}), **arrays,
     )
 
 
