@@ -1,5 +1,5 @@
 """What ``report.fits(budget)`` costs on a million-event trace, now that it replays the caching
-allocator (phasemem.allocator): the replays walk only the window of the peak's step and the step
+allocator (phasemem.predictions.allocator): the replays walk only the window of the peak's step and the step
 before it (fits.WHOLE_TRACE_EVENTS).
 
 The trace is bench_analyze's: ../shared/gpu-snapshots/gpt_ckpt_fused_seedlike stretched to ~1M events
@@ -27,8 +27,8 @@ def main() -> int:
     from bench_analyze import SOURCE, read_shared, replicate_steps
 
     import phasemem
-    from phasemem import allocator
-    from phasemem.fits import WHOLE_TRACE_EVENTS
+    from phasemem.predictions import allocator
+    from phasemem.predictions.fits import WHOLE_TRACE_EVENTS
 
     if not SOURCE.exists():
         print(f"{SOURCE} is missing (../shared)")

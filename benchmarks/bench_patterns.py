@@ -21,11 +21,11 @@ import sys
 _CHILD = r"""
 import dataclasses, hashlib, json, sys, time
 sys.path.insert(0, sys.argv[1])
-from phasemem.analysis import Analysis
-from phasemem.measure import measure
+from phasemem.analysis.core import Analysis
+from phasemem.analysis.measure import measure
 from phasemem.read import trace as read_trace
-from phasemem.trace import no_gc
-from phasemem import patterns
+from phasemem.read.trace import no_gc
+from phasemem.analysis import patterns
 trace = read_trace(sys.argv[2])
 with no_gc():
     an = Analysis.of(trace, str(trace.meta.get("markers") or "phasemem::"))

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import phasemem  # noqa: E402
-from phasemem.plans import plan  # noqa: E402
+from phasemem.predictions.plans import plan  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "plans")
 #: A truth run's plan name -> (plan, its settings)

@@ -9,12 +9,12 @@ Example:
     >>> report.save_png("memory.png")
     >>> report.phases["optimizer"].peak_bytes
 """
-from .analyze import analyze
-from .compare import compare
-from .comparison import Comparison
+from .report.pipeline import analyze
+from .report.compare import compare
+from .report.comparison import Comparison
 from .errors import PhasememError
-from .ranks import RunReport, analyze_ranks
-from .report import Allocation, Phase, Report, Step
+from .distributed.run_report import RunReport, analyze_ranks
+from .report.report import Allocation, Phase, Report, Step
 
 __all__ = ["analyze", "analyze_ranks", "compare", "Comparison", "RunReport", "instrument", "PhasememError", "Report", "Step", "Phase", "Allocation"]
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""phasemem.allocator, PyTorch's caching allocator replayed over a trace, checked three ways:
+"""phasemem.predictions.allocator, PyTorch's caching allocator replayed over a trace, checked three ways:
 
 - against the recorded traces themselves: with the trace's own segment addresses (the driver's choice,
   which decides ties between free blocks of one size) every allocation is served at its recorded
@@ -19,12 +19,12 @@ import pytest
 
 import phasemem
 from conftest import FIXTURES, load_snapshot
-from phasemem import allocator as al
-from phasemem.fits import FACTOR_PRECISION, _blocks, _Capped, fits
-from phasemem.remedy_facts import Change, Facts
-from phasemem.scaling import CONSTANT
-from phasemem.timeline import Timeline
-from phasemem.trace import A, Trace
+from phasemem.predictions import allocator as al
+from phasemem.predictions.fits import FACTOR_PRECISION, _blocks, _Capped, fits
+from phasemem.predictions.blocks import Change, Facts
+from phasemem.predictions.scaling import CONSTANT
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import A, Trace
 from phasemem.units import format_bytes
 
 MiB = 1 << 20

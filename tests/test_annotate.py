@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.cli import main
+from phasemem.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
@@ -188,7 +188,7 @@ def test_torch_memory_viz_tooling_opens_it(labelled, tmp_path):
 
 
 def test_input_dict_is_not_changed():
-    from phasemem.annotate import annotate
+    from phasemem.reporters.memory_viz import annotate
     from phasemem.read.snapshot import load_snapshot
 
     snap = load_snapshot(str(FIXTURE))
@@ -214,7 +214,7 @@ def test_users_own_metadata_is_kept_and_the_wrapper_left_shared(tmp_path):
 def test_types_memoryviz_cannot_read_are_written_as_plain_values():
     from collections import OrderedDict
 
-    from phasemem.annotate import annotate, memoryviz_pickle
+    from phasemem.reporters.memory_viz import annotate, memoryviz_pickle
     from phasemem.read.snapshot import load_snapshot
 
     class Version(str):  # what a TorchVersion is: a str subclass, pickled as a GLOBAL

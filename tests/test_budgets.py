@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.budgets import budget_for, check_comparison, check_report, parse_budget, parse_budgets, parse_size
-from phasemem.cli import main
+from phasemem.report.budgets import budget_for, check_comparison, check_report, parse_budget, parse_budgets, parse_size
+from phasemem.commands.cli import main
 import reference
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.cli import main
+from phasemem.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "gpu-snapshots"
@@ -202,7 +202,7 @@ def test_missing_output_folder_fails_before_analysis(tmp_path, capsys):
 
 
 def test_ctrl_c_exits_130_quietly(monkeypatch, tmp_path, capsys):
-    analyze_mod = sys.modules["phasemem.analyze"]
+    analyze_mod = sys.modules["phasemem.report.pipeline"]
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -283,7 +283,7 @@ def test_replays_run_only_where_the_output_shows_them(tmp_path, capsys, monkeypa
     without them, and the JSON holds what the API replays (fixtures/gpt_foreach, a real H200 trace)."""
     import importlib
 
-    pipeline = importlib.import_module("phasemem.analyze")  # the module (the package exports its function)
+    pipeline = importlib.import_module("phasemem.report.pipeline")  # the module (the package exports its function)
 
     src = str(ROOT / "fixtures" / "gpt_foreach.pkl.xz")
     want = phasemem.analyze(src)

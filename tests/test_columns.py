@@ -50,7 +50,7 @@ def _allocs(ctx, first, last):
 
 
 def test_update_gradients_of_every_step_are_each_steps_rule(contexts):
-    from phasemem.facts import gradient_allocs, update_gradients_by_step
+    from phasemem.analysis.facts import gradient_allocs, update_gradients_by_step
 
     for name, ctx in contexts:
         idx, bounds = update_gradients_by_step(ctx)
@@ -67,7 +67,7 @@ def test_update_gradients_of_every_step_are_each_steps_rule(contexts):
 
 
 def test_microbatches_of_every_step_are_each_steps_regions(contexts):
-    from phasemem.patterns.logits import all_microbatches
+    from phasemem.analysis.patterns.logits import all_microbatches
 
     for name, ctx in contexts:
         first, last, bwd, step = all_microbatches(ctx)
@@ -88,8 +88,8 @@ def test_microbatches_of_every_step_are_each_steps_regions(contexts):
 
 
 def test_optimizer_temporaries_of_every_run_are_each_runs_curve(contexts):
-    from phasemem.infer.frames import inside_file
-    from phasemem.patterns.optimizer import COMPILING_FILES, temporaries_by_run
+    from phasemem.analysis.infer.frames import inside_file
+    from phasemem.analysis.patterns.optimizer import COMPILING_FILES, temporaries_by_run
 
     seen = 0
     for name, ctx in contexts:
@@ -118,8 +118,8 @@ def test_optimizer_temporaries_of_every_run_are_each_runs_curve(contexts):
 
 
 def test_gradient_stripes_of_every_step_are_each_steps_sums(contexts):
-    from phasemem.facts import update_gradients
-    from phasemem.patterns.gradients import stripes_by_step
+    from phasemem.analysis.facts import update_gradients
+    from phasemem.analysis.patterns.gradients import stripes_by_step
 
     for name, ctx in contexts:
         rows = stripes_by_step(ctx).tolist()
@@ -130,7 +130,7 @@ def test_gradient_stripes_of_every_step_are_each_steps_sums(contexts):
 
 
 def test_backward_runs_echoing_their_forward_are_found_at_once(contexts):
-    from phasemem.patterns.recompute import K, echoing_runs, own_forward
+    from phasemem.analysis.patterns.recompute import K, echoing_runs, own_forward
 
     def grams(sizes):
         return {tuple(sizes[i:i + K]) for i in range(len(sizes) - K + 1)}
@@ -150,7 +150,7 @@ def test_backward_runs_echoing_their_forward_are_found_at_once(contexts):
 
 
 def test_losses_consuming_are_each_backward_runs_opening(contexts):
-    from phasemem.patterns.logits import LOSS_GRAD_FIRST, LOSS_GRAD_WITHIN, TINY, losses_consuming
+    from phasemem.analysis.patterns.logits import LOSS_GRAD_FIRST, LOSS_GRAD_WITHIN, TINY, losses_consuming
 
     seen = 0
     for name, ctx in contexts:

@@ -1,4 +1,4 @@
-"""phasemem.compare and phasemem diff on real H200 traces: the peaks' change is the one replaying the
+"""phasemem.report.compare and phasemem diff on real H200 traces: the peaks' change is the one replaying the
 raw trace gives, the causes add up to it, a run against itself changes nothing, a copy that lost a
 step still aligns, bad input is one line and exit 2, a broken budget exits 1."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.cli import main
-from phasemem.compare import align_runs
-from phasemem.comparison import named_floor
+from phasemem.commands.cli import main
+from phasemem.report.compare import align_runs
+from phasemem.report.comparison import named_floor
 import reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,7 +196,7 @@ def test_alignment_keeps_common_phases_in_one_slot():
 
 
 def test_the_picture_has_the_size_asked_for_and_names_the_changed_shapes(tmp_path):
-    from phasemem.render.compare import plot_comparison
+    from phasemem.reporters.picture.compare import plot_comparison
 
     c = phasemem.compare(FOREACH, FUSED)
     fig = plot_comparison(c, size=(1200, 700), dpi=100)

@@ -1,7 +1,7 @@
 """The core numbers on real H200 traces, checked against a naive replay of the raw events."""
 import phasemem
-from phasemem.timeline import Timeline
-from phasemem.trace import Trace
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import Trace
 from phasemem.vocab import PHASES
 
 from conftest import load_snapshot

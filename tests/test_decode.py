@@ -17,7 +17,7 @@ from phasemem.read import trace as read_trace
 from phasemem.read.decoder import decode_trace
 from phasemem.read.decoder.machine import Columns
 from phasemem.read.snapshot import read_snapshot_file
-from phasemem.trace import Trace
+from phasemem.read.trace import Trace
 
 from conftest import fixture_paths, load_snapshot, shared_paths
 from test_scale import assert_same_trace

@@ -292,7 +292,7 @@ def test_ddp_buckets_unknown_without_frames(job):
 
 
 def test_cli_folder_writes_report_picture_json(job, tmp_path, capsys):
-    from phasemem.cli import main
+    from phasemem.commands.cli import main
 
     png, js = tmp_path / "ranks.png", tmp_path / "ranks.json"
     assert main(["analyze", str(_folder(job, "fsdp2")), "-o", str(png), "--json", str(js), "--size", "1200x700"]) == 0
@@ -303,7 +303,7 @@ def test_cli_folder_writes_report_picture_json(job, tmp_path, capsys):
 
 
 def test_cli_folder_errors_are_one_line(job, tmp_path, capsys):
-    from phasemem.cli import main
+    from phasemem.commands.cli import main
 
     (tmp_path / "empty").mkdir()
     assert main(["analyze", str(tmp_path / "empty"), "-o", str(tmp_path / "x.png")]) == 2
@@ -329,7 +329,7 @@ def test_folder_leaves_out_oom_dumps(job, tmp_path):
 
 def test_ranks_with_different_steps_say_so(job):
     import phasemem
-    from phasemem.ranks import RunReport, summarize
+    from phasemem.distributed.run_report import RunReport, summarize
 
     folder = _folder(job, "ddp")
     a, b = (summarize(phasemem.analyze(str(folder / f"rank{r}.pickle.xz"))) for r in range(WORLD))
@@ -385,7 +385,7 @@ def test_no_wrapper_no_claim(tmp_path):
 
 def test_pictures_lanes_and_heat(job):
     import phasemem
-    from phasemem.render.ranks import plot_ranks
+    from phasemem.reporters.picture.ranks import plot_ranks
 
     run = phasemem.analyze_ranks(_folder(job, "ddp"))
     assert plot_ranks(run).phasemem_mode == "lanes"

@@ -9,9 +9,9 @@ import pickle
 import numpy as np
 import pytest
 
-from phasemem.segmentation import segment
-from phasemem.timeline import Timeline
-from phasemem.trace import Trace
+from phasemem.analysis.segmentation import segment
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import Trace
 from phasemem.vocab import P
 
 from conftest import FIXTURES
@@ -89,7 +89,7 @@ def test_doubts_lower_confidence_where_the_reading_contradicts_itself():
     optimizer say so (segmentation.inferred.find_doubts, DOUBTFUL), while a plain loop keeps CONFIDENCE.
     (FSDP2 was this test's trace until infer/seed.py placed its backward, then GRPO until
     infer/other_work.py read its rollouts: tests/test_frameless_backward_anchor.py, test_frameless_other_work.py.)"""
-    from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
+    from phasemem.analysis.segmentation.inferred import CONFIDENCE, DOUBTFUL
     truth, _, _, seg = _read("heldout6/h6_ppo")
     assert seg.doubts
     assert seg.confidence["forward"] == DOUBTFUL["forward"] and seg.confidence["optimizer"] == DOUBTFUL["optimizer"]
@@ -240,7 +240,7 @@ def test_gradients_overruling_passes_with_other_steps_is_doubted():
     assert len(seg.steps) == steps == 16
     said = seg.labels == P["forward"]
     assert np.mean(truth[said] == P["forward"]) > 0.8
-    from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
+    from phasemem.analysis.segmentation.inferred import CONFIDENCE, DOUBTFUL
     assert seg.doubts and seg.confidence["optimizer"] == DOUBTFUL["optimizer"] < CONFIDENCE["lifetimes"]["optimizer"]
 
 

@@ -5,7 +5,7 @@ the inferred reading is the same snapshot with every annotation and stack frame 
 """
 import numpy as np
 
-from phasemem.spans import phase_runs
+from phasemem.analysis.spans import phase_runs
 from phasemem.vocab import P
 
 from test_frameless import _read, _share

@@ -4,7 +4,7 @@ Every test fails with its rule taken out.
 """
 import numpy as np
 
-from phasemem.trace import A
+from phasemem.read.trace import A
 from phasemem.vocab import P
 
 from test_frameless import _read, _share

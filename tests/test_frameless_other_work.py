@@ -1,11 +1,11 @@
-"""Work that is not a training step, read from lifetimes alone (phasemem/infer/other_work.py;
+"""Work that is not a training step, read from lifetimes alone (phasemem/analysis/infer/other_work.py;
 docs/accuracy.md, "Third round: work that is not a training step"): attacks, rollouts, serving, an
 out-of-memory forward. Each trace is stripped of annotations and frames (tests/heldout_sets.bare) and
 read against its own marks, as docs/eval_frameless.py scores it; every test fails with its rule out.
 """
 import numpy as np
 
-from phasemem.trace import A
+from phasemem.read.trace import A
 from phasemem.vocab import P
 
 from test_frameless import _read, _share

@@ -187,7 +187,7 @@ def test_sharded_parameters_from_the_program_never_from_the_category(rank):
     shards from fused AdamW's two moments, made in the warm-up step and never allocated again: the
     category holds all three, so the report says unknown rather than 3x."""
     import phasemem
-    from phasemem.ranks import summarize
+    from phasemem.distributed.run_report import summarize
 
     m = _meta()
     snap = _raw(INSTRUMENT)

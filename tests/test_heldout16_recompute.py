@@ -19,7 +19,7 @@ import pytest
 
 import phasemem
 from heldout_sets import as_handed_over, bare, recording
-from phasemem.patterns.recompute import own_forward
+from phasemem.analysis.patterns.recompute import own_forward
 
 HELDOUT16 = Path(__file__).resolve().parents[1] / "fixtures" / "heldout16"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from phasemem.cli import main
+from phasemem.commands.cli import main
 from phasemem.vocab import CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]

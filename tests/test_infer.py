@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem import infer
-from phasemem.infer import frames as frames_mod, passes as passes_mod
-from phasemem.segmentation.inferred import CONFIDENCE, DOUBTFUL
-from phasemem.timeline import Timeline
-from phasemem.trace import A, Trace
+from phasemem.analysis import infer
+from phasemem.analysis.infer import frames as frames_mod, passes as passes_mod
+from phasemem.analysis.segmentation.inferred import CONFIDENCE, DOUBTFUL
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import A, Trace
 from phasemem.vocab import P
 
 from conftest import FIXTURES, fixture_paths, load_snapshot, prefix_of, shared_paths

@@ -1,4 +1,4 @@
-"""Live memory of snapshots without allocation history (phasemem.live, phasemem.render.live).
+"""Live memory of snapshots without allocation history (phasemem.read.live, phasemem.reporters.picture.live).
 
 The wild files lie in ../shared/wild (never committed); those tests skip where it is absent. Every
 number they check is recomputed here from the raw pickle with plain loops, and checked against the
@@ -14,8 +14,8 @@ import pytest
 from matplotlib import image as mpimg
 
 from phasemem.errors import PhasememError
-from phasemem.live import LiveMemory, category_of, live_memory, site_of
-from phasemem.render.live import TITLE, draw_live, plot_live
+from phasemem.read.live import LiveMemory, category_of, live_memory, site_of
+from phasemem.reporters.picture.live import TITLE, draw_live, plot_live
 
 WILD = Path(__file__).resolve().parents[2] / "shared" / "wild"
 WITH_SEGMENTS = ["yiyi_oom", "yiyi_opt1.3b", "yiyi_opt1.3b_log1", "diffusion_mysnap", "sketchkv_mysnap",

@@ -11,11 +11,11 @@ import pytest
 import importlib
 
 import phasemem
-from phasemem.patterns import KINDS as DETECTOR_KINDS
+from phasemem.analysis.patterns import KINDS as DETECTOR_KINDS
 from pattern_truth import KINDS, detected, load, truth, vocabulary_sizes
 
 # the module, not the function phasemem/__init__.py exports under the same name
-analyze_module = importlib.import_module("phasemem.analyze")
+analyze_module = importlib.import_module("phasemem.report.pipeline")
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "gpu-snapshots"
 # fixtures/big holds torch's own recordings (issue 20), fixtures/integrations the trainer callbacks'

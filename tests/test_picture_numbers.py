@@ -16,8 +16,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 import phasemem
-from phasemem.peak import SHAPE_PRIORITY
-from phasemem.render import labels, peakbar
+from phasemem.analysis.peak import SHAPE_PRIORITY
+from phasemem.reporters.picture import labels, peakbar
 from phasemem.units import format_bytes
 
 from conftest import FIXTURES

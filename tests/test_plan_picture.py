@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.cli import main
-from phasemem.plans import PLANS
+from phasemem.commands.cli import main
+from phasemem.predictions.plans import PLANS
 from phasemem.vocab import CATEGORIES
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -104,7 +104,7 @@ def test_settings_reach_the_plans_that_take_them(tmp_path, gpt, capsys):
 
 @pytest.fixture(scope="module")
 def drawn(gpt):
-    from phasemem.render.plans import PlanPicture, plot_plans
+    from phasemem.reporters.picture.plans import PlanPicture, plot_plans
 
     pic = PlanPicture.of(gpt, 24 << 30, batch=4, param_dtype="bf16")
     return pic, plot_plans(pic)
@@ -158,7 +158,7 @@ def test_the_trace_bar_is_its_peak_and_the_labels_are_the_fits(drawn, gpt):
 
 
 def test_the_budget_line(gpt):
-    from phasemem.render.plans import PlanPicture, plot_plans
+    from phasemem.reporters.picture.plans import PlanPicture, plot_plans
 
     def lines_at(ax, y):
         return [ln for ln in ax.get_lines() if len(set(ln.get_ydata())) == 1 and ln.get_ydata()[0] == pytest.approx(y)]
@@ -178,7 +178,7 @@ def test_the_budget_line(gpt):
 
 
 def test_a_plan_that_does_not_apply_is_an_empty_slot_with_its_reason(tmp_path, capsys):
-    from phasemem.render.plans import PlanPicture, plot_plans
+    from phasemem.reporters.picture.plans import PlanPicture, plot_plans
 
     report = phasemem.analyze(str(INFERENCE))
     pic = PlanPicture.of(report, 24 << 30, batch=8)
@@ -221,7 +221,7 @@ def test_a_picture_name_it_cannot_draw(tmp_path, capsys):
 
 
 def test_the_page_has_the_plan_section(gpt, monkeypatch):
-    from phasemem.render import html as page_html
+    from phasemem.reporters.picture import html as page_html
 
     section = page_html.plans_section(gpt)
     svg = section[section.index("<svg"):section.rindex("</svg>") + 6]

@@ -1,4 +1,4 @@
-"""The parallel plans (phasemem.plans) against what rank 0 really held: fixtures/plans, recorded on an
+"""The parallel plans (phasemem.predictions.plans) against what rank 0 really held: fixtures/plans, recorded on an
 H100 with torch's fake process group (FSDP2, ZeRO) and a one-rank NCCL group (DDP); docs/plans.md."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 import phasemem
 from phasemem.errors import PhasememError
-from phasemem.plans import parse_plan, plan, shard_bytes, zero_owner
+from phasemem.predictions.plans import parse_plan, plan, shard_bytes, zero_owner
 
 HERE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "plans")
 TRUTH = json.load(open(os.path.join(HERE, "truth.json")))

@@ -21,8 +21,8 @@ MiB = 2**20
 
 def _plugin_args() -> list[str]:
     # Installed, the entry point loads the plugin in every pytest run; from a bare checkout, name it.
-    installed = any(e.value == "phasemem.pytest_plugin" for e in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "phasemem.pytest_plugin"]
+    installed = any(e.value == "phasemem.integrations.pytest_plugin" for e in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "phasemem.integrations.pytest_plugin"]
 
 
 def run(pytester, source: str, *args: str):
@@ -32,7 +32,7 @@ def run(pytester, source: str, *args: str):
 
 def test_the_plugin_is_declared_as_a_pytest11_entry_point():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert meta["project"]["entry-points"]["pytest11"]["phasemem"] == "phasemem.pytest_plugin"
+    assert meta["project"]["entry-points"]["pytest11"]["phasemem"] == "phasemem.integrations.pytest_plugin"
     assert not any("pytest" in d for d in meta["project"]["dependencies"])  # no new dependency
 
 
@@ -180,5 +180,5 @@ def test_the_marker_is_registered_and_loading_the_plugin_loads_no_torch(pytester
     result = run(pytester, "def test_x():\n    pass\n", "--markers")
     assert any(s.startswith("@pytest.mark.phasemem_limit(") for s in result.stdout.lines)
     # pytest loads the plugin in every session: torch and matplotlib wait for a marked test
-    code = "import sys, phasemem.pytest_plugin; print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))"
+    code = "import sys, phasemem.integrations.pytest_plugin; print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))"
     assert pytester.run(sys.executable, "-c", code).outlines[-1] == "[]"

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem import ranks as ranks_mod
-from phasemem.cli import main
+from phasemem.distributed import run_report as ranks_mod
+from phasemem.commands.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
 import reference  # noqa: E402  (a naive replay sharing no code with phasemem)

@@ -20,10 +20,10 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 import phasemem
-from phasemem import render
-from phasemem.categories import CATEGORIES
+from phasemem.reporters import picture as render
+from phasemem.analysis.categories import CATEGORIES
 from phasemem.errors import PhasememError
-from phasemem.render import bands
+from phasemem.reporters.picture import bands
 from phasemem.units import format_bytes
 
 from conftest import load_snapshot
@@ -604,7 +604,7 @@ def test_pattern_markers_are_filled_shapes():
     matplotlib warn on every picture that shows it."""
     from matplotlib.markers import MarkerStyle
 
-    from phasemem.render.labels import PATTERN_MARKERS
+    from phasemem.reporters.picture.labels import PATTERN_MARKERS
 
     assert all(MarkerStyle(m).is_filled() for m in PATTERN_MARKERS.values())
     assert len(set(PATTERN_MARKERS.values())) == len(PATTERN_MARKERS)
@@ -613,7 +613,7 @@ def test_pattern_markers_are_filled_shapes():
 def test_unsure_phases_are_hatched_and_questioned():
     """Phases inferred without frames below UNSURE (the loss, 0.51; the optimizer, 0.97 since the third
     frameless round, is not) look different and say so."""
-    from phasemem.render import UNSURE
+    from phasemem.reporters.picture import UNSURE
 
     snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")
     snap["external_annotations"] = []

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.render import colours
+from phasemem.reporters.picture import colours
 
 from conftest import load_snapshot
 
@@ -17,7 +17,7 @@ FIXTURES = ROOT / "fixtures"
 
 
 def _pixels(report, **options) -> np.ndarray:
-    fig = phasemem.render.plot(report, size=(900, 500), **options)
+    fig = phasemem.reporters.picture.plot(report, size=(900, 500), **options)
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
@@ -38,7 +38,7 @@ def test_a_site_has_one_colour_whatever_its_id():
     """Every drawn band's colour is its stack's frames' colour: bands of one site share it, and the
     sites' colours do not move when the stack ids are renumbered (reversed here)."""
     report = phasemem.analyze(FIXTURES / "resnet_sgd.pkl.xz")
-    fig = phasemem.render.plot(report, color="stack")
+    fig = phasemem.reporters.picture.plot(report, color="stack")
     st = fig.phasemem_stack
     rgb, _ = colours._stack_colors(report, st)
     trace = report.trace

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem import render
-from phasemem.render import bands
+from phasemem.reporters import picture as render
+from phasemem.reporters.picture import bands
 
 from conftest import load_snapshot
 

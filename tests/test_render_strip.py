@@ -8,7 +8,7 @@ import pytest
 from matplotlib import colors as mcolors
 
 import phasemem
-from phasemem.render import bands, labels, pixels
+from phasemem.reporters.picture import bands, labels, pixels
 from phasemem.vocab import PHASE_COLORS
 
 from conftest import FIXTURES

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.peak import SHAPE_PRIORITY
+from phasemem.analysis.peak import SHAPE_PRIORITY
 from phasemem.units import format_bytes, signed
 from phasemem.vocab import AT_PEAK, CATEGORIES, CATEGORY_NAMES, GRADIENTS_IN_BACKWARD, GRADIENTS_RELEASED, P, \
     PHASES, SHAPE_SIZE
@@ -264,9 +264,9 @@ def _step(i: int, peak: int, ran: tuple[str, ...], complete: bool = True):
 
 
 def test_steps_that_differ_in_many_ways_stay_a_few_lines():
-    from phasemem.report import Report
-    from phasemem.report_short import MAX_GROUPS
-    from phasemem.typical import ranges, typical
+    from phasemem.report.report import Report
+    from phasemem.reporters.text.short import MAX_GROUPS
+    from phasemem.analysis.typical import ranges, typical
 
     # 200 steps: most alike, then every third step with no optimizer events, and peaks that wander
     steps = [_step(i, 1000 + (i % 40 == 0) * (i * 10), ("forward", "backward") + (("optimizer",) if i % 3 else ()))

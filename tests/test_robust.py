@@ -179,7 +179,7 @@ FOREACH_XZ = [p for p in fixture_paths() if p.name == "gpt_foreach.pkl.xz"][0]
 def test_a_number_past_64_bits_is_one_line_in_every_reader(tmp_path, where, capsys):
     import pickle
 
-    from phasemem.cli import main
+    from phasemem.commands.cli import main
     from phasemem.read import trace as read_trace
     from phasemem.read.batched import read_batched
     from phasemem.read.decoder import decode_trace

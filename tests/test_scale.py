@@ -14,15 +14,15 @@ import pytest
 
 import phasemem
 from phasemem import PhasememError
-from phasemem.cli import main
+from phasemem.commands.cli import main
 from phasemem.read import read, trace as read_trace
 from phasemem.read.batched import _find_events, read_batched as _stream
 from phasemem.read.columnar import EVENTS, read_index, save_trace
 from phasemem.read.snapshot import read_snapshot_file
-from phasemem.segmentation import Segmentation, segment, segment_marked
-from phasemem.step_index import build_index, can_slice, cut
-from phasemem.timeline import Timeline
-from phasemem.trace import Trace
+from phasemem.analysis.segmentation import Segmentation, segment, segment_marked
+from phasemem.analysis.step_index import build_index, can_slice, cut
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import Trace
 
 from conftest import fixture_paths, load_snapshot, prefix_of, shared_paths
 

@@ -25,9 +25,9 @@ from phasemem.read.batched import read_batched
 from phasemem.read.columnar import load_trace, save_trace
 from phasemem.read.decoder import decode_trace
 from phasemem.read.snapshot import read_snapshot_file
-from phasemem.torch_labels import (CATEGORY_LABELS, MIN_PHASES_NAMED, PHASE_LABELS, category_of, from_codes,
+from phasemem.read.torch_labels import (CATEGORY_LABELS, MIN_PHASES_NAMED, PHASE_LABELS, category_of, from_codes,
                                    from_values, phase_of, phase_runs)
-from phasemem.trace import Trace
+from phasemem.read.trace import Trace
 from phasemem.vocab import CATEGORIES, PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +276,7 @@ def test_labels_longer_than_the_decoders_short_strings_are_read(tmp_path):
 
 
 def test_the_page_shows_the_programs_label_on_hover(fixture_report):
-    from phasemem.render import html, html_page
+    from phasemem.reporters.picture import html, html_page
 
     life = fixture_report.timeline.lifetimes
     events = _raw(FIXTURE)["device_traces"][0]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.replay import Replayed, changed_points, points, replay
-from phasemem.remedies import REMEDIES, SCALINGS
+from phasemem.predictions.replay import Replayed, changed_points, points, replay
+from phasemem.predictions.remedies import REMEDIES, SCALINGS
 from reference import replay as naive_replay
 from conftest import FIXTURES, load_snapshot
 
@@ -180,7 +180,7 @@ UNCAPPED = {"oom_base": ({}, "batch x2"), "oom_fix_chunked_ce": ({"chunked_cross
 
 @pytest.mark.parametrize("run", sorted(UNCAPPED))
 def test_batch_x2_predicted_from_the_base_matches_the_uncapped_2b_run(base, run):
-    from phasemem.fits import predict
+    from phasemem.predictions.fits import predict
 
     path = OOM / f"{run}.json"
     if not path.exists():

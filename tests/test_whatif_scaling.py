@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.fits import FACTOR_GRID, RESERVE_MARGIN, predict
+from phasemem.predictions.fits import FACTOR_GRID, RESERVE_MARGIN, predict
 
 MiB = 1 << 20
 PARAMS = (3 * MiB + 3584, 5 * MiB + 1536)  # pre-existing weights (no per-token block has their size)
@@ -204,7 +204,7 @@ def test_fits_names_a_remedy_that_really_lets_the_next_factor_fit():
 def test_fits_cli_prints_the_answer(tmp_path, capsys):
     import pickle
 
-    from phasemem.cli import main
+    from phasemem.commands.cli import main
 
     path = tmp_path / "loop.pickle"
     path.write_bytes(pickle.dumps(gpt_like("frames").snapshot()))
@@ -247,7 +247,7 @@ def test_a_compiled_forward_gives_no_sequence_prediction():
 def test_fragmentation_counts_free_space_only_in_segments_holding_live_blocks():
     """Two 20 MiB segments at the peak: one holds a live 6 MiB block (14 MiB it cannot give back), the
     other only freed blocks (a capped allocator releases it). Ratio = (allocated + 14 MiB) / allocated."""
-    from phasemem.fits import fragmentation
+    from phasemem.predictions.fits import fragmentation
 
     L = gpt_like("none", steps=1)
     seg_a, seg_b = 1 << 40, (1 << 40) + (64 << 20)
@@ -300,7 +300,7 @@ def test_json_carries_what_fits_on_a_real_trace(tmp_path):
     import json
 
     from conftest import FIXTURES
-    from phasemem.cli import main
+    from phasemem.commands.cli import main
 
     src = str(FIXTURES / "gpt_foreach.pkl.xz")
     r = phasemem.analyze(src)

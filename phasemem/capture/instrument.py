@@ -297,12 +297,12 @@ class Run:
         return self.snapshot
 
     def report(self, gather: bool = False, **kwargs: Any) -> Any:
-        """``phasemem.analyze.analyze(run.snapshot, **kwargs)``; ``gather=True`` (every rank of a process
+        """``phasemem.report.pipeline.analyze(run.snapshot, **kwargs)``; ``gather=True`` (every rank of a process
         group must call it) gathers each rank's summary with ``all_gather_object`` and returns the
-        ``phasemem.ranks.RunReport`` of all of them, on every rank."""
+        ``phasemem.distributed.run_report.RunReport`` of all of them, on every rank."""
         snap = self._need_snapshot()
         # Capture sits below the pipeline: this convenience calls up into it, lazily, at the end.
-        from phasemem.analyze import analyze
+        from phasemem.report.pipeline import analyze
 
         report = analyze(snap, **kwargs)
         return ranks.gather(report, snap.get("phasemem") or {}) if gather else report

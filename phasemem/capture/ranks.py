@@ -112,14 +112,14 @@ def save_rank(run: Any, folder: str | os.PathLike) -> str:
 
 def gather(report: Any, rank_meta: dict) -> Any:
     """Every rank's summary of its own report, gathered with ``all_gather_object`` (summaries only: a
-    few KiB a rank), as one ``phasemem.ranks.RunReport``, on every rank. Outside a process group the
+    few KiB a rank), as one ``phasemem.distributed.run_report.RunReport``, on every rank. Outside a process group the
     RunReport of this one rank. Every rank must call it (it is a collective).
 
     Example:
         >>> print(gather(run.report(), {"rank": 0, "world_size": 2}))
     """
     # The analysis side is imported when asked for, as Run.report imports phasemem.analyze.
-    from phasemem.ranks import RunReport, summarize
+    from phasemem.distributed.run_report import RunReport, summarize
 
     mine = summarize(report, rank=rank_meta.get("rank"))
     dist = _dist()

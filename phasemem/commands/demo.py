@@ -21,7 +21,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import demo
+    from ..capture import demo
 
     check_outputs(args.output, args.json)
     report = demo.run(device=args.device, steps=args.steps, out=None, json_path=None)

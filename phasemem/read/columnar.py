@@ -8,7 +8,7 @@ travel with it: the entries that carry one and their texts. The members are stor
 a range of one column is read straight from its offset in the file.
 
 ``phasemem analyze big.npz --steps 100-102`` should not read 10 million events to report three
-steps. A step index (``StepIndex``), built once from the whole trace (``phasemem.step_index``;
+steps. A step index (``StepIndex``), built once from the whole trace (``phasemem.analysis.step_index``;
 ``phasemem convert`` stores it in the file for the marker prefix it was converted with), says where
 each step's events are. With such an index the file's event columns are mapped, not read
 (``map_trace``): ``step_index.cut``, the one place a trace is sliced, copies out the events of the
@@ -39,8 +39,8 @@ import numpy as np
 
 from ..errors import PhasememError
 from ..output import atomic_write
-from ..torch_labels import TorchLabels
-from ..trace import Markers, Trace
+from .torch_labels import TorchLabels
+from .trace import Markers, Trace
 
 FORMAT = "phasemem-trace/1"
 #: the per-event columns: what a slice of steps takes a range of (``step_index.cut``)
@@ -52,7 +52,7 @@ _INDEX = ("first", "stop", "number", "complete", "t_end", "reserved_end", "cross
 @dataclass
 class StepIndex:
     """Where each step of a trace lies, for one marker prefix, and what slicing needs besides events
-    (``phasemem.step_index`` builds one and cuts steps by it; here it is stored and read back)."""
+    (``phasemem.analysis.step_index`` builds one and cuts steps by it; here it is stored and read back)."""
 
     prefix: str
     exact: bool  # slices give the full analysis's numbers

@@ -1,0 +1,1 @@
+"""The report as text: a screen or two (short), and every step and shape (full)."""
