@@ -17,6 +17,11 @@ tensors are freed within backward: gradients that echo forward's sizes and are k
 without frames: 3 of its 4 runs, none freed in backward) are no recompute. A forward repeated in the
 forward phase (micro-batches, dequantised weights, ensembles, rollouts) never reaches this rule.
 
+A run must replay its forward, not echo it: MIN_REPLAYED sizes in a row that forward made in a row
+(offloaded activations copied back and the gradients of a DPO step repeat it only in short stretches).
+And where the trace has stack frames, a recompute shows them (checkpoint's own, or a compiled backward's
+RNG replays): a backward run with neither holds no recompute, whatever its sizes (issue 40's DPO step).
+
 Which evidence was used goes into ``details["evidence"]``: "frames" where torch.utils.checkpoint's own
 frames made the members, "sizes" where only sizes and lifetimes did; a claim from sizes alone is less
 sure (SIZES_CONFIDENCE).
@@ -62,6 +67,14 @@ FREED_IN_BACKWARD = 0.5
 #: backward's recompute has no Python frames on its own allocations (heldout_gpt_compile_ckpt), so
 #: members without any stay possible.
 OTHER_PYTHON = 0.5
+#: A recompute runs a block's forward again: the same allocations in the same order, temporaries included.
+#: A run must repeat at least this many consecutive allocations of its own forward in one stretch, not
+#: only K at a time. Activations copied back from the host (save_on_cpu) are only the saved tensors, in
+#: backward's order, and gradients mirror the shapes of forward's: they repeat it in short stretches of
+#: like sizes. Longest stretch, true recomputes: 9 (h10_reentrant_ckpt), 26 (pairs2/gpt__ckpt_2), 51-55
+#: (HF Llama); false: 5 (offload_save_on_cpu, h6_save_on_cpu, without frames), 6 (dpo_llama's
+#: backward echoing its reference's no_grad forward) (docs/accuracy.md, issue 40).
+MIN_REPLAYED = 2 * K
 #: Confidence of a claim from sizes and lifetimes alone (no checkpoint frame among the members). Before
 #: the own-forward and freed-in-backward rules, sizes alone were right on 9 of the 11 frameless fixtures
 #: where they claimed (h9_char_gpt_math_attention and heldout3_clip_infonce were wrong): 0.8.
@@ -119,7 +132,20 @@ def _size_runs(ctx: Context, fwd: np.ndarray, bwd: np.ndarray, b0: int, b1: int,
     # freed within backward (b1: the backward run's last event), as a recompute's tensors are
     freed = np.concatenate([[0], np.cumsum(ctx.free[bwd] <= b1)])
     ok &= (freed[stops] - freed[starts]) >= FREED_IN_BACKWARD * np.maximum(stops - starts, 1)
+    if ok.any():
+        ok &= _replays(ctx.size[fwd], ctx.size[bwd], starts, stops)
     return list(zip(starts[ok].tolist(), stops[ok].tolist()))
+
+
+def _replays(fwd_sizes: np.ndarray, bwd_sizes: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Per run ``bwd[starts[i]:stops[i]]``: does it hold MIN_REPLAYED consecutive sizes that its forward
+    made consecutively too (a forward replayed, not echoed K sizes at a time)?"""
+    if len(fwd_sizes) < MIN_REPLAYED or len(bwd_sizes) < MIN_REPLAYED:
+        return np.zeros(len(starts), bool)
+    hb = _kgrams(bwd_sizes, MIN_REPLAYED)
+    hits = np.concatenate([[0], np.cumsum(in_sorted(hb, np.unique(_kgrams(fwd_sizes, MIN_REPLAYED))))])
+    first = np.minimum(starts, len(hb))
+    return hits[np.clip(stops - MIN_REPLAYED + 1, first, len(hb))] > hits[first]
 
 
 def echoing_runs(ctx: Context) -> set[int]:
@@ -202,6 +228,8 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             count, per_layer = blocks
         own = blocks is None and framed and float(np.mean(
             ctx.memo("module_forwards", lambda: module_forwards(ctx.trace))[ctx.trace.stack[ctx.alloc[members]]])) >= OWN_FORWARD
+        if blocks is None and framed and not own and not _replayed_in(ctx, bwd):
+            continue  # frames recorded, and none of checkpoint's or of a compiled replay in this backward: sizes alone are no evidence
         if blocks is None and framed and not own and float(np.mean(
                 ctx.memo("other_python", lambda: other_python(ctx.trace))[ctx.trace.stack[ctx.alloc[members]]])) >= OTHER_PYTHON:
             continue  # Python code other than checkpoint's made them: the frames say who, and it is not checkpointing
@@ -217,6 +245,12 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
              "evidence": "sizes" if blocks is None else "frames"},
             confidence=SIZES_CONFIDENCE if blocks is None else 1.0))
     return out
+
+
+def _replayed_in(ctx: Context, bwd: np.ndarray) -> bool:
+    """Whether any of the backward run's allocations ``bwd`` is a compiled backward's RNG replay."""
+    at = replay_positions(ctx)
+    return bool(len(at)) and bool(in_sorted(bwd, at).any())
 
 
 def _sized_words(framed: bool, count: int, per_layer: int) -> str:

@@ -64,8 +64,10 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
         return labels, "none", None
     # PyTorch's own optimizer/zero_grad annotations stay authoritative, except for the phases they
     # nest: optimizer.step(closure) (Lightning, LBFGS) runs zero_grad, forward, the loss and backward
-    # inside torch's Optimizer.step range, and those win there, as nested markers do.
-    nested = (labels == P["optimizer"]) & np.isin(inferred, [P["forward"], P["backward"], P["zero_grad"]])
+    # inside torch's Optimizer.step range, and those win there, as nested markers do; only there: a
+    # range holding no inferred forward and backward is an update, whatever inference read it as.
+    closure = closure_ranges(labels, inferred)
+    nested = closure & np.isin(inferred, [P["forward"], P["backward"], P["zero_grad"]])
     keep = (labels != P["other"]) & ~nested
     merged = np.where(keep, labels, inferred).astype(np.int8)
     infer.finish(trace, timeline, merged)
@@ -74,8 +76,28 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
     # ... for the phases they cover: none of those outside them
     for ph in annotated:
         merged[(merged == P[ph]) & ~keep & ~nested] = P["other"]
-    merged[keep & (merged != P["loss"])] = labels[keep & (merged != P["loss"])]
+    back = keep & ~(closure & (merged == P["loss"]))  # a closure's loss stays the loss
+    merged[back] = labels[back]
     return merged, how, starts
+
+
+def closure_ranges(labels: np.ndarray, inferred: np.ndarray) -> np.ndarray:
+    """Per event: is it an annotated optimizer event inside a run of annotated events (an
+    ``Optimizer.step#`` range with the zero_grad ranges in or beside it) where the inferred labels hold
+    both a forward and a backward: a closure the step evaluated (``optimizer.step(closure)``; Lightning
+    calls zero_grad inside it, between the closure's forward and its backward). Elsewhere the range
+    is the update: inference that read it as forward (h9_moe_dynamic_routing without frames: 2 of 3
+    steps' Adam updates) or backward (h6_sparse_two_opt without frames) does not take it from the
+    annotation."""
+    idx = np.flatnonzero(np.isin(labels, [P["optimizer"], P["zero_grad"]]))
+    out = np.zeros(len(labels), bool)
+    if not len(idx):
+        return out
+    starts = np.flatnonzero(np.diff(idx, prepend=-2) != 1)  # where each run of them begins, in idx
+    code = inferred[idx]
+    both = np.logical_or.reduceat(code == P["forward"], starts) & np.logical_or.reduceat(code == P["backward"], starts)
+    out[idx] = np.repeat(both, np.diff(np.append(starts, len(idx))))
+    return out & (labels == P["optimizer"])
 
 
 def find_doubts(trace: Trace, timeline, labels: np.ndarray, steps: list) -> list[str]:
