@@ -36,7 +36,6 @@ from . import bands as _bands
 from . import labels as _labels
 from . import peakbar as _peakbar
 from . import pixels as _pixels
-from ..html.page import page_writer
 from .chrome import (_MIN_STEP_DOTS_PX, _axes_style, _legends, _mark_handles, _oom_marks, _phase_ticks,
                      _shade_phases, _step_marks, _step_px, _title)
 from .colours import COLOR_MODES, STACK_PALETTE, UNSURE  # noqa: F401  (public here too)
@@ -228,6 +227,8 @@ def picture_writer(report, path, **options):
         drawing = {"png": "raster", "html": "vector"}.get(fmt, "auto")
         fig = plot(report, **{"bands": drawing, **options})
     if fmt == "html":  # the interactive page (render/html.py): this figure as SVG, zoomable, with what each band is
+        from ..html.page import page_writer  # the page draws with this package's modules: imported when asked
+
         return page_writer(report, fig, **options)
 
     def write(tmp):
