@@ -1,6 +1,6 @@
 """What ``report.fits(budget)`` costs on a million-event trace, now that it replays the caching
 allocator (phasemem.predictions.allocator): the replays walk only the window of the peak's step and the step
-before it (fits.WHOLE_TRACE_EVENTS).
+before it (fits/capped.py, WHOLE_TRACE_EVENTS).
 
 The trace is bench_analyze's: ../shared/gpu-snapshots/gpt_ckpt_fused_seedlike stretched to ~1M events
 by repeating its steps 1-2. Prints the analysis time (not fits'), then fits' time, its number of
@@ -27,8 +27,8 @@ def main() -> int:
     from bench_analyze import SOURCE, read_shared, replicate_steps
 
     import phasemem
-    from phasemem.predictions import allocator
-    from phasemem.predictions.fits import WHOLE_TRACE_EVENTS
+    from phasemem.predictions.allocator import over_events
+    from phasemem.predictions.fits.capped import WHOLE_TRACE_EVENTS
 
     if not SOURCE.exists():
         print(f"{SOURCE} is missing (../shared)")
@@ -43,7 +43,7 @@ def main() -> int:
     n = r.n_events
     reserved = int(r.analysis.timeline.reserved_after.max())
     calls, spent = [0], [0.0]
-    real = allocator.replay
+    real = over_events.replay
 
     def counted(*a, **k):
         t = time.perf_counter()
@@ -53,11 +53,11 @@ def main() -> int:
             calls[0] += 1
             spent[0] += time.perf_counter() - t
 
-    allocator.replay = counted
+    over_events.replay = counted
     t0 = time.perf_counter()
     fx = r.fits(int(1.5 * reserved))
     t_fits = time.perf_counter() - t0
-    allocator.replay = real
+    over_events.replay = real
     print(f"{n:,} events ({len(r.steps)} steps), analysed in {t_an:.1f} s; whole-trace replay up to "
           f"{WHOLE_TRACE_EVENTS:,} events")
     print(f"fits(1.5 x reserved peak {reserved / 2**30:.2f} GiB): {t_fits:.2f} s, {calls[0]} replays taking "

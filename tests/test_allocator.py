@@ -19,8 +19,13 @@ import pytest
 
 import phasemem
 from conftest import FIXTURES, load_snapshot
-from phasemem.predictions import allocator as al
-from phasemem.predictions.fits import FACTOR_PRECISION, _blocks, _Capped, fits
+from phasemem.predictions.allocator.layout import block_streams, empty_cache_events, layout_at
+from phasemem.predictions.allocator.over_events import replay, replay_trace
+from phasemem.predictions.allocator.pools import CachingAllocator
+from phasemem.predictions.allocator.rules import Settings
+from phasemem.predictions.fits import fits
+from phasemem.predictions.fits.bounds import _blocks
+from phasemem.predictions.fits.capped import FACTOR_PRECISION, _Capped
 from phasemem.predictions.blocks import Change, Facts
 from phasemem.predictions.scaling import CONSTANT
 from phasemem.analysis.timeline import Timeline
@@ -65,7 +70,7 @@ def _recorded_reserved(snap: dict, t: Trace) -> np.ndarray:
 @pytest.mark.parametrize("name", RECORDED)
 def test_the_replay_serves_every_allocation_where_the_trace_did(name):
     snap, t, life = _trace(name)
-    r = al.replay_trace(t, life, recorded_addresses=True, record_addresses=True)
+    r = replay_trace(t, life, recorded_addresses=True, record_addresses=True)
     made = np.flatnonzero(t.action == A["alloc"])
     assert r.oom_event is None
     assert np.array_equal(r.alloc_event, made)
@@ -80,7 +85,7 @@ def test_the_replay_serves_every_allocation_where_the_trace_did(name):
 @pytest.mark.parametrize("name", RECORDED)
 def test_with_its_own_addresses_the_replay_reserves_what_the_trace_did(name):
     snap, t, life = _trace(name)
-    r = al.replay_trace(t, life)
+    r = replay_trace(t, life)
     want = int(_recorded_reserved(snap, t).max())
     assert abs(r.reserved_peak - want) <= OWN_ADDRESSES * want
     if name in BASES:  # these reproduce every segment, in order
@@ -94,19 +99,19 @@ def test_a_replay_from_any_step_starts_from_the_state_the_trace_was_in(name):
     at their addresses; replayed from there, the trace's own segment events follow."""
     snap, t, life = _trace(name)
     steps = _report(name).analysis.segmentation.steps
-    settings = al.Settings.of(t)
+    settings = Settings.of(t)
     for first, _, _ in steps[1:]:
-        lay = al.layout_at(t, life, first)
+        lay = layout_at(t, life, first)
         assert not len(lay.unplaced)
-        r = al.replay(life.alloc_event, life.free_event, life.size, al.block_streams(t, life), lay, None, settings,
-                      first, len(t), empty_cache_at=al.empty_cache_events(t))
+        r = replay(life.alloc_event, life.free_event, life.size, block_streams(t, life), lay, None, settings,
+                   first, len(t), empty_cache_at=empty_cache_events(t))
         seg = np.flatnonzero(t.action[first:] == A["segment_alloc"]) + first
         assert np.array_equal(r.segment_size, t.size[seg])
         assert r.reserved_start == _recorded_reserved(snap, t)[first - 1]
 
 
 def test_the_rules_by_hand():
-    a = al.CachingAllocator()
+    a = CachingAllocator()
     assert a.malloc(0, 3 * MiB, 0) and a.reserved == 20 * MiB  # under 10 MiB: a 20 MiB buffer, 17 MiB split off
     assert a.malloc(1, 16 * MiB, 0) and a.reserved == 20 * MiB  # served by those 17 MiB; 1 MiB left, not split
     assert a.malloc(2, 2 * MiB, 0) and a.reserved == 40 * MiB  # nothing free: a second buffer, 18 MiB left
@@ -124,7 +129,7 @@ def test_the_rules_by_hand():
     a.release_cached()  # torch.cuda.empty_cache(): only that buffer goes back
     assert a.reserved == 56 * MiB and a.log[-1] == -20 * MiB
 
-    capped = al.CachingAllocator(cap=60 * MiB)
+    capped = CachingAllocator(cap=60 * MiB)
     assert capped.malloc(0, 30 * MiB, 0)
     capped.free(0)  # cached: 30 MiB reserved, none in use
     assert capped.malloc(1, 40 * MiB, 0) and capped.reserved == 40 * MiB  # 70 > 60: the cached one went back
@@ -244,7 +249,7 @@ def test_what_the_replay_does_not_follow_is_not_replayed_and_fits_says_so(name, 
     """Expandable segments (pages mapped into one segment per stream), and allocations inside a CUDA
     graph's private pool: the budget is read against the trace's reserve instead, and said to be."""
     r = phasemem.analyze(str(FIXTURES / f"{name}.pkl.xz"))
-    assert why in al.Settings.of(r.analysis.trace)
+    assert why in Settings.of(r.analysis.trace)
     fx = r.fits(2 * r.peak_bytes)
     assert why in fx.allocator
     for fit in (fx.batch, fx.sequence):
@@ -257,7 +262,7 @@ def test_a_graphs_private_pool_is_kept_reserved_and_unused():
     reserved and serve nothing; its allocations are served where it served them."""
     snap, t, life = _trace("odd_cudagraph")
     assert t.segments[:, 3].any()
-    r = al.replay_trace(t, life, recorded_addresses=True, record_addresses=True)
+    r = replay_trace(t, life, recorded_addresses=True, record_addresses=True)
     made = np.flatnonzero(t.action == A["alloc"])
     assert np.array_equal(r.alloc_addr, t.addr[made])
     private = t.segments[t.segments[:, 3] != 0]

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.predictions.fits import FACTOR_GRID, RESERVE_MARGIN, predict
+from phasemem.predictions.fits import predict
+from phasemem.predictions.fits.answer import FACTOR_GRID
+from phasemem.predictions.fits.bounds import RESERVE_MARGIN
 
 MiB = 1 << 20
 PARAMS = (3 * MiB + 3584, 5 * MiB + 1536)  # pre-existing weights (no per-token block has their size)
@@ -247,7 +249,7 @@ def test_a_compiled_forward_gives_no_sequence_prediction():
 def test_fragmentation_counts_free_space_only_in_segments_holding_live_blocks():
     """Two 20 MiB segments at the peak: one holds a live 6 MiB block (14 MiB it cannot give back), the
     other only freed blocks (a capped allocator releases it). Ratio = (allocated + 14 MiB) / allocated."""
-    from phasemem.predictions.fits import fragmentation
+    from phasemem.predictions.fits.bounds import fragmentation
 
     L = gpt_like("none", steps=1)
     seg_a, seg_b = 1 << 40, (1 << 40) + (64 << 20)

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..analysis.core import Analysis
 from ..model import Pattern, WhatIf
-from .remedies import CE_CHUNKS, CHUNK_WORKING_SET, REMEDIES, SCALINGS
+from .remedies import REMEDIES, SCALINGS
+from .remedies.cross_entropy import CE_CHUNKS, CHUNK_WORKING_SET
 from .blocks import Facts
 from .replay import Replayed, changed_points, points, replay
 from ..vocab import P, PHASES

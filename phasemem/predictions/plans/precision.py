@@ -7,7 +7,7 @@ import numpy as np
 from ..blocks import Change, Facts
 from ..scaling import CONSTANT, QUADRATIC
 from ...vocab import P
-from ..remedies import block_growth
+from ..remedies.per_token import block_growth
 from .params import Params, StepBlocks
 
 #: Half-precision compute under FSDP2's MixedPrecisionPolicy, from a trace in fp32: every block that
