@@ -11,7 +11,7 @@ import pytest
 import importlib
 
 import phasemem
-from phasemem.analysis.patterns import KINDS as DETECTOR_KINDS
+from phasemem.analysis.patterns import KIND_NAMES as DETECTOR_KINDS
 from pattern_truth import KINDS, detected, load, truth, vocabulary_sizes
 
 # the module, not the function phasemem/__init__.py exports under the same name

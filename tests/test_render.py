@@ -604,10 +604,11 @@ def test_pattern_markers_are_filled_shapes():
     matplotlib warn on every picture that shows it."""
     from matplotlib.markers import MarkerStyle
 
-    from phasemem.reporters.picture.labels import PATTERN_MARKERS
+    from phasemem.analysis.patterns import KINDS
 
-    assert all(MarkerStyle(m).is_filled() for m in PATTERN_MARKERS.values())
-    assert len(set(PATTERN_MARKERS.values())) == len(PATTERN_MARKERS)
+    markers = [k.marker for k in KINDS]
+    assert all(MarkerStyle(m).is_filled() for m in markers)
+    assert len(set(markers)) == len(markers)
 
 
 def test_unsure_phases_are_hatched_and_questioned():

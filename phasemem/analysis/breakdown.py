@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import PhasememError
 from ..model import PeakBreakdown, Step
-from .peak import SHAPE_PRIORITY, alive_at, shape_codes
+from .patterns import SHAPE_PRIORITY
+from .peak import alive_at, shape_codes
 from ..report.report import Report
 from ..vocab import CATEGORIES
 

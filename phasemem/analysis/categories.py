@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .before_recording import Reading, name_before
-from .facts import Context, gradients_by_step
+from .facts import Context
 from .inputs import batch_blocks
 from .infer.frames import weight_moves, weight_sources
 from .spans import run_of_events
@@ -90,7 +90,7 @@ def _own(ctx: Context) -> np.ndarray:
     cat[fwd & ~same_run] = C["activation"]
     cat[fwd & (f >= n) & (s_at == 0) & (len(ctx.seg.steps) > 1)] = C["other"]
     cat[(pa == P["backward"]) & (f > run_end)] = C["other"]
-    cat[gradients_by_step(ctx)[0]] = C["gradient"]  # every step's
+    cat[ctx.gradients_by_step[0]] = C["gradient"]  # every step's
     cat[(pa == P["optimizer"]) & (f >= end_of_step)] = C["optimizer_state"]
     other = (pa == P["other"]) & ~same_run
     fwd_starts = ctx.run_first[ctx.run_phase == P["forward"]]
@@ -103,7 +103,7 @@ def _own(ctx: Context) -> np.ndarray:
     if not _trains(ctx):
         # in inference nothing pairs them with a gradient: only a stack that makes weights says so
         # (h12_static_kv_decode: an 80 MiB KV cache made by the script was "parameters")
-        made &= ctx.memo("weight_sources", lambda: weight_sources(ctx.trace))[ctx.trace.stack[a]]
+        made &= weight_sources(ctx.trace)[ctx.trace.stack[a]]
     cat[made] = C["parameter"]
     # Weights the stack says a module placed on the device (model.to(), load_state_dict), in any
     # phase: offloading moves each block's weights in just before it runs and out after, inside
@@ -126,7 +126,7 @@ def _gradient_sizes(ctx: Context) -> np.ndarray:
     optimizers that take turns) counted noise twice where phases were inferred without frames
     (hf without frames: 299 MB of 'parameters' for 182); the trace's optimizer state names the
     other turns' parameters (_sizes_from_state)."""
-    idx, bounds = gradients_by_step(ctx)
+    idx, bounds = ctx.gradients_by_step
     if len(bounds) < 2:
         return ctx.size[idx[:0]]
     total = np.concatenate([[0], np.cumsum(ctx.size[idx], dtype=np.int64)])[bounds]

@@ -3,7 +3,10 @@ lifetimes and the phase at both ends, each step's phase runs, and which allocati
 No detector imports another, and categories import no detector: both read these facts."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property, wraps
+from typing import Callable, TypeVar
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -13,11 +16,39 @@ from .sizes import in_sorted
 from .spans import backward_resumed, concat_ranges, phase_runs
 from .timeline import Timeline
 from ..read.trace import Trace
-from ..vocab import P
+from ..vocab import P, PHASES
+
+T = TypeVar("T")
 
 
-@dataclass
+def per_trace(compute: Callable[["Context"], T]) -> Callable[["Context"], T]:
+    """``compute(ctx)`` made on the first call for a Context and kept as long as that Context lives:
+    a detector module's own numbers about a trace, every step's at once, which no other module reads.
+    The value must not hold the Context (it would keep it alive).
+
+    Example:
+        >>> @per_trace
+        ... def _rows(ctx: Context) -> dict: ...   # computed once per trace, however many steps ask
+    """
+    values: WeakKeyDictionary = WeakKeyDictionary()
+
+    @wraps(compute)
+    def once(ctx: "Context") -> T:
+        try:
+            return values[ctx]
+        except KeyError:  # (None is a value too: an optimizer class the trace does not name)
+            value = values[ctx] = compute(ctx)
+            return value
+
+    return once
+
+
+@dataclass(frozen=True, eq=False)
 class Context:
+    """The trace's facts that the detectors and the categories read. What several of them read and
+    must compute is a cached property, computed on the first read; what one detector module keeps for
+    itself is a function of its own made ``per_trace``. Made by ``build``."""
+
     trace: Trace
     timeline: Timeline
     seg: Segmentation
@@ -36,13 +67,6 @@ class Context:
     run_phase: np.ndarray
     run_step: np.ndarray
     param_sizes: np.ndarray  # sizes of the blocks alive from before recording to the end
-    _memo: dict = field(default_factory=dict)
-
-    def memo(self, key, compute):
-        """Per-trace cache for what several detectors ask for (each step's gradients)."""
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
 
     @property
     def n(self) -> int:
@@ -59,52 +83,89 @@ class Context:
         freed = f < n
         pf[freed] = labels[f[freed]]
         rf, rl, rp, rs = phase_runs(seg.labels, seg.step_of)
-        params = life.size[life.preexisting & (life.free_event >= n)]
-        return cls(trace, tl, seg, tl.level, tl.active_before, a, f, s, labels[a], pf,
-                   seg.step_of[a].astype(np.int64), rf, rl, rp, rs, params)
+        return cls(trace=trace, timeline=tl, seg=seg, level=tl.level, before=tl.active_before,
+                   alloc=a, free=f, size=s, phase_at_alloc=labels[a], phase_at_free=pf,
+                   step_at_alloc=seg.step_of[a].astype(np.int64),
+                   run_first=rf, run_last=rl, run_phase=rp, run_step=rs,
+                   param_sizes=life.size[life.preexisting & (life.free_event >= n)])
 
-    def runs_of(self, step: int, phase: str) -> tuple[tuple[int, int], ...]:
-        """The (first, last) events of a step's runs of a phase, in event order."""
-        table = self._memo.get("runs_by_step_phase")  # (no closure made per call: ~20,000 calls at 1M events)
-        if table is None:
-            table = self.memo("runs_by_step_phase", self._runs_by_step_phase)
-        return table.get((step, P[phase]), ())
-
-    def _runs_by_step_phase(self) -> dict:
-        # grouped once: every detector asks for every step, and a mask per call is steps x runs
+    @cached_property
+    def runs_by_step_phase(self) -> dict[tuple[int, int], tuple[tuple[int, int], ...]]:
+        """(step, phase code) -> the (first, last) events of its runs, in event order: grouped once,
+        as every detector asks for every step and a mask per call is steps x runs. Shared: not to be changed."""
         out: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for f, l, p, s in zip(self.run_first.tolist(), self.run_last.tolist(), self.run_phase.tolist(),
                               self.run_step.tolist()):
             out.setdefault((s, p), []).append((f, l))
-        return {k: tuple(v) for k, v in out.items()}  # shared by every caller: not to be changed
+        return {k: tuple(v) for k, v in out.items()}
+
+    def runs_of(self, step: int, phase: str) -> tuple[tuple[int, int], ...]:
+        """The (first, last) events of a step's runs of a phase, in event order."""
+        return self.runs_by_step_phase.get((step, P[phase]), ())
+
+    @cached_property
+    def phase_spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first, last), each (phase code, step): the first event of the step's first run of the
+        phase and the last event of its last (``n + 1`` and -1 where the step has none)."""
+        n_steps = len(self.seg.steps)
+        sel = (self.run_step >= 0) & (self.run_step < n_steps)
+        first = np.full((len(PHASES), n_steps), self.n + 1, np.int64)
+        last = np.full((len(PHASES), n_steps), -1, np.int64)
+        at = (self.run_phase[sel].astype(np.int64), self.run_step[sel])
+        np.minimum.at(first, at, self.run_first[sel])
+        np.maximum.at(last, at, self.run_last[sel])
+        return first, last
 
     def phase_span(self, phase: str) -> tuple[np.ndarray, np.ndarray]:
-        """Per step, the first event of its first run of ``phase`` and the last event of its last
-        (``n + 1`` and -1 where the step has none), every step at once."""
-        def compute():
-            n_steps = len(self.seg.steps)
-            sel = (self.run_phase == P[phase]) & (self.run_step >= 0) & (self.run_step < n_steps)
-            first, last = np.full(n_steps, self.n + 1, np.int64), np.full(n_steps, -1, np.int64)
-            np.minimum.at(first, self.run_step[sel], self.run_first[sel])
-            np.maximum.at(last, self.run_step[sel], self.run_last[sel])
-            return first, last
+        """phase_spans of one phase: per step, its first event and its last, every step at once."""
+        first, last = self.phase_spans
+        return first[P[phase]], last[P[phase]]
 
-        return self.memo(f"phase_span:{phase}", compute)
+    @cached_property
+    def steps_updating_in_backward(self) -> set[int]:
+        """The steps whose optimizer runs inside their backward (spans.backward_resumed)."""
+        return set(backward_resumed(self.seg.labels, self.seg.step_of).tolist())
 
     def optimizer_in_backward(self, step: int) -> bool:
-        """Whether the step's optimizer runs inside its backward (spans.backward_resumed)."""
-        return step in self.memo("backward_resumed",
-                                 lambda: set(backward_resumed(self.seg.labels, self.seg.step_of).tolist()))
+        return step in self.steps_updating_in_backward
 
     def allocs_between(self, first: int, last: int) -> np.ndarray:
         """Indices (into the alloc arrays) of allocations made at events first..last."""
         # two scalar searches: a list argument costs an array per call, and detectors ask ~10 times a step
         return np.arange(self.alloc.searchsorted(first), self.alloc.searchsorted(last + 1))
 
+    @cached_property
+    def workspace_getter_stacks(self) -> np.ndarray:
+        """Per stack id, whether it names a math library's workspace getter (infer.frames.workspace_stacks)."""
+        return workspace_stacks(self.trace)
+
     def made_by_workspace_getter(self, events: np.ndarray) -> np.ndarray:
-        """Per event: does its stack name a math library's workspace getter (infer.frames.workspace_stacks)?
-        Such a block is no weight and no gradient, whatever its size."""
-        return self.memo("workspace_stacks", lambda: workspace_stacks(self.trace))[self.trace.stack[events]]
+        """Per event: does its stack name a math library's workspace getter? Such a block is no weight
+        and no gradient, whatever its size."""
+        return self.workspace_getter_stacks[self.trace.stack[events]]
+
+    @cached_property
+    def gradients_by_step(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every step's gradients at once (gradient_allocs' rules, one pass over the allocations): the
+        allocation indices, by step then event, and each step's bounds in them (step s: bounds[s]..bounds[s+1]).
+
+        Example:
+            >>> idx, bounds = ctx.gradients_by_step
+            >>> step_2 = idx[bounds[2]:bounds[3]]  # gradient_allocs(ctx, 2)
+        """
+        return _gradients_by_step(self)
+
+    @cached_property
+    def update_gradients_by_step(self) -> tuple[np.ndarray, np.ndarray]:
+        """update_gradients of every step at once (gradients_by_step's form)."""
+        return _update_gradients(self)
+
+    @cached_property
+    def update_gradient_bytes(self) -> list[int]:
+        """Per step, the bytes of its update gradients: running sums over update_gradients_by_step."""
+        idx, bounds = self.update_gradients_by_step
+        c = np.concatenate([[0], np.cumsum(self.size[idx].astype(np.int64))])
+        return (c[bounds[1:]] - c[bounds[:-1]]).tolist()
 
     def peak_in(self, first: int, last: int) -> int:
         return first + int(self.level[first:last + 1].argmax())  # the method: np.argmax's wrapper costs as much, ~9,000 calls
@@ -138,21 +199,10 @@ def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
     group of parameters: FSDP2's reduce-scatter output, contiguous gradient buffers); that drops the
     autograd thread's own cuBLAS workspace, made lazily in the first backward and kept for good.
     """
-    idx, bounds = gradients_by_step(ctx)
+    idx, bounds = ctx.gradients_by_step
     if not 0 <= step < len(bounds) - 1:
         return idx[:0]
     return idx[bounds[step]:bounds[step + 1]]
-
-
-def gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
-    """Every step's gradients at once (gradient_allocs' rules, one pass over the allocations): the
-    allocation indices, by step then event, and each step's bounds in them (step s: bounds[s]..bounds[s+1]).
-
-    Example:
-        >>> idx, bounds = gradients_by_step(ctx)
-        >>> step_2 = idx[bounds[2]:bounds[3]]  # gradient_allocs(ctx, 2)
-    """
-    return ctx.memo("gradients_by_step", lambda: _gradients_by_step(ctx))
 
 
 def _gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
@@ -175,7 +225,7 @@ def _gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     idx = idx[keep]
     step = ctx.run_step[bwd][rc[keep]] if len(bwd) else rc[keep]
     if len(idx):
-        keep = ~ctx.memo("loss_seeds", lambda: loss_seeds(ctx.trace))[ctx.alloc[idx]]
+        keep = ~loss_seeds(ctx.trace)[ctx.alloc[idx]]
         # The autograd thread's cuBLAS workspace, made in the first backward and kept, is no gradient
         # even where it has a weight's size (h15_gradcache_contrastive: 32 MiB, the embedding's).
         keep &= ~ctx.made_by_workspace_getter(ctx.alloc[idx])
@@ -184,7 +234,7 @@ def _gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     idx, step = idx[order].astype(np.int64), step[order]
     bounds = np.searchsorted(step, np.arange(n_steps + 1))
     if len(ctx.param_sizes) and len(idx):
-        sizes = ctx.memo("gradient_sizes", lambda: np.union1d(ctx.param_sizes, _released_sizes(ctx)))
+        sizes = np.union1d(ctx.param_sizes, _released_sizes(ctx))
         ok = in_sorted(ctx.size[idx], sizes)
         # Far more of what backward made and kept being of no weight's size says the few that are
         # match by chance: per-sample gradients (vmap(grad), batch x each parameter) are no
@@ -208,31 +258,14 @@ def update_gradients(ctx: Context, step: int) -> np.ndarray:
     are gradients, but no update reads them and zero_grad does not release them
     (h16_accum_grad_buffers: 4 x 113 MiB were "gradients, 452 MiB ... they stay until zero_grad"
     and Adam's state "0.50x the gradients")."""
-    idx, bounds = update_gradients_by_step(ctx)
+    idx, bounds = ctx.update_gradients_by_step
     if not 0 <= step < len(bounds) - 1:
         return idx[:0]
     return idx[bounds[step]:bounds[step + 1]]
 
 
-def update_gradients_by_step(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
-    """update_gradients of every step at once (gradients_by_step's form: the allocation indices by
-    step then event, and each step's bounds in them)."""
-    return ctx.memo("update_gradients_by_step", lambda: _update_gradients(ctx))
-
-
-def update_gradient_bytes(ctx: Context) -> list[int]:
-    """Per step, the bytes of its update gradients (update_gradients'), every step at once: running sums
-    over update_gradients_by_step, not a sum per step."""
-    def compute() -> list[int]:
-        idx, bounds = update_gradients_by_step(ctx)
-        c = np.concatenate([[0], np.cumsum(ctx.size[idx].astype(np.int64))])
-        return (c[bounds[1:]] - c[bounds[:-1]]).tolist()
-
-    return ctx.memo("update_gradient_bytes", compute)
-
-
 def _update_gradients(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
-    idx, bounds = gradients_by_step(ctx)
+    idx, bounds = ctx.gradients_by_step
     n_steps, width = len(bounds) - 1, ctx.n + 1
     step = np.repeat(np.arange(n_steps, dtype=np.int64), np.diff(bounds))
     # every step's backward and update runs by (step, first event) in one sorted key: the first one
@@ -254,9 +287,6 @@ def _update_gradients(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
 
 def _released_sizes(ctx: Context) -> np.ndarray:
     """Sizes of the blocks that a backward made and a zero_grad freed, in any step."""
-    def compute():
-        made_in_backward = ctx.phase_at_alloc == P["backward"]
-        freed_by_zero_grad = ctx.phase_at_free == P["zero_grad"]
-        return np.unique(ctx.size[made_in_backward & freed_by_zero_grad])
-
-    return ctx.memo("zero_grad_released_sizes", compute)
+    made_in_backward = ctx.phase_at_alloc == P["backward"]
+    freed_by_zero_grad = ctx.phase_at_free == P["zero_grad"]
+    return np.unique(ctx.size[made_in_backward & freed_by_zero_grad])

@@ -2,7 +2,8 @@
 
 Categories (vocab.CATEGORIES) cover every byte; shapes (the patterns' member allocations) refine
 them: a byte of the logits block is an activation and also ``logits``. Each allocation counts for one
-shape at most, the first of SHAPE_PRIORITY it belongs to, so the shapes never count a byte twice.
+shape at most, the first of SHAPE_PRIORITY it belongs to (each kind's ``priority``, declared beside its
+detector), so the shapes never count a byte twice.
 """
 from __future__ import annotations
 
@@ -12,12 +13,8 @@ import numpy as np
 
 from .core import Analysis
 from ..model import Pattern, PeakBreakdown, Step
+from .patterns import SHAPE_PRIORITY
 from ..vocab import CATEGORIES, PHASES
-
-#: Which shape an allocation in several patterns counts for: the most specific first (the logits block
-#: is also among what the logits' release frees; gradients kept past a leak's step are gradients).
-SHAPE_PRIORITY = ("logits", "softmax_spike", "logits_release", "optimizer_temporaries", "optimizer_state_init",
-                  "checkpoint_recompute", "forward_rerun", "gradients", "gradient_accumulation", "workspace", "leak")
 
 
 def shape_codes(an: Analysis, patterns: list[Pattern]) -> np.ndarray:

@@ -22,7 +22,8 @@ from .comparison import Comparison, pct, signed
 from ..errors import PhasememError
 from .report import Report
 from ..units import SIZE_VALUE, format_bytes, parse_size, unit_bytes  # noqa: F401 - parse_size stays importable from here
-from ..vocab import CATEGORIES, KINDS, PHASES
+from ..analysis.patterns import KIND_NAMES
+from ..vocab import CATEGORIES, PHASES
 
 _EXPR = re.compile(r"\s*([A-Za-z_]+)(?:\.([A-Za-z_]+))?\s*(>=|<=|>|<)\s*(.*?)\s*")
 _SYNTAX = ("write NAME>LIMIT: peak>20GiB, backward.peak>+512MiB, peak>+5%, activation>3GiB, logits>1GiB "
@@ -89,12 +90,12 @@ def _target(text, name: str, attr: str) -> str:
         return "peak"
     if name in CATEGORIES:
         return "category"
-    if name in KINDS:
+    if name in KIND_NAMES:
         return "shape"
     if name in PHASES:
         raise PhasememError(f"budget {text!r}: {name} is a phase; write {name}.peak")
     raise PhasememError(f"budget {text!r}: {name!r} is no phase, category or shape; categories are "
-                        f"{', '.join(CATEGORIES)}; shapes are {', '.join(KINDS)}")
+                        f"{', '.join(CATEGORIES)}; shapes are {', '.join(KIND_NAMES)}")
 
 
 def budget_for(name: str, limit) -> Budget:

@@ -22,7 +22,8 @@ from .comparison import Cause, Comparison, PhaseDelta, ShapeDelta, Side, Slot, n
 from ..errors import RECORD_HINT, PhasememError
 from ..model import Step
 from .report import Report
-from ..vocab import CATEGORIES, KINDS, PHASES
+from ..analysis.patterns import KIND_NAMES
+from ..vocab import CATEGORIES, PHASES
 
 #: Two occurrences of a shape are "the same" when their sizes differ by at most this share of the
 #: larger: identical H200 runs (gpt_foreach steps 1 and 2) give identical bytes, and a change of
@@ -211,7 +212,7 @@ def phase_deltas(ra: Report, rb: Report, pa: Step | None, pb: Step | None) -> di
 def shape_deltas(ra: Report, rb: Report, pa: Step | None, pb: Step | None) -> list[ShapeDelta]:
     """Shapes matched by (kind, phase): the largest occurrence in the compared steps of each side."""
     xa, xb = _largest_shapes(ra, pa), _largest_shapes(rb, pb)
-    order = {k: i for i, k in enumerate(KINDS)}
+    order = {k: i for i, k in enumerate(KIND_NAMES)}
     keys = sorted(set(xa) | set(xb), key=lambda k: (order.get(k[0], len(order)), PHASES.index(k[1])
                                                     if k[1] in PHASES else len(PHASES)))
     out = []

@@ -12,7 +12,8 @@ from ..analysis.label_agreement import LabelAgreement, agreement
 from ..read.live import LiveMemory
 from ..model import Allocation, DeviceSummary, OutOfMemory, Pattern, PeakBreakdown, Phase, Step, WhatIf
 from ..output import Written
-from ..analysis.peak import SHAPE_PRIORITY, alive_at, shape_codes
+from ..analysis.patterns import SHAPE_PRIORITY, shape_size_label
+from ..analysis.peak import alive_at, shape_codes
 from ..reporters.json import plain
 from ..reporters.text.short import format_report
 from ..reporters.text.full import INCOMPLETE_NOTE, LIVE_TOP, format_what_if, reserved_measured
@@ -20,7 +21,7 @@ from ..analysis.segmentation import Segmentation
 from ..analysis.spans import phase_runs
 from ..analysis.timeline import Timeline
 from ..read.trace import Trace
-from ..vocab import AT_PEAK, CATEGORIES, PHASES, shape_size_label
+from ..vocab import AT_PEAK, CATEGORIES, PHASES
 
 __all__ = ["Report", "Allocation", "DeviceSummary", "OutOfMemory", "Pattern", "Phase", "Step", "format_report",
            "format_what_if", "INCOMPLETE_NOTE"]  # the last two live in report_text.py
@@ -215,7 +216,7 @@ class Report(Written):
 
     def shape_bytes_at_peak(self) -> list[int]:
         """Per pattern, the bytes of its blocks alive at the peak that count for its kind (each block
-        for one shape, ``peak.SHAPE_PRIORITY``; a block in two shapes of one kind for the first): summed
+        for one shape, ``patterns.SHAPE_PRIORITY``; a block in two shapes of one kind for the first): summed
         over a kind, ``peak.by_shape[kind]``. JSON ``bytes_at_peak``, beside the shape's own ``bytes``."""
         an, n = self.analysis, len(self.patterns)
         if an is None or not n or self.peak_event < 0:
@@ -244,7 +245,7 @@ def _live_dict(live) -> dict:
 
 
 #: What the JSON's figures of a shape are, beside them (the text says the same words: vocab.AT_PEAK,
-#: vocab.SHAPE_SIZE).
+#: each kind's ShapeKind.size_label).
 FIGURES = {"peak.by_shape": f"bytes of each shape kind's blocks {AT_PEAK}, each block counted for one kind",
            "patterns[].bytes": "the shape's own size; patterns[].bytes_is says what it measures (the cliff, "
                                "the block, most at once, ...)",

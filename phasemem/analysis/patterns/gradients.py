@@ -5,28 +5,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context, update_gradient_bytes, update_gradients, update_gradients_by_step
+from ..facts import Context, per_trace, update_gradients
+from .shape_kind import INK, ShapeKind
 from ...model import Pattern
 from ...units import format_bytes
 from ...vocab import P
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
+    """The step's gradients (the stripes), their release by zero_grad, and its accumulation."""
     grads = update_gradients(ctx, step)
     return _stripes(ctx, step, grads) + _releases(ctx, step) + _accumulation(ctx, step, grads)
 
 
 def stripes_by_step(ctx: Context) -> np.ndarray:
-    """Per step, of its update gradients (facts.update_gradients_by_step): bytes in all, the last one's
+    """Per step, of its update gradients (Context.update_gradients_by_step): bytes in all, the last one's
     bytes, and whether the last is alone the largest; one row a step, every step at once."""
-    idx, bounds = update_gradients_by_step(ctx)
+    idx, bounds = ctx.update_gradients_by_step
     out = np.zeros((len(bounds) - 1, 3), np.int64)
     some = np.flatnonzero(np.diff(bounds) > 0)
     if not len(some):
         return out
     starts, ends = bounds[some], bounds[some + 1]
     size = ctx.size[idx].astype(np.int64)
-    total = np.asarray(update_gradient_bytes(ctx), np.int64)[some]  # the bytes the optimizer's detector reads too
+    total = np.asarray(ctx.update_gradient_bytes, np.int64)[some]  # the bytes the optimizer's detector reads too
     largest = np.maximum.reduceat(size, starts)
     tail = size[ends - 1]
     ties = np.add.reduceat(size == np.repeat(tail, ends - starts), starts)
@@ -37,7 +39,7 @@ def stripes_by_step(ctx: Context) -> np.ndarray:
 def _stripes(ctx: Context, step: int, grads) -> list[Pattern]:
     out = []
     if len(grads):
-        rows = ctx.memo("gradient_stripe_rows", lambda: _stripe_rows(ctx))
+        rows = _stripe_rows(ctx)
         b0, b1 = rows["bounds"][step], rows["bounds"][step + 1]
         first, last = rows["alloc"][b0], rows["alloc"][b1 - 1]
         total, tail, alone = rows["stripes"][step]
@@ -70,10 +72,11 @@ def _stripes(ctx: Context, step: int, grads) -> list[Pattern]:
     return out
 
 
+@per_trace
 def _stripe_rows(ctx: Context) -> dict:
     """stripes_by_step and the update gradients with their alloc events, as lists: a step's numbers
     are then a slice, not arrays indexed a step at a time."""
-    idx, bounds = update_gradients_by_step(ctx)
+    idx, bounds = ctx.update_gradients_by_step
     return {"idx": idx.tolist(), "alloc": ctx.alloc[idx].tolist(), "bounds": bounds.tolist(),
             "stripes": stripes_by_step(ctx).tolist()}
 
@@ -90,7 +93,7 @@ def _most_alive(ctx: Context, grads) -> tuple[int, int]:
 
 def _releases(ctx: Context, step: int) -> list[Pattern]:
     out = []
-    for z0, z1, nbytes, count, advice in ctx.memo("gradient_releases", lambda: _release_rows(ctx)).get(step, ()):
+    for z0, z1, nbytes, count, advice in _release_rows(ctx).get(step, ()):
         out.append(Pattern(
             kind="gradients", step=step, phase="zero_grad", start_event=z0, end_event=z1,
             peak_event=z0, bytes=nbytes,
@@ -105,6 +108,7 @@ def _releases(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
+@per_trace
 def _release_rows(ctx: Context) -> dict[int, list[tuple]]:
     """Per step, the zero_grad runs that release gradients: (first event, last, bytes freed, how many,
     the advice), every step's at once (each step's backward and forward bounds: Context.phase_span)."""
@@ -112,7 +116,7 @@ def _release_rows(ctx: Context) -> dict[int, list[tuple]]:
     in_steps = (ctx.run_step >= 0) & (ctx.run_step < n_steps)
     bwd_first, bwd_last = (c.tolist() for c in ctx.phase_span("backward"))
     fwd_first = ctx.phase_span("forward")[0].tolist()  # none: no forward run
-    frees = ctx.memo("zero_grad_frees", lambda: _frees_by_run(ctx))
+    frees = _frees_by_run(ctx)
     z = np.flatnonzero(in_steps & (ctx.run_phase == P["zero_grad"]))  # each step's in event order
     out: dict[int, list[tuple]] = {}
     for step, z0, z1 in zip(ctx.run_step[z].tolist(), ctx.run_first[z].tolist(), ctx.run_last[z].tolist()):
@@ -200,3 +204,28 @@ def _accumulation(ctx: Context, step: int, grads) -> list[Pattern]:
             members=tuple(grads.tolist()),
         ))
     return out
+
+
+#: What a gradients shape's figure measures where it is not all of them: zero_grad's release (what it
+#: frees at once), and gradients each freed by its own update inside backward (the most alive at once).
+GRADIENTS_RELEASED = "freed at once"
+GRADIENTS_IN_BACKWARD = "most at once"
+
+
+def _gradients_are(details: dict) -> str:
+    if details.get("release"):
+        return GRADIENTS_RELEASED
+    if details.get("in_backward"):
+        return GRADIENTS_IN_BACKWARD
+    return "all of them"
+
+
+KINDS = (
+    ShapeKind("gradients", detect, per_step=True, marker="P", colour=INK, priority=80, size_label=_gradients_are,
+              explanation="The gradients: made layer by layer in backward (the stripes), kept for the update, "
+                          "released by zero_grad.", order=60),
+    ShapeKind("gradient_accumulation", detect, per_step=True, marker="X", colour=INK, priority=90,
+              size_label="all of them",
+              explanation="Several forward/backward passes feeding one optimizer step, the gradients kept "
+                          "across them.", order=70),
+)

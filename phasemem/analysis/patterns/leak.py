@@ -8,9 +8,11 @@ from ...model import Pattern
 from ...vocab import PHASES
 from ...units import format_bytes
 from ..facts import Context
+from .shape_kind import INK, ShapeKind
 
 
 def detect(ctx: Context) -> list[Pattern]:
+    """The leak of every step that keeps the same tensors for good as another step does (the whole trace at once)."""
     steps = ctx.seg.steps
     middle = [k for k in range(1, len(steps) - 1) if steps[k][2]]
     if len(middle) < 1:
@@ -50,3 +52,10 @@ def detect(ctx: Context) -> list[Pattern]:
             members=tuple(idx.tolist()),
         ))
     return out
+
+
+KINDS = (
+    ShapeKind("leak", detect, per_step=False, marker="h", colour=INK, priority=110, size_label="left by the step",
+              explanation="Memory each step leaves behind for good, the same tensors step after step: memory "
+                          "grows until it runs out.", order=130),
+)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context
+from ..facts import Context, per_trace
+from .shape_kind import INK, ShapeKind
 from ..infer.frames import LINEAR, NOT_LINEAR, innermost_function, made_by_linear, outside_modules
 from ...model import Pattern
 from ..spans import concat_ranges
@@ -23,7 +24,8 @@ from .logits_regions import (  # noqa: F401 (the rules' thresholds and region fi
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
-    num = ctx.memo("logits_numbers", lambda: _numbers(ctx))
+    """The step's logits, softmax spikes and releases, from every step's numbers (made once)."""
+    num = _numbers(ctx)
     rows = num["rows"]
     out: list[Pattern] = []
     for r in range(rows[step], rows[step + 1]) if step + 1 < len(rows) else ():
@@ -36,6 +38,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     return out
 
 
+@per_trace
 def _numbers(ctx: Context) -> dict:
     """Every row's numbers (logits_regions.Heads: a region whose logits a loss consumed), as lists for
     the patterns to read one at a time: "rows" holds each step's rows (step s: rows[s]..rows[s + 1])."""
@@ -82,8 +85,7 @@ def _logits_numbers(ctx: Context, h: Heads, cand: np.ndarray) -> dict:
     return {"a": a, "end": end, "size": size, "big": h.big,
             "vocab_bytes": _row_sums(k, np.where(live, ctx.size[i], 0), n),
             "step_level": ctx.level[p], "peak": ctx.peaks_in(a, np.minimum(end, h.last)), "logits": lg,
-            "made": ctx.memo("made_by_linear", lambda: made_by_linear(ctx.trace))[stack],
-            "loose": ctx.memo("outside_modules", lambda: outside_modules(ctx.trace))[stack],
+            "made": made_by_linear(ctx.trace)[stack], "loose": outside_modules(ctx.trace)[stack],
             "copies": np.bincount(h.row, minlength=n)}
 
 
@@ -248,3 +250,17 @@ def _held_until(ctx: Context, logits: int) -> str:
     if free < ctx.n:
         return f"until event {free}"
     return f"to the end of the recording (event {ctx.n - 1}; the trace never frees them)"
+
+
+KINDS = (
+    ShapeKind("logits", detect, per_step=True, marker="D", colour=INK, priority=10, size_label="the block",
+              explanation="The output the loss reads: one batch × sequence × vocabulary block (an LM head's "
+                          "logits), among the largest tensors of forward.", order=10),
+    ShapeKind("softmax_spike", detect, per_step=True, marker="^", colour=INK, priority=20,
+              size_label="the spike's height",
+              explanation="A second logits-sized tensor (an fp32 upcast, the log-softmax) made while the logits "
+                          "are alive: the spike at the top of forward.", order=20),
+    ShapeKind("logits_release", detect, per_step=True, marker="v", colour=INK, priority=30, size_label="the cliff",
+              explanation="Where backward starts at the loss: the logits' gradient arrives, then the logits-sized "
+                          "tensors are freed together (the cliff).", order=30),
+)

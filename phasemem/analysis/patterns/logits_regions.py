@@ -53,13 +53,8 @@ class Heads:
 
 
 def heads(ctx: Context) -> Heads:
-    """Every step's logits regions at once (see Heads)."""
-    return ctx.memo("logits_heads", lambda: _heads(ctx))
-
-
-def _heads(ctx: Context) -> Heads:
-    """The microbatches' regions whose forward-or-loss allocations end in logits by size and whose
-    loss consumed them: every region of every step tested at once."""
+    """Every step's logits regions at once (see Heads): the microbatches' regions whose forward-or-loss
+    allocations end in logits by size and whose loss consumed them, every region tested at once."""
     first, last, bwd, step = all_microbatches(ctx)
     lo, hi = ctx.alloc.searchsorted(first), ctx.alloc.searchsorted(last + 1)
     region, idx = concat_ranges(lo, hi)

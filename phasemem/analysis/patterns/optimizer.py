@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..facts import Context, gradients_by_step, update_gradient_bytes
+from ..facts import Context, per_trace
 from ..infer.frames import inside_file
+from .shape_kind import INK, ShapeKind
 from ...model import Pattern
 from ..spans import concat_ranges
 from ...vocab import P
@@ -20,16 +21,14 @@ _FUSABLE = {"Adam", "AdamW", "SGD", "Adagrad"}
 _DIVIDING = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop", "Adadelta", "SparseAdam"}
 
 
+@per_trace
 def optimizer_class(ctx: Context) -> str | None:
     """The optimizer's class, from PyTorch's own ``Optimizer.step#<Class>.step`` annotation."""
-    def compute() -> str | None:
-        for name in ctx.trace.markers.name:
-            m = _CLASS.match(name)
-            if m:
-                return m.group(1)
-        return None
-
-    return ctx.memo("optimizer_class", compute)  # asked once per step
+    for name in ctx.trace.markers.name:
+        m = _CLASS.match(name)
+        if m:
+            return m.group(1)
+    return None
 
 
 #: State that replaces freed blocks of its own sizes (an optimizer that rebinds ``state["m"] = ...``
@@ -39,14 +38,12 @@ def optimizer_class(ctx: Context) -> str | None:
 REPLACED = 0.5
 
 
+@per_trace
 def state_sizes(ctx: Context) -> np.ndarray:
     """Sizes optimizer state can have: the parameters' (blocks alive from before recording to the
     end) and the gradients' (Adam keeps two of each, momentum SGD one)."""
-    def compute():
-        idx = gradients_by_step(ctx)[0]  # every step's gradients
-        return np.union1d(ctx.param_sizes, ctx.size[idx] if len(idx) else np.zeros(0, np.int64))
-
-    return ctx.memo("state_sizes", compute)
+    idx = ctx.gradients_by_step[0]  # every step's gradients
+    return np.union1d(ctx.param_sizes, ctx.size[idx] if len(idx) else np.zeros(0, np.int64))
 
 
 def replaced_share(ctx: Context, kept: np.ndarray, o0: int, o1: int) -> float:
@@ -61,31 +58,27 @@ def replaced_share(ctx: Context, kept: np.ndarray, o0: int, o1: int) -> float:
     return float((np.minimum(want, have) * sizes).sum()) / float(ctx.size[kept].sum())
 
 
+@per_trace
 def own_code(ctx: Context) -> str | None:
     """The file of a hand-written optimizer: the user's code that the optimizer's allocations run in
     (torch names any subclass's step ``Optimizer.step#<Class>.step``, so the annotation cannot tell
     torch.optim.AdamW from a course's own AdamW). None for torch's own, or without frames."""
-    def compute():
-        trace = ctx.trace
-        ids = np.unique(trace.stack[ctx.alloc[ctx.phase_at_alloc == P["optimizer"]]])
-        files = []
-        for sid in ids[ids >= 0].tolist():
-            py = [trace.frames[f][0] for f in trace.stacks[sid] if trace.frames[f][0].endswith(".py")]
-            if any("torch/optim/" in fn and not fn.endswith("optimizer.py") for fn in py):
-                return None
-            files += [fn for fn in py if not ("/torch/" in fn or "site-packages/" in fn or "dist-packages/" in fn)]
-        return files[0] if files else None
-
-    return ctx.memo("optimizer_own_code", compute)
+    trace = ctx.trace
+    ids = np.unique(trace.stack[ctx.alloc[ctx.phase_at_alloc == P["optimizer"]]])
+    files = []
+    for sid in ids[ids >= 0].tolist():
+        py = [trace.frames[f][0] for f in trace.stacks[sid] if trace.frames[f][0].endswith(".py")]
+        if any("torch/optim/" in fn and not fn.endswith("optimizer.py") for fn in py):
+            return None
+        files += [fn for fn in py if not ("/torch/" in fn or "site-packages/" in fn or "dist-packages/" in fn)]
+    return files[0] if files else None
 
 
+@per_trace  # asked once per step by the state detector: 13k steps of a 6M-event trace rescanned every run
 def first_optimizer_step(ctx: Context) -> int:
     """The first step whose optimizer made an event (-1 if none did)."""
-    def compute() -> int:
-        steps = ctx.run_step[ctx.run_phase == P["optimizer"]]
-        return int(steps.min()) if len(steps) else -1
-    # Asked once per step by the state detector: 13k steps of a 6M-event trace rescanned every run.
-    return ctx.memo("first_optimizer_step", compute)
+    steps = ctx.run_step[ctx.run_phase == P["optimizer"]]
+    return int(steps.min()) if len(steps) else -1
 
 
 #: Inferred from lifetimes alone, state must be at least this share of the gradients' bytes (momentum
@@ -94,6 +87,7 @@ def first_optimizer_step(ctx: Context) -> int:
 MIN_STATE_SHARE = 0.5
 
 
+@per_trace
 def _state_steps(ctx: Context) -> set[int]:
     """The steps that may create state (_created_state's first tests, for every step at once): those
     that run the optimizer, the first of them or one training new parameters."""
@@ -140,21 +134,22 @@ def _new_parameters(ctx: Context, step: int) -> bool:
     annotations or frames: from lifetimes alone a later step's kept blocks are too often misplaced."""
     if ctx.seg.inferred_by == "lifetimes" and ctx.seg.sources.get("optimizer") == "inferred":
         return False
+    return step in _steps_with_new_parameters(ctx)
 
-    def compute() -> set:
-        # each step's set of gradient sizes, from the first optimizer step on: the first step with it
-        first_with: dict = {}
-        idx, bounds = gradients_by_step(ctx)
-        # every step's sizes sorted at once: by step (their order in idx), then size
-        step = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
-        sizes = ctx.size[idx][np.lexsort((ctx.size[idx], step))].tolist()
-        for s in range(max(first_optimizer_step(ctx), 0), len(ctx.seg.steps)):
-            sig = tuple(sizes[bounds[s]:bounds[s + 1]])
-            if sig:
-                first_with.setdefault(sig, s)
-        return set(first_with.values())
 
-    return step in ctx.memo("steps_with_new_parameters", compute)
+@per_trace
+def _steps_with_new_parameters(ctx: Context) -> set[int]:
+    """The steps, from the first optimizer step on, that are the first with their set of gradient sizes."""
+    first_with: dict = {}
+    idx, bounds = ctx.gradients_by_step
+    # every step's sizes sorted at once: by step (their order in idx), then size
+    step = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    sizes = ctx.size[idx][np.lexsort((ctx.size[idx], step))].tolist()
+    for s in range(max(first_optimizer_step(ctx), 0), len(ctx.seg.steps)):
+        sig = tuple(sizes[bounds[s]:bounds[s + 1]])
+        if sig:
+            first_with.setdefault(sig, s)
+    return set(first_with.values())
 
 
 #: What a named optimizer's state is, with the buffers per parameter that make it so.
@@ -232,19 +227,25 @@ COMPILING_FILES = ("torch/_dynamo/convert_frame.py", "torch/_dynamo/guards.py", 
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
+    """The state the step's optimizer creates, and each of its runs' temporaries."""
     out = []
     cls = optimizer_class(ctx)
-    compiling = ctx.memo("compiling", lambda: inside_file(ctx.trace, COMPILING_FILES))
-    if step in ctx.memo("optimizer_state_steps", lambda: _state_steps(ctx)):
-        grad_bytes = update_gradient_bytes(ctx)[step]
+    if step in _state_steps(ctx):
+        grad_bytes = ctx.update_gradient_bytes[step]
         state = _created_state(ctx, step, grad_bytes)
         if len(state):
             out.append(_state_pattern(ctx, step, state, grad_bytes, cls))
-    for temp, numbers in ctx.memo("optimizer_temporaries", lambda: temporaries_by_run(ctx, compiling)).get(step, ()):
+    for temp, numbers in _temporaries_by_step(ctx).get(step, ()):
         out.append(_temporaries(ctx, step, temp, cls, *numbers))
     if ctx.optimizer_in_backward(step):
         out = _one_update_per_step(out)
     return out
+
+
+@per_trace
+def _temporaries_by_step(ctx: Context) -> dict[int, list]:
+    """temporaries_by_run, what torch.compile allocates while compiling left out."""
+    return temporaries_by_run(ctx, inside_file(ctx.trace, COMPILING_FILES))
 
 
 def temporaries_by_run(ctx: Context, compiling: np.ndarray) -> dict[int, list]:
@@ -346,3 +347,15 @@ def _one_update_per_step(found: list[Pattern]) -> list[Pattern]:
         details={**top.details, "updates": len(temps)},
         members=tuple(sorted(m for p in temps for m in p.members)))
     return [p for p in found if p.kind != "optimizer_temporaries"] + [top]
+
+
+KINDS = (
+    ShapeKind("optimizer_state_init", detect, per_step=True, marker="*", colour=INK, priority=50,
+              size_label="the state",
+              explanation="The optimizer's state (Adam's two moments), made on its first step and kept for the "
+                          "rest of training.", order=80),
+    ShapeKind("optimizer_temporaries", detect, per_step=True, marker="p", colour=INK, priority=40,
+              size_label="most at once",
+              explanation="The update's temporaries, made and freed inside each optimizer run: the temple with a "
+                          "flagpole.", order=90),
+)

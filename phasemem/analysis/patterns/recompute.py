@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context
+from ..facts import Context, per_trace
+from .shape_kind import INK, ShapeKind
 from ..infer.frames import module_forwards, offload_unpacks, other_python
 from ...model import Pattern
 from ..sizes import in_sorted
@@ -148,6 +149,7 @@ def _replays(fwd_sizes: np.ndarray, bwd_sizes: np.ndarray, starts: np.ndarray, s
     return hits[np.clip(stops - MIN_REPLAYED + 1, first, len(hb))] > hits[first]
 
 
+@per_trace
 def echoing_runs(ctx: Context) -> set[int]:
     """The first events of the backward runs with some K sizes in a row that their own forward
     (own_forward) made in a row too, every run at once: only these can hold ripples by sizes
@@ -193,10 +195,11 @@ def own_forward(fwd_runs, bwd_runs, b0: int) -> list[tuple[int, int]]:
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
+    """The ripples in each of the step's backward runs: checkpointing's recompute, or forward run again."""
     out = []
     fwd_runs = ctx.runs_of(step, "forward")
     bwd_runs = ctx.runs_of(step, "backward")
-    echoing = ctx.memo("echoing_backward_runs", lambda: echoing_runs(ctx))
+    echoing = echoing_runs(ctx)
     told = len(checkpoint_positions(ctx)) or len(replay_positions(ctx))
     echoes = echoing.intersection(b0 for b0, _ in bwd_runs)
     if not echoes and not told:  # (most steps of most traces) no run by sizes, nothing to tell one by frames
@@ -215,23 +218,22 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                 out.append(framed)
             continue
         members = np.concatenate([bwd[a:b] for a, b in good])
-        unpacked = ctx.memo("offload_unpacks", lambda: offload_unpacks(ctx.trace))
-        if float(np.mean(unpacked[ctx.alloc[members]])) >= OFFLOADED:
+        if float(np.mean(_offloaded(ctx)[ctx.alloc[members]])) >= OFFLOADED:
             continue
         first, last, per_layer = span(ctx, bwd, [a for a, _ in good], [b for _, b in good], b1)
         # An unpack hook is Python, so where the trace has stack frames offloading was ruled out above
         # (a compiled backward's recompute has none on its own allocations); without any, it cannot be.
-        framed = ctx.memo("has_frames", lambda: bool((ctx.trace.stack >= 0).any()))
+        framed = _has_frames(ctx)
         count = len(good)
         blocks = recompute_calls(ctx, bwd)
         if blocks is not None:
             count, per_layer = blocks
         own = blocks is None and framed and float(np.mean(
-            ctx.memo("module_forwards", lambda: module_forwards(ctx.trace))[ctx.trace.stack[ctx.alloc[members]]])) >= OWN_FORWARD
+            _own_forwards(ctx)[ctx.trace.stack[ctx.alloc[members]]])) >= OWN_FORWARD
         if blocks is None and framed and not own and not _replayed_in(ctx, bwd):
             continue  # frames recorded, and none of checkpoint's or of a compiled replay in this backward: sizes alone are no evidence
         if blocks is None and framed and not own and float(np.mean(
-                ctx.memo("other_python", lambda: other_python(ctx.trace))[ctx.trace.stack[ctx.alloc[members]]])) >= OTHER_PYTHON:
+                _other_python(ctx)[ctx.trace.stack[ctx.alloc[members]]])) >= OTHER_PYTHON:
             continue  # Python code other than checkpoint's made them: the frames say who, and it is not checkpointing
         run_events = [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]
         if own:
@@ -245,6 +247,29 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
              "evidence": "sizes" if blocks is None else "frames"},
             confidence=SIZES_CONFIDENCE if blocks is None else 1.0))
     return out
+
+
+@per_trace
+def _offloaded(ctx: Context) -> np.ndarray:
+    """Per event: made by an offloading unpack hook (infer.frames.offload_unpacks)."""
+    return offload_unpacks(ctx.trace)
+
+
+@per_trace
+def _has_frames(ctx: Context) -> bool:
+    return bool((ctx.trace.stack >= 0).any())
+
+
+@per_trace
+def _own_forwards(ctx: Context) -> np.ndarray:
+    """Per stack id: made by a module's forward that the program calls itself (infer.frames.module_forwards)."""
+    return module_forwards(ctx.trace)
+
+
+@per_trace
+def _other_python(ctx: Context) -> np.ndarray:
+    """Per stack id: Python frames of its own, none of checkpoint's (infer.frames.other_python)."""
+    return other_python(ctx.trace)
 
 
 def _replayed_in(ctx: Context, bwd: np.ndarray) -> bool:
@@ -290,3 +315,21 @@ def _own_words(count: int, per_run: int) -> str:
             f"price is the forward computed twice.")
 
 
+#: What a checkpoint_recompute's figure measures: a block's recompute, or, told by a compiled backward's
+#: RNG replays, only those ops' blocks of each region.
+PER_LAYER, PER_REGION = "per layer", "per region"
+
+
+def _ripples_are(details: dict) -> str:
+    return PER_REGION if details.get("evidence") == "rng_replay" else PER_LAYER
+
+
+KINDS = (
+    ShapeKind("checkpoint_recompute", detect, per_step=True, marker="s", colour=INK, priority=60,
+              size_label=_ripples_are,
+              explanation="Activation checkpointing: backward re-runs each checkpointed block's forward before "
+                          "differentiating it (the ripples).", order=40),
+    ShapeKind("forward_rerun", detect, per_step=True, marker="<", colour=INK, priority=70, size_label=PER_LAYER,
+              explanation="Forward run again in the backward phase by the program itself, not by a checkpoint "
+                          "(gradient caching): the same ripples.", order=50),
+)

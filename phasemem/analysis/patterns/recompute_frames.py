@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context
+from ..facts import Context, per_trace
 from ..infer.frames import checkpoint_recomputes, rng_replays
 from ...model import Pattern
 from ...units import format_bytes
@@ -65,7 +65,7 @@ def _checkpoint_runs(ctx: Context, bwd: np.ndarray):
     if not len(bwd) or _checkpoint_allocs(ctx, bwd) == 0:
         return bwd[:0], np.zeros(0, np.int64), np.zeros(0, np.int64)  # most runs: no checkpoint frame at all
     bwd = bwd[~ctx.made_by_workspace_getter(ctx.alloc[bwd])]
-    ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc[bwd]]]
+    ck = _checkpoint_stacks(ctx)[ctx.trace.stack[ctx.alloc[bwd]]]
     starts, stops = runs(ck, 0)
     return bwd, starts, stops
 
@@ -79,20 +79,30 @@ def _checkpoint_allocs(ctx: Context, bwd: np.ndarray) -> int:
     return int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0])))
 
 
+@per_trace
+def _checkpoint_stacks(ctx: Context) -> np.ndarray:
+    """Per stack id: made by checkpoint's recompute (infer.frames.checkpoint_recomputes)."""
+    return checkpoint_recomputes(ctx.trace)
+
+
+@per_trace
+def _replay_stacks(ctx: Context) -> np.ndarray:
+    """Per stack id: a compiled backward's RNG replay (infer.frames.rng_replays)."""
+    return rng_replays(ctx.trace)
+
+
+@per_trace
 def checkpoint_positions(ctx: Context) -> np.ndarray:
     """The allocations (positions, sorted) that checkpoint's recompute made, workspaces aside: none in
     a trace without checkpointing."""
-    def compute():
-        ck = ctx.memo("checkpoint_recomputes", lambda: checkpoint_recomputes(ctx.trace))[ctx.trace.stack[ctx.alloc]]
-        return np.flatnonzero(ck & ~ctx.made_by_workspace_getter(ctx.alloc))
-
-    return ctx.memo("checkpoint_allocs", compute)
+    ck = _checkpoint_stacks(ctx)[ctx.trace.stack[ctx.alloc]]
+    return np.flatnonzero(ck & ~ctx.made_by_workspace_getter(ctx.alloc))
 
 
+@per_trace
 def replay_positions(ctx: Context) -> np.ndarray:
     """The allocations (positions, sorted) of a compiled backward's RNG replays (infer.frames.rng_replays)."""
-    table = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))
-    return ctx.memo("rng_replay_allocs", lambda: np.flatnonzero(table[ctx.trace.stack[ctx.alloc]]))
+    return np.flatnonzero(_replay_stacks(ctx)[ctx.trace.stack[ctx.alloc]])
 
 
 def from_frames(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Pattern | None:
@@ -122,7 +132,7 @@ def from_rng_replays(ctx: Context, step: int, bwd: np.ndarray, b1: int) -> Patte
     (fixtures/fsdp2: 6 runs of 5, one per checkpointed block, the attention's output and logsumexp)."""
     if not len(bwd):
         return None
-    table = ctx.memo("rng_replays", lambda: rng_replays(ctx.trace))
+    table = _replay_stacks(ctx)
     if int(bwd[-1]) - int(bwd[0]) == len(bwd) - 1:  # one stretch: count its replays by two searches first
         at = replay_positions(ctx)
         if int(at.searchsorted(int(bwd[-1]) + 1) - at.searchsorted(int(bwd[0]))) < MIN_RUNS:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context, gradient_allocs
+from ..facts import Context, gradient_allocs, per_trace
+from .shape_kind import INK, ShapeKind
 from ...model import Pattern
 from ...vocab import PHASES, P
 from ...units import format_bytes
@@ -51,7 +52,7 @@ def before_step(ctx: Context, step: int) -> list[Pattern]:
     """Scalar allocations between the last backward and the optimizer: GradScaler.unscale_ checking
     the gradients for inf/NaN (found_inf, inv_scale per device: a handful), or gradient clipping
     (``clip_grad_norm_``: one norm per gradient, then their total and the clip coefficient)."""
-    if step not in ctx.memo("steps_with_scalars", lambda: _steps_with_scalars(ctx)):
+    if step not in _steps_with_scalars(ctx):
         return []  # (most steps: read for every step at once)
     bwd = ctx.runs_of(step, "backward")
     opt = ctx.runs_of(step, "optimizer")
@@ -90,6 +91,7 @@ def before_step(ctx: Context, step: int) -> list[Pattern]:
                     bytes=nbytes, explanation=why, details={"count": int(len(scalars))})]
 
 
+@per_trace
 def _steps_with_scalars(ctx: Context) -> set[int]:
     """The steps before_step reads further, every step at once: a backward run, no optimizer run
     before its last one ends, and at least two scalars of 'other' between that and the step's first
@@ -104,3 +106,19 @@ def _steps_with_scalars(ctx: Context) -> set[int]:
     c = np.concatenate([[0], np.cumsum(scalar)])
     count = c[ctx.alloc.searchsorted(b + 1)] - c[ctx.alloc.searchsorted(a)]
     return set(np.flatnonzero(ok & (count >= 2)).tolist())
+
+
+KINDS = (
+    ShapeKind("amp_unscale", before_step, per_step=True, marker="d", colour=INK, priority=None,
+              size_label="all of them",
+              explanation="AMP GradScaler's one-element tensors between backward and the update: the inf/NaN "
+                          "check and the inverse scale.", order=100),
+    ShapeKind("grad_clip", before_step, per_step=True, marker=">", colour=INK, priority=None,
+              size_label="all of them",
+              explanation="Gradient clipping's norms between backward and the update: one per gradient, then "
+                          "their total and the clip coefficient.", order=110),
+    ShapeKind("workspace", workspaces, per_step=False, marker="8", colour=INK, priority=100,
+              size_label="all of them",
+              explanation="Blocks the first step makes and never frees that are no gradients: the math "
+                          "libraries' workspaces, paid once per process.", order=120),
+)

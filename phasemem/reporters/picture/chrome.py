@@ -9,6 +9,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from ...analysis.patterns import BY_NAME
 from ...units import format_bytes
 from ...vocab import PHASE_COLORS, PHASES
 from . import labels as _labels
@@ -216,8 +217,8 @@ def _mark_handles(present, report, show_reserved, other_shown=False, repeated=()
                markeredgewidth=1.6, markersize=8, label="overall peak"),
     ]
     # Occurrences past the one named in full carry only their kind's marker: say which is which.
-    handles += [Line2D([], [], marker=_labels.PATTERN_MARKERS.get(k, "o"), color="none", markerfacecolor="white",
-                       markeredgecolor="#1b1b1b", markersize=6, label=k) for k in repeated]
+    handles += [Line2D([], [], marker=BY_NAME[k].marker, color="none", markerfacecolor="white",
+                       markeredgecolor=BY_NAME[k].colour, markersize=6, label=k) for k in repeated]
     return handles
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib import transforms
 from matplotlib.font_manager import FontProperties
 
+from ...analysis.patterns import BY_NAME
 from ...units import format_bytes
 from .textcache import metrics as _metrics
 from .textcache import share_font_heights
@@ -22,22 +23,6 @@ TITLE_PT, STEP_PT, STRIP_PT, PEAK_PT, TICK_PT, LABEL_PT, LEGEND_PT, CALLOUT_PT =
 PEAK = "#c0392b"
 _CALLOUT_INK = "#1b1b1b"
 
-#: The marker each pattern kind is drawn with: at the tip of its callout and at every other occurrence.
-PATTERN_MARKERS = {
-    "logits": "D",
-    "softmax_spike": "^",
-    "logits_release": "v",
-    "checkpoint_recompute": "s",
-    "forward_rerun": "<",
-    "gradients": "P",
-    "gradient_accumulation": "X",
-    "optimizer_state_init": "*",
-    "optimizer_temporaries": "p",
-    "amp_unscale": "d",
-    "grad_clip": ">",
-    "workspace": "8",
-    "leak": "h",
-}
 
 
 class Layout:
@@ -257,8 +242,9 @@ def callouts(ax, lay: Layout, view: View, curve: Curve, placed: Boxes, patterns,
         if not len(pts):
             continue
         ev = peak[pts]
-        ax.scatter((X[ev] + X[ev + 1]) / 2, level[ev] / unit_div, marker=PATTERN_MARKERS.get(kind, "o"),
-                   s=30 if kind != "optimizer_state_init" else 60, facecolors="white", edgecolors=_CALLOUT_INK,
+        # each kind's own marker (its ShapeKind's), at the tip of its callout and at every other occurrence
+        ax.scatter((X[ev] + X[ev + 1]) / 2, level[ev] / unit_div, marker=BY_NAME[kind].marker,
+                   s=30 if kind != "optimizer_state_init" else 60, facecolors="white", edgecolors=BY_NAME[kind].colour,
                    linewidths=0.9, zorder=8.5, gid="pattern-marker", label=kind)
     return Callouts(full, marked, skipped)
 

@@ -2,7 +2,7 @@
 the whole report (``--full``: every step's phases, every shape), a snapshot without history, the
 out-of-memory lines and the what-if table. The short report (``str(report)``) is report_short.py,
 built from these pieces. Every figure of a shape is said with its label (vocab.AT_PEAK,
-vocab.shape_size_label), so that the header's and the list's numbers can be told apart.
+patterns.shape_size_label), so that the header's and the list's numbers can be told apart.
 
 Example:
     >>> print(format_full(report))
@@ -17,7 +17,8 @@ from ...errors import RECORD_HINT
 from ...model import OutOfMemory
 from ...analysis.spans import phase_runs
 from ...units import format_bytes
-from ...vocab import AT_PEAK, CATEGORY_NAMES, PHASES, shape_size_label
+from ...analysis.patterns import shape_size_label
+from ...vocab import AT_PEAK, CATEGORY_NAMES, PHASES
 
 if TYPE_CHECKING:
     from ...report.report import Report

@@ -15,7 +15,8 @@ from ...model import Pattern
 from .full import format_full, format_live, header, oom_line, phase_at, step_table
 from ...analysis.typical import Typical, ranges, typical
 from ...units import format_bytes, signed
-from ...vocab import AT_PEAK, KINDS, shape_size_label
+from ...analysis.patterns import KIND_NAMES, shape_size_label
+from ...vocab import AT_PEAK
 
 if TYPE_CHECKING:
     from ...report.report import Report
@@ -88,7 +89,7 @@ def kind_lines(r: Report, t: Typical | None) -> list[str]:
     groups: dict[tuple[str, str], list[Pattern]] = {}
     for p in r.patterns:
         groups.setdefault((p.kind, shape_size_label(p.kind, p.details)), []).append(p)
-    order = {k: i for i, k in enumerate(KINDS)}
+    order = {k: i for i, k in enumerate(KIND_NAMES)}
     at_peak = r.peak.by_shape if r.peak is not None else {}
     lines, said = [], set()
     for (kind, label), ps in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[1][0].start_event)):
