@@ -22,6 +22,9 @@ A run must replay its forward, not echo it: MIN_REPLAYED sizes in a row that for
 And where the trace has stack frames, a recompute shows them (checkpoint's own, or a compiled backward's
 RNG replays): a backward run with neither holds no recompute, whatever its sizes (issue 40's DPO step).
 
+FSDP2 (reshard_after_forward) gathers each layer's parameters again in backward, in forward's order: those
+copy-outs (``gathered``: a block, then blocks adding up to it) are taken out before the runs are read.
+
 Which evidence was used goes into ``details["evidence"]``: "frames" where torch.utils.checkpoint's own
 frames made the members, "sizes" where only sizes and lifetimes did; a claim from sizes alone is less
 sure (SIZES_CONFIDENCE).
@@ -80,6 +83,28 @@ MIN_REPLAYED = 2 * K
 #: the own-forward and freed-in-backward rules, sizes alone were right on 9 of the 11 frameless fixtures
 #: where they claimed (h9_char_gpt_math_attention and heldout3_clip_infonce were wrong): 0.8.
 SIZES_CONFIDENCE = 0.8
+#: FSDP2 (fully_shard) gathers a layer's parameters into one block and copies each parameter out of it
+#: into a block of its own, in forward and again in backward, in the same order: the copy-out's
+#: allocations add up to the gathered block. Bytes off in all 336 backward copy-outs of the 16 fsdp2 and
+#: fsdp2_bf16 plans traces: 0 (a trace's sizes are the bytes asked for, and FSDP2 pads each parameter's
+#: block as it pads the gathered one), so none are allowed.
+GATHER_SLACK = 0
+#: A copy-out holds at least this many parameters: 9-16 per layer in the plans traces, 3-10 for the root
+#: (llama's 3: embedding, final norm, head).
+MIN_PIECES = 3
+#: The gathered block is made at most this many allocations before the copy-out's first one: backward
+#: gathers the next layer while it differentiates this one (at most 73 between them: llama__fsdp2_bf16).
+GATHER_LOOKBACK = 256
+#: In backward the gathered block is freed as soon as its parameters are copied out: at most this many
+#: allocations after the copy-out's last (1 in every backward copy-out of the plans traces: the copy's
+#: small temporary; forward keeps it longer, 17-58).
+GATHER_FREED_WITHIN = 2
+#: A layer's parameters live until its backward is done, then go together: at least this many allocations
+#: are made between the copy-out's last and their frees (33-471 in every backward copy-out of the plans
+#: traces), and none between their frees. Look-alikes in backward on every fixture with frames (a split's
+#: gradients, q, k and v, adding up to the block they are concatenated into) were freed within 2, all but
+#: one (hf_compile_accum: 287), and were all of one size, which a layer's parameters never are.
+GATHER_HELD = 8
 
 
 def _kgrams(sizes: np.ndarray, k: int) -> np.ndarray:
@@ -150,6 +175,46 @@ def _replays(fwd_sizes: np.ndarray, bwd_sizes: np.ndarray, starts: np.ndarray, s
 
 
 @per_trace
+def _alloc_size_csum(ctx: Context) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(ctx.size, dtype=np.int64)])
+
+
+def gathered(ctx: Context, at: np.ndarray) -> np.ndarray:
+    """The allocations (sorted indices) of FSDP2's backward copy-outs that begin at any of the allocations
+    ``at``: a gathered block, then at least MIN_PIECES consecutive allocations of more than one size, made
+    while it lives, that add up to it (GATHER_SLACK); the gathered block freed right after them
+    (GATHER_FREED_WITHIN), and they together, once the layer's backward is done with them (GATHER_HELD).
+    Backward gathers each layer's parameters again in forward's order, which a recompute's sizes would
+    repeat too; a recompute makes the block's activations instead."""
+    if not len(at):
+        return np.zeros(0, np.int64)
+    csum = _alloc_size_csum(ctx)
+    i = np.repeat(at.astype(np.int64), GATHER_LOOKBACK)
+    j = i - np.tile(np.arange(1, GATHER_LOOKBACK + 1), len(at))
+    keep = j >= 0
+    i, j = i[keep], j[keep]
+    keep = (ctx.size[j] > 0) & (ctx.free[j] > ctx.alloc[i])  # the gathered block, alive at the first piece
+    i, j = i[keep], j[keep]
+    want = csum[i] + ctx.size[j]
+    k = np.searchsorted(csum, want, "right") - 1  # the longest run of allocations from i adding up to at most it
+    ok = (csum[k] >= want - GATHER_SLACK) & (k - i >= MIN_PIECES)
+    i, j, k = i[ok], j[ok], k[ok]
+    # alive while the last piece is copied out of it, and let go right after
+    ok = (ctx.free[j] > ctx.alloc[k - 1]) & (ctx.alloc.searchsorted(ctx.free[j]) - k <= GATHER_FREED_WITHIN)
+    i, j, k = i[ok], j[ok], k[ok]
+    if not len(i):
+        return np.zeros(0, np.int64)
+    w, idx = concat_ranges(i, k)
+    at0 = np.concatenate([[0], np.cumsum(k - i)[:-1]])
+    first, last = np.minimum.reduceat(ctx.free[idx], at0), np.maximum.reduceat(ctx.free[idx], at0)
+    held = ctx.alloc.searchsorted(first)
+    ok = ((held == ctx.alloc.searchsorted(last)) & (held - k >= GATHER_HELD)
+          & (np.minimum.reduceat(ctx.size[idx], at0) < np.maximum.reduceat(ctx.size[idx], at0)))
+    w, idx = concat_ranges(i[ok], k[ok])
+    return np.unique(np.concatenate([idx, j[ok]]))
+
+
+@per_trace
 def echoing_runs(ctx: Context) -> set[int]:
     """The first events of the backward runs with some K sizes in a row that their own forward
     (own_forward) made in a row too, every run at once: only these can hold ripples by sizes
@@ -208,6 +273,9 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
     for b0, b1 in bwd_runs:
         bwd = ctx.allocs_between(b0, b1)
         good = _echoed(ctx, fwd_runs, bwd_runs, bwd, b0, b1, step_grams) if b0 in echoing else []
+        kept = bwd
+        if good:  # FSDP2's parameters gathered again are no recompute: the runs without them
+            kept, good = _without_gathers(ctx, fwd_runs, bwd_runs, bwd, b0, b1, step_grams, good)
         if len(good) < MIN_RUNS:
             if not told:
                 continue  # no allocation of checkpoint's or of a replay anywhere: neither can tell a run
@@ -217,10 +285,10 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
             if framed is not None:
                 out.append(framed)
             continue
-        members = np.concatenate([bwd[a:b] for a, b in good])
+        members = np.concatenate([kept[a:b] for a, b in good])
         if float(np.mean(_offloaded(ctx)[ctx.alloc[members]])) >= OFFLOADED:
             continue
-        first, last, per_layer = span(ctx, bwd, [a for a, _ in good], [b for _, b in good], b1)
+        first, last, per_layer = span(ctx, kept, [a for a, _ in good], [b for _, b in good], b1)
         # An unpack hook is Python, so where the trace has stack frames offloading was ruled out above
         # (a compiled backward's recompute has none on its own allocations); without any, it cannot be.
         framed = _has_frames(ctx)
@@ -235,7 +303,7 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
         if blocks is None and framed and not own and float(np.mean(
                 _other_python(ctx)[ctx.trace.stack[ctx.alloc[members]]])) >= OTHER_PYTHON:
             continue  # Python code other than checkpoint's made them: the frames say who, and it is not checkpointing
-        run_events = [[int(ctx.alloc[bwd[a]]), int(ctx.alloc[bwd[b - 1]])] for a, b in good]
+        run_events = [[int(ctx.alloc[kept[a]]), int(ctx.alloc[kept[b - 1]])] for a, b in good]
         if own:
             out.append(ripples(ctx, step, first, last, per_layer, _own_words(count, per_layer), members,
                                {"count": count, "bytes_per_layer": per_layer, "framed": True, "run_events": run_events},
@@ -304,6 +372,20 @@ def _echoed(ctx: Context, fwd_runs, bwd_runs, bwd: np.ndarray, b0: int, b1: int,
     fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
     fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
     return _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
+
+
+def _without_gathers(ctx: Context, fwd_runs, bwd_runs, bwd: np.ndarray, b0: int, b1: int, step_grams, good):
+    """(allocations, runs): the backward run's allocations less FSDP2's copy-outs (gathered) found in its
+    runs ``good``, and the runs found again without them; the same where there are none."""
+    kept = bwd
+    while good:
+        drop = gathered(ctx, np.concatenate([kept[a:b] for a, b in good]))
+        fewer = kept[~in_sorted(kept, drop)] if len(drop) else kept
+        if len(fewer) == len(kept):
+            return kept, good
+        kept = fewer
+        good = _echoed(ctx, fwd_runs, bwd_runs, kept, b0, b1, step_grams)
+    return kept, good
 
 
 def _own_words(count: int, per_run: int) -> str:
