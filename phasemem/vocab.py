@@ -49,6 +49,10 @@ C = {name: code for code, name in enumerate(CATEGORIES)}
 #: How the report's text names each category (plural, as in "made of parameters 1.2 GiB").
 CATEGORY_NAMES = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
                   "activation": "activations", "temporary": "temporaries", "input": "inputs", "other": "other"}
+#: How the text and pictures name what a distributed wrapper holds (``distributed.roles.ROLES``).
+ROLE_NAMES = {"sharded_parameters": "sharded parameters", "unsharded_parameters": "unsharded parameters",
+              "all_gather_buffers": "all-gather buffers", "reduce_scatter_buffers": "reduce-scatter buffers",
+              "sharded_gradients": "sharded gradients", "ddp_buckets": "DDP buckets"}
 
 #: The shape kinds the detectors name (patterns/), in the order a report lists those at one event.
 KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "forward_rerun", "gradients",

@@ -27,12 +27,10 @@ from ..analysis.timeline import Timeline
 from ..read.trace import Trace
 from ..vocab import P
 
-#: What distributed wrappers hold (the codes are positions here; -1: none of them).
+#: What distributed wrappers hold (the codes are positions here; -1: none of them); their names for
+#: people: vocab.ROLE_NAMES.
 ROLES = ("sharded_parameters", "unsharded_parameters", "all_gather_buffers", "reduce_scatter_buffers",
          "sharded_gradients", "ddp_buckets")
-ROLE_NAMES = {"sharded_parameters": "sharded parameters", "unsharded_parameters": "unsharded parameters",
-              "all_gather_buffers": "all-gather buffers", "reduce_scatter_buffers": "reduce-scatter buffers",
-              "sharded_gradients": "sharded gradients", "ddp_buckets": "DDP buckets"}
 R = {name: code for code, name in enumerate(ROLES)}
 FSDP2_ROLES = ROLES[:5]
 DDP_ROLES = ("ddp_buckets",)

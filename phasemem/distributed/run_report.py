@@ -20,14 +20,14 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 
 from ..report.pipeline import INCOMPLETE_NOTE, analyze
-from ..analysis.breakdown import peak_breakdown, shape_at
+from ..report.breakdown import peak_breakdown, shape_at
 from ..errors import PhasememError
 from ..output import Written
-from .roles import DDP_ROLES, FSDP2_ROLES, ROLE_NAMES, backward_ends, role_bytes, roles
+from .roles import DDP_ROLES, FSDP2_ROLES, backward_ends, role_bytes, roles
 from .rank_files import rank_files, rank_of_name
 from ..report.report import Report
 from ..units import format_bytes
-from ..vocab import CATEGORY_NAMES, PHASES
+from ..vocab import CATEGORY_NAMES, PHASES, ROLE_NAMES
 
 #: Columns of curve kept per phase run of a rank (its highest level in each): the lanes' resolution.
 LANE_COLUMNS = 64

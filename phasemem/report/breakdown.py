@@ -19,11 +19,11 @@ import bisect
 
 import numpy as np
 
+from ..analysis.peak import SHAPE_PRIORITY, alive_at, shape_codes
 from ..errors import PhasememError
 from ..model import PeakBreakdown, Step
-from .peak import SHAPE_PRIORITY, alive_at, shape_codes
-from ..report.report import Report
 from ..vocab import CATEGORIES
+from .report import Report
 
 #: bytes alive, per (shape kind or None for no shape, category)
 Cells = dict[tuple[str | None, str], int]
