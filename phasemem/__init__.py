@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # capture imports torch; analysing a saved snapshot should not pay for that.
     if name == "instrument":
-        from .capture import instrument
+        from .run import instrument
 
         return instrument
     raise AttributeError(name)
