@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 from .errors import PhasememError
 
 #: Pictures smaller than this cannot hold the strip, the curve and the legends legibly (a 100x100
-#: picture was accepted and unreadable); the CLI and render.plot check the same numbers.
+#: picture was accepted and unreadable); the CLI and the picture check the same numbers.
 MIN_PICTURE = (480, 270)
 MAX_PICTURE = 20000
 PICTURE_SIZES = (f"the picture must be at least {MIN_PICTURE[0]}x{MIN_PICTURE[1]} and at most "

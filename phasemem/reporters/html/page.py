@@ -42,7 +42,7 @@ WHOLE_SHARE = 0.9
 #: Frames of an allocation's stack shown on hover (innermost first, as memory_viz lists them).
 STACK_FRAMES = 14
 
-#: The page draws the plan grid (render/plans.py) for traces up to this many events: ``plan_grid``
+#: The page draws the plan grid (reporters/picture/plans.py) for traces up to this many events: ``plan_grid``
 #: replays 4 plans x 5 rank counts and solves what fits for each, ~0.1 ms an event on this 2-core machine
 #: (fixtures/plans/gpt stretched by benchmarks/scale_snapshot.py: 50k events 4.2 s, 200k 21.6 s;
 #: ../shared/wild's 22k-event wedsonlin 0.7 s); above it the page says how to draw it.
@@ -73,7 +73,7 @@ def page_text(report, fig, **options) -> str:
 
 
 def plans_section(report) -> str:
-    """The page's "Across GPUs" section: the plan picture (render/plans.py) as inline SVG under an 80 GB
+    """The page's "Across GPUs" section: the plan picture (reporters/picture/plans.py) as inline SVG under an 80 GB
     budget, for a report with an allocation history of at most PLAN_PAGE_EVENTS events; a note where
     it is skipped or cannot be told.
 

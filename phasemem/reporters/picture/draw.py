@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from ...errors import PhasememError
 from ...output import atomic_write, check_picture_size
 from ...analysis.spans import phase_runs
-from ...steps import StepsError, parse_steps  # noqa: F401  (StepsError: public here too)
+from ...steps import StepsError, parse_steps
 from ...units import axis_unit, format_bytes
 from ...vocab import CATEGORIES, PHASE_COLORS
 from . import bands as _bands
@@ -39,7 +39,7 @@ from . import peakbar as _peakbar
 from . import pixels as _pixels
 from .chrome import (_MIN_STEP_DOTS_PX, _axes_style, _legends, _mark_handles, _oom_marks, _phase_ticks,
                      _shade_phases, _step_marks, _step_px, _title)
-from .colours import COLOR_MODES, STACK_PALETTE, UNSURE  # noqa: F401  (public here too)
+from .colours import COLOR_MODES
 from .colours import _CURVE, _RESERVED, _band_colors, _shade, _unsure
 from .labels import CALLOUT_PT, PEAK_PT, STRIP_PT
 from .live import plot_live
@@ -78,7 +78,7 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     bar's texts, ``peakbar.Line``: each with the figure it shows).
 
     Example:
-        >>> fig = phasemem.reporters.picture.plot(report, size=(1200, 600), steps="1-2", color="stack")
+        >>> fig = report.plot(size=(1200, 600), steps="1-2", color="stack")   # this plot, through the reporter
         >>> fig.savefig("memory.png")   # or report.save_png("memory.png", steps="1-2")
     """
     width, height = _check_options(report, size, dpi, by, color, max_bands)
@@ -209,7 +209,7 @@ def save(report, path, **options) -> None:
     are ``plot``'s (size, dpi, by, steps, events, max_bands, color).
 
     Example:
-        >>> phasemem.reporters.picture.save(report, "memory.svg", size=(1200, 600), steps="2-4")
+        >>> phasemem.reporters.picture.draw.save(report, "memory.svg", size=(1200, 600), steps="2-4")
     """
     atomic_write(path, picture_writer(report, path, **options))
 
