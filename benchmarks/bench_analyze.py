@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     from phasemem.read.snapshot import load_snapshot
     from phasemem.read.trace import no_gc
     from phasemem.analysis.measure import measure
-    from phasemem.reporters.picture import save
+    from phasemem.reporters.picture.draw import save
     from phasemem.analysis.segmentation import segment
     from phasemem.read import trace as read_trace
     from phasemem.analysis.timeline import Timeline

@@ -53,8 +53,8 @@ def main(argv=None) -> int:
     import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.figure  # noqa: F401
     lap("import matplotlib")
-    import phasemem.reporters.picture  # noqa: F401
-    lap("import phasemem.reporters.picture")
+    import phasemem.reporters.picture.draw  # noqa: F401
+    lap("import phasemem.reporters.picture.draw")
     report.picture_writer(args.png)(args.png)
     lap("PNG")
     for name, wall, cpu in _rows:

@@ -13,8 +13,10 @@ from .report.pipeline import analyze
 from .report.compare import compare
 from .report.comparison import Comparison
 from .errors import PhasememError
-from .distributed.run_report import RunReport, analyze_ranks
+from .distributed.pool import analyze_ranks
+from .distributed.run_report import RunReport
 from .report.report import Allocation, Phase, Report, Step
+from . import reporters  # noqa: F401 - registers the text, JSON, picture and page the report types write through
 
 __all__ = ["analyze", "analyze_ranks", "compare", "Comparison", "RunReport", "instrument", "PhasememError", "Report", "Step", "Phase", "Allocation"]
 __version__ = "0.1.0"
@@ -23,7 +25,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # capture imports torch; analysing a saved snapshot should not pay for that.
     if name == "instrument":
-        from .capture import instrument
+        from .run import instrument
 
         return instrument
     raise AttributeError(name)

@@ -49,6 +49,10 @@ C = {name: code for code, name in enumerate(CATEGORIES)}
 #: How the report's text names each category (plural, as in "made of parameters 1.2 GiB").
 CATEGORY_NAMES = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
                   "activation": "activations", "temporary": "temporaries", "input": "inputs", "other": "other"}
+#: How the text and pictures name what a distributed wrapper holds (``analysis.roles.ROLES``).
+ROLE_NAMES = {"sharded_parameters": "sharded parameters", "unsharded_parameters": "unsharded parameters",
+              "all_gather_buffers": "all-gather buffers", "reduce_scatter_buffers": "reduce-scatter buffers",
+              "sharded_gradients": "sharded gradients", "ddp_buckets": "DDP buckets"}
 
 #: Colours, keyed by the vocabularies (as torch's _memory_profiler keys its colours by Category).
 PHASE_COLORS = {

@@ -56,10 +56,10 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
     r = phasemem.analyze(snap, marker_prefix=prefix)  # with frames; used for markers and lifetimes only
     ev = snap["device_traces"][0]
     n = len(ev)
-    life = r.timeline.lifetimes
+    life = r.analysis.timeline.lifetimes
     born = life.alloc_event >= 0
     a, f, s = life.alloc_event[born], life.free_event[born], life.size[born]
-    lab = r.label_codes
+    lab = r.analysis.labels
     vocab_sizes = set(vocabulary_sizes(meta))
     param_bytes = meta["param_bytes"]
 
@@ -75,7 +75,7 @@ def truth(snap: dict, meta: dict, prefix: str) -> tuple[Counter, set[int]]:
 
     out: Counter = Counter()
     scored = {k for k, st in enumerate(r.steps) if st.complete}
-    delta = r.timeline.delta
+    delta = r.analysis.timeline.delta
     has_frames = any(e.get("frames") for e in ev)
     first_bwd = next((k for k, st in enumerate(r.steps) if "backward" in st.phases), -1)
     first_opt = next((k for k, st in enumerate(r.steps) if "optimizer" in st.phases), -1)

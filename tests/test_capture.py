@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import phasemem
-from phasemem.capture import Run, instrument
+from phasemem.run import Run, instrument
 from phasemem.capture import cpu as capture_cpu
 from phasemem.capture import hooks
 
@@ -646,7 +646,7 @@ def test_cuda_recording_keeps_frees_without_stacks(monkeypatch):
     monkeypatch.setattr(inst, "history_enabled", lambda: False)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     for stacks, context in (("python", "alloc"), ("all", "alloc"), (None, None)):
-        run = inst.Run(torch.nn.Linear(2, 2), None, device="cpu", stacks=stacks)
+        run = inst.Recording(torch.nn.Linear(2, 2), None, device="cpu", stacks=stacks)
         run._start_cuda()
         inst._CUDA_RUNS.remove(run)
         assert calls[-1][0] == "all" and calls[-1][1]["context"] == context

@@ -30,7 +30,7 @@ def test_phase_labels_and_steps_exactly_as_markers_say(real_snapshot):
     lost = sum(1 for _, t1 in ivs["optimizer"] if t1 < events[0]["time_us"])  # ring buffer wrapped
     assert len(report.steps) == len(ivs["optimizer"]) - lost
     expected_steps = [k - lost if k >= 0 else -1 for k in steps_from_optimizer(events, ivs)]
-    assert report.step_of.tolist() == expected_steps
+    assert report.analysis.step_of.tolist() == expected_steps
     for st in report.steps:
         assert st.complete == (not lost or st.index > 0)
         if not st.complete:
@@ -47,7 +47,7 @@ def test_every_peak_equals_independent_recomputation(real_snapshot):
     _, after, deltas = replay(events, snap["segments"])
     before = [a - d for a, d in zip(after, deltas)]
     report = phasemem.analyze(snap, marker_prefix=prefix)
-    step_of = report.step_of.tolist()  # step boundaries are checked above; here the numbers
+    step_of = report.analysis.step_of.tolist()  # step boundaries are checked above; here the numbers
     checked = 0
     for st in report.steps:
         for name, ph in st.phases.items():
@@ -102,7 +102,7 @@ def test_frames_removed_changes_no_number_shared(shared_snapshot):
     for e in snap["device_traces"][0]:
         e["frames"] = []
     without = phasemem.analyze(snap, marker_prefix="gt::")
-    assert without.label_codes.tolist() == with_frames.label_codes.tolist()
+    assert without.analysis.labels.tolist() == with_frames.analysis.labels.tolist()
     for a, b in zip(with_frames.steps, without.steps):
         assert {k: v.peak_bytes for k, v in a.phases.items()} == {k: v.peak_bytes for k, v in b.phases.items()}
     assert all(al.stack is None for p in without.phases.values() for al in p.top_allocations)
@@ -116,10 +116,10 @@ def test_wrapped_ring_buffer_recovers_the_same_end_state_shared(shared_snapshot)
     cut = int(len(events) * 0.45)  # inside step 1's forward or backward: a ring buffer that wrapped
     snap["device_traces"][0] = events[cut:]
     wrapped = phasemem.analyze(snap, marker_prefix="gt::")
-    assert wrapped.timeline.active_after[-1] == full.timeline.active_after[-1]
+    assert wrapped.analysis.timeline.active_after[-1] == full.analysis.timeline.active_after[-1]
     # Memory at every surviving event is what the full trace says it was.
-    assert wrapped.timeline.active_after.tolist() == full.timeline.active_after[cut:].tolist()
-    assert wrapped.steps[0].number == full.steps[int(full.step_of[cut])].number
+    assert wrapped.analysis.timeline.active_after.tolist() == full.analysis.timeline.active_after[cut:].tolist()
+    assert wrapped.steps[0].number == full.steps[int(full.analysis.step_of[cut])].number
     assert not wrapped.steps[0].complete
     assert [s.number for s in wrapped.steps][-1] == full.steps[-1].number
 

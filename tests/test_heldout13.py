@@ -50,7 +50,7 @@ def test_a_decorated_optimizer_subclass_with_helpers_is_the_optimizer_by_its_fra
     snap = recording(HELDOUT13, "h13_muon_adamw")
     opt = _in_gt_range(snap, "optimizer")
     got = phasemem.analyze(_frames_only(snap))
-    codes = got.label_codes
+    codes = got.analysis.labels
     assert opt.sum() > 5000
     assert np.mean(codes[opt] == P["optimizer"]) > 0.99
     # and nothing outside the update is called optimizer

@@ -130,4 +130,4 @@ def test_the_embeddings_late_gradient_without_frames(name):
     # the optimizer of the first step starts where the marks say
     opt = marked.steps[0].phases["optimizer"].start_event
     assert r.steps[0].phases["optimizer"].start_event == opt
-    assert r.label_codes[opt - 1] != r.label_codes[opt]
+    assert r.analysis.labels[opt - 1] != r.analysis.labels[opt]

@@ -53,8 +53,8 @@ def _made_at(snap: dict, function: str, line: int) -> set[int]:
 
 
 def _category_events(report, cat: str) -> set[int]:
-    life = report.timeline.lifetimes
-    codes = np.asarray(report.category_curves.codes)
+    life = report.analysis.timeline.lifetimes
+    codes = np.asarray(report.analysis.categories.codes)
     return set(life.alloc_event[(codes == C[cat]) & (life.alloc_event >= 0)].tolist())
 
 

@@ -101,8 +101,8 @@ def test_weights_named_by_optimizer_state_when_the_gradient_is_sparse():
               if b["state"] == "active_allocated" and b["size"] == rows_dim]
     assert blocks  # alive from before recording to the end
     for how, r in _both(snap):
-        life = r.timeline.lifetimes
-        codes = np.asarray(r.category_curves.codes)
+        life = r.analysis.timeline.lifetimes
+        codes = np.asarray(r.analysis.categories.codes)
         big = life.preexisting & (life.size == rows_dim)
         assert big.any() and (codes[big] == C["parameter"]).all(), how
         assert r.by_category["parameter"] >= meta["param_bytes"], how

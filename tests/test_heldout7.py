@@ -114,8 +114,8 @@ def test_ema_copy_is_neither_parameter_nor_state():
     optimizer state and not the model's parameters: those are exactly the trained weights."""
     snap = _snap("h7_swa_ema_bf16")
     for how, r in _both(snap):
-        life = r.timeline.lifetimes
-        codes = np.asarray(r.category_curves.codes)
+        life = r.analysis.timeline.lifetimes
+        codes = np.asarray(r.analysis.categories.codes)
         kept = life.free_event >= r.n_events
         from phasemem.vocab import C
         assert int(life.size[kept & (codes == C["parameter"])].sum()) == _param_blocks(snap), how

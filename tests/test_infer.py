@@ -51,14 +51,14 @@ def _scored(path, frames: bool):
         prefix = prefix_of(path)
         truth = phasemem.analyze(load_snapshot(path), marker_prefix=prefix)
         got = phasemem.analyze(_stripped(path, frames))
-        codes = got.label_codes.copy()
+        codes = got.analysis.labels.copy()
         if prefix == "gt::":  # the shared snapshots' gt::forward spans the model and the loss
             codes[codes == P["loss"]] = P["forward"]
         # Without a backward the inferred trace is one step (nothing tells which forward runs make up a
         # call of the model); instrument()'s markers count one per forward.
-        expected = len(truth.steps) if (truth.label_codes == P["backward"]).any() else 1
-        _scores[key] = (float(np.mean(codes == truth.label_codes)), len(got.steps), expected,
-                        truth.label_codes, codes, got)
+        expected = len(truth.steps) if (truth.analysis.labels == P["backward"]).any() else 1
+        _scores[key] = (float(np.mean(codes == truth.analysis.labels)), len(got.steps), expected,
+                        truth.analysis.labels, codes, got)
     return _scores[key]
 
 
@@ -84,7 +84,7 @@ def test_loss_found_from_cross_entropy_without_frames():
         prefix = prefix_of(path)
         truth = phasemem.analyze(load_snapshot(path), marker_prefix=prefix)
         got = phasemem.analyze(_stripped(path, False))
-        t, g = truth.label_codes, got.label_codes
+        t, g = truth.analysis.labels, got.analysis.labels
         t_bwd = np.flatnonzero((t[1:] == P["backward"]) & (t[:-1] != P["backward"])) + 1
         g_loss = set((np.flatnonzero((g[1:] == P["loss"]) & (g[:-1] != P["loss"])) + 1).tolist())
         g_bwd = set((np.flatnonzero((g[1:] == P["backward"]) & (g[:-1] != P["backward"])) + 1).tolist())
@@ -108,7 +108,7 @@ def test_layer_period_is_not_taken_for_the_step():
     truth = phasemem.analyze(load_snapshot(FIXTURES / "gpt_wrapped.pkl.xz"), marker_prefix=prefix_of(
         FIXTURES / "gpt_wrapped.pkl.xz"))
     assert len(starts) == len(truth.steps) == 2
-    bwd = np.flatnonzero(truth.label_codes == P["backward"])
+    bwd = np.flatnonzero(truth.analysis.labels == P["backward"])
     assert np.mean(labels[bwd] == P["backward"]) > 0.9
 
 

@@ -156,7 +156,7 @@ def _check_optimizer_ranges(snap: dict, r) -> int:
     phase. Returns the number of ranges."""
     ranges = _ranges(snap, "Optimizer.step#")
     ev = _events(snap)
-    assert len(r.label_codes) == len(ev)
+    assert len(r.analysis.labels) == len(ev)
     t = np.array([e["time_us"] for e in ev], np.int64)
     empty = 0
     for t0, t1 in ranges:
@@ -164,10 +164,10 @@ def _check_optimizer_ranges(snap: dict, r) -> int:
         if not len(inside):
             empty += 1
             continue
-        labels = r.label_codes[inside]
+        labels = r.analysis.labels[inside]
         assert (labels == P["optimizer"]).all(), (t0, np.unique(labels, return_counts=True))
-        step = int(r.step_of[inside[0]])
-        assert step >= 0 and (r.step_of[inside] == step).all()
+        step = int(r.analysis.step_of[inside[0]])
+        assert step >= 0 and (r.analysis.step_of[inside] == step).all()
         ph = r.steps[step].phases.get("optimizer")
         assert ph is not None and ph.n_events >= len(inside) and ph.source == "annotations"
     if empty:

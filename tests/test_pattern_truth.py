@@ -167,7 +167,7 @@ def test_vocabulary_shapes_have_the_model_sizes(path):
         assert p.bytes in sizes, p.bytes
     for p in report.patterns_of("softmax_spike"):
         assert 0.45 * min(sizes) <= p.bytes <= p.details["tensors"] * max(sizes) + (1 << 21), p.bytes
-        level = report.timeline.level
+        level = report.analysis.timeline.level
         assert p.bytes < level[p.peak_event]
         # its peak is the top of its range, where both vocabulary tensors are alive
         assert level[p.peak_event] == level[p.start_event:p.end_event + 1].max()

@@ -51,7 +51,7 @@ def test_logits_only_with_an_lm_head_shared(analysed):
     assert all(p.bytes == known["logits"] for p in logits)
     for p in logits:
         assert 0 < p.details["vocab_share_of_peak"] <= 1
-        assert report.label_codes[p.start_event] == 1  # made in forward
+        assert report.analysis.labels[p.start_event] == 1  # made in forward
     # The spike sits on the logits and sets the forward's peak; the release opens backward.
     for spike, st in zip(report.patterns_of("softmax_spike"), report.steps):
         assert spike.peak_event == st.phases["forward"].peak_event
@@ -90,14 +90,14 @@ def test_adam_state_once_and_temporaries_unless_fused_shared(analysed):
         assert [p.step for p in temps] == list(range(len(report.steps)))
         for p in temps:
             assert 0 < p.details["flagpole_bytes"] <= p.bytes
-            assert report.label_codes[p.peak_event] == 5  # optimizer
+            assert report.analysis.labels[p.peak_event] == 5  # optimizer
     assert report.patterns_of("leak") == []
 
 
 def test_categories_sum_to_the_curve_and_match_the_model_shared(analysed):
     report, meta, _ = analysed
-    tl = report.timeline
-    every = report.category_curves.at_level(np.arange(report.n_events), tl)
+    tl = report.analysis.timeline
+    every = report.analysis.categories.at_level(np.arange(report.n_events), tl)
     assert (every.sum(axis=1) == tl.level).all()
     cats = report.categories()
     assert _close(cats["parameter"], meta["param_bytes"])
@@ -111,7 +111,7 @@ def test_categories_at_a_few_points_equal_the_curves_over_every_event_shared(ana
     """CategoryCurves.at sorts the blocks between the asked points (few points) or sums every event
     per category (many): both paths give the same bytes."""
     report, _, _ = analysed
-    cc = report.category_curves
+    cc = report.analysis.categories
     pts = np.random.default_rng(0).integers(0, report.n_events + 1, 300)
     assert np.array_equal(cc.at(pts), cc.at(np.arange(report.n_events + 1))[pts])
     assert np.array_equal(cc.at(pts), cc._at_by_cumsum(pts))
@@ -150,7 +150,7 @@ def test_leak_found_where_frees_were_removed_and_nowhere_else_shared():
     for st in clean.steps[2:-2]:  # middle steps whose addresses are their own
         fwd = st.phases["forward"]
         # the first allocation of this forward that forward itself frees again
-        life = clean.timeline.lifetimes
+        life = clean.analysis.timeline.lifetimes
         pick = [(a, f) for a, f in zip(life.alloc_event.tolist(), life.free_event.tolist())
                 if fwd.start_event <= a <= fwd.end_event and f <= fwd.end_event]
         a, f = pick[0]
@@ -175,7 +175,7 @@ def test_every_pattern_sits_in_its_own_step_and_phase(real_snapshot):
     for p in report.patterns:
         if p.kind in ("leak", "gradient_accumulation") or not report.steps[p.step].complete:
             continue
-        assert report.step_of[p.peak_event] == p.step, p
+        assert report.analysis.step_of[p.peak_event] == p.step, p
         assert p.start_event <= p.peak_event, p
         # an evaluation forward has no backward after it, so its loss stays "other"
         want = {"logits": ("forward", "loss", "other"), "softmax_spike": ("forward", "loss", "other"),
@@ -230,7 +230,7 @@ def test_categories_match_each_recorded_model(path):
         e["frames"] = []
     report = phasemem.analyze(snap)
     p = meta["param_bytes"]
-    every = report.category_curves.at_level(np.arange(report.n_events), report.timeline)
+    every = report.analysis.categories.at_level(np.arange(report.n_events), report.analysis.timeline)
     assert _close(report.categories()["parameter"], p)
     assert _close(int(every[:, 1].max()), p)  # gradients, where alive
     name = meta["optimizer"]
@@ -249,10 +249,10 @@ def test_odd_traces_streams_cudagraph_expandable():
         snap = load_snapshot(FIXTURES / f"{name}.pkl.xz")
         report = phasemem.analyze(snap)
         _, curve, _ = replay(snap["device_traces"][0], snap["segments"])
-        assert report.timeline.active_after.tolist() == curve
+        assert report.analysis.timeline.active_after.tolist() == curve
         assert len(report.steps) == 3 and all(s.complete for s in report.steps)
         # reserved memory ends where the snapshot's segments say, expandable segments included
-        assert report.timeline.reserved_after[-1] == sum(s["total_size"] for s in snap["segments"])
+        assert report.analysis.timeline.reserved_after[-1] == sum(s["total_size"] for s in snap["segments"])
         if name == "odd_cudagraph":
             assert all(st.phases["forward"].n_events == 0 for st in report.steps[1:])
             assert report.patterns_of("gradients") == []  # the graph writes them into its own pool

@@ -69,12 +69,12 @@ def _check_keys(report, events: list[dict]) -> None:
         occ = [s.phases[name] for s in report.steps if s.phases[name].ran]
         assert ph.n_events == sum(p.n_events for p in occ) and ph.start_bytes == occ[0].start_bytes
     # a loss computes: some event of each step's loss is an allocation
-    codes = report.label_codes.tolist()
+    codes = report.analysis.labels.tolist()
     for s in report.steps:
         if s.phases.get("loss") is None or not s.phases["loss"].n_events:
             continue
         mine = [i for i in range(s.start_event, s.end_event + 1)
-                if PHASES[codes[i]] == "loss" and report.step_of[i] == s.index]
+                if PHASES[codes[i]] == "loss" and report.analysis.step_of[i] == s.index]
         assert any(events[i]["action"] == "alloc" for i in mine), (s.number, mine)
 
 
@@ -169,7 +169,7 @@ def test_the_readme_loop_on_cpu_has_no_one_event_loss():
     _check_keys(report, events)
     assert len(report.steps) == 3 and "loss" not in report.phases
     fwd = _ranges(run.snapshot, "phasemem::forward")
-    life = report.timeline.lifetimes
+    life = report.analysis.timeline.lifetimes
     for s, (_, f1) in zip(report.steps, fwd):
         gap = [i for i in range(s.start_event, s.end_event + 1)
                if f1 < events[i]["time_us"] and report.labels[i] not in ("zero_grad", "backward", "optimizer")]
@@ -178,4 +178,4 @@ def test_the_readme_loop_on_cpu_has_no_one_event_loss():
         for i in gap:  # the previous step's loss value, made in its forward
             made = int(life.alloc_event[(life.free_event == i) & (life.alloc_event >= 0)][0])
             assert events[i]["action"] == "free_completed" and report.labels[i] == "other"
-            assert report.step_of[made] == s.index - 1 and report.labels[made] == "forward"
+            assert report.analysis.step_of[made] == s.index - 1 and report.labels[made] == "forward"

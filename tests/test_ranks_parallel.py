@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.distributed import run_report as ranks_mod
+from phasemem.distributed import pool as ranks_mod
 from phasemem.commands.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 import phasemem
-from phasemem.reporters import picture as render
+from phasemem.reporters.picture import colours as picture_colours, draw as render
 from phasemem.analysis.categories import CATEGORIES
 from phasemem.errors import PhasememError
 from phasemem.reporters.picture import bands
@@ -153,9 +153,9 @@ def legend_texts(fig: Figure) -> list[str]:
 
 
 def _columns(report, ncols, by="event", a=0, b=None):
-    tl = report.timeline
+    tl = report.analysis.timeline
     b = report.n_events if b is None else b
-    X = render.bands.x_values(report, by)
+    X = bands.x_values(report, by)
     return bands.columns(X, tl.level, tl.active_after, tl.reserved_after, tl.delta, a, b, ncols)
 
 
@@ -165,9 +165,9 @@ def _columns(report, ncols, by="event", a=0, b=None):
                                                 (977, 2000, "time")])
 def test_bands_add_up_to_the_curve_at_every_sample(path, ncols, max_bands, by):
     report = _report(_need(path))
-    tl = report.timeline
+    tl = report.analysis.timeline
     cols = _columns(report, ncols, by)
-    st = bands.stack(tl.lifetimes, cols, report.n_events, max_bands, report.category_curves.codes)
+    st = bands.stack(tl.lifetimes, cols, report.n_events, max_bands, report.analysis.categories.codes)
     # base (from before recording) + every drawn band + the folded rest == the level at each sample
     total = st.drawn_top() + st.folded
     assert total.dtype == np.int64
@@ -188,7 +188,7 @@ def test_band_offsets_are_memory_viz_stacking():
     """Each band sits on the drawn bands made before it that are still alive: checked against a
     plain loop over the columns, as memory_viz's process_alloc_data stacks them."""
     report = _report(_need(FIXTURES / "gpt_wrapped.pkl.xz"))
-    tl = report.timeline
+    tl = report.analysis.timeline
     life = tl.lifetimes
     cols = _columns(report, 120)
     st = bands.stack(life, cols, report.n_events, 300)
@@ -208,7 +208,7 @@ def test_band_offsets_are_memory_viz_stacking():
 
 def test_the_largest_allocations_get_the_bands():
     report = _report(_need(FIXTURES / "gpt_foreach.pkl.xz"))
-    life = report.timeline.lifetimes
+    life = report.analysis.timeline.lifetimes
     cols = _columns(report, 1400)
     first = np.searchsorted(cols.point, life.alloc_event + 1, "left")
     stop = np.searchsorted(cols.point, life.free_event, "right")
@@ -230,7 +230,7 @@ def test_drawn_bands_are_the_stack():
     fig = _plot(FIXTURES / "qwen_hf_ckpt_fused.pkl.xz", bands="vector")  # the outlines an SVG keeps
     st = fig.phasemem_stack
     # what the picture drew adds up, too
-    assert np.array_equal(st.total(), report.timeline.level[st.columns.event])
+    assert np.array_equal(st.total(), report.analysis.timeline.level[st.columns.event])
     assert len(st.columns) > 1000 and st.columns.edges[0] == 0 and st.columns.edges[-1] == report.n_events
     (coll,) = by_gid(fig, "band")
     paths = coll.get_paths()
@@ -386,7 +386,7 @@ def test_every_pattern_is_called_out_or_marked(path):
     # one marker at every occurrence's peak (the named ones at their arrow's tip), none left out at 3 steps
     assert len(points) == len(report.patterns) and fig.phasemem_callouts.skipped == 0
     X = np.arange(report.n_events + 1)
-    want = sorted(((X[p.peak_event] + X[p.peak_event + 1]) / 2, report.timeline.level[p.peak_event] / 2**30)
+    want = sorted(((X[p.peak_event] + X[p.peak_event + 1]) / 2, report.analysis.timeline.level[p.peak_event] / 2**30)
                   for p in report.patterns)
     assert np.allclose(sorted(map(tuple, points)), want)
     # at most one occurrence per kind named in full, "<kind> <size>", its arrow at the peak
@@ -397,7 +397,7 @@ def test_every_pattern_is_called_out_or_marked(path):
         kind, size = c.get_text().split(" ", 1)
         match = [p for p in report.patterns if p.kind == kind and format_bytes(p.bytes) == size
                  and c.xy == pytest.approx(((X[p.peak_event] + X[p.peak_event + 1]) / 2,
-                                            report.timeline.level[p.peak_event] / 2**30))]
+                                            report.analysis.timeline.level[p.peak_event] / 2**30))]
         assert match, c.get_text()
     assert overlaps(fig) == []
 
@@ -448,14 +448,14 @@ def test_bad_step_ranges_are_one_line_errors(bad):
 
 def test_time_axis_is_in_microseconds():
     report = _report(_need(FIXTURES / "gpt_foreach.pkl.xz"))
-    t = report.trace.time_us
+    t = report.analysis.trace.time_us
     st = report.steps[1]
     fig = report.plot(by="time", steps="1")
     assert fig.axes[0].get_xlim() == (t[st.start_event] - t[0], t[st.end_event + 1] - t[0])
     assert "time since the first event" in fig.axes[0].get_xlabel()
     fig = report.plot(by="time")
     st = fig.phasemem_stack
-    assert np.array_equal(st.total(), report.timeline.level[st.columns.event])
+    assert np.array_equal(st.total(), report.analysis.timeline.level[st.columns.event])
     lo, hi = fig.axes[0].get_xlim()
     assert lo == 0 and t[-1] - t[0] < hi < 1.01 * (t[-1] - t[0]) + 10
     assert fig.axes[0].get_xlabel() == "time since the first event (ms)"
@@ -479,7 +479,7 @@ def test_max_bands_folds_the_rest():
 
 
 def _folded_mask(report, st):
-    life = report.timeline.lifetimes
+    life = report.analysis.timeline.lifetimes
     P = st.columns.point
     first = np.searchsorted(P, life.alloc_event + 1, "left")
     stop = np.searchsorted(P, life.free_event, "right")
@@ -490,15 +490,15 @@ def _folded_mask(report, st):
 
 
 def _folded_sizes(report, st):
-    return report.timeline.lifetimes.size[_folded_mask(report, st)]
+    return report.analysis.timeline.lifetimes.size[_folded_mask(report, st)]
 
 
 def test_the_summed_band_is_split_by_category_with_the_bytes_alive_at_each_column():
     report = _report(_need(FIXTURES / "gpt_foreach.pkl.xz"))
     fig = report.plot(max_bands=30)
     st = fig.phasemem_stack
-    life = report.timeline.lifetimes
-    codes = np.asarray(report.category_curves.codes)
+    life = report.analysis.timeline.lifetimes
+    codes = np.asarray(report.analysis.categories.codes)
     folded = _folded_mask(report, st)
     # alive at a column's state p when alloc < p <= free, summed per category: by a loop, not bands.stack
     P = st.columns.point
@@ -548,15 +548,15 @@ def test_color_modes_have_their_legends():
     fig = _plot(path, color="stack", bands="vector")
     st = fig.phasemem_stack
     (coll,) = by_gid(fig, "band")
-    alloc = report.timeline.lifetimes.alloc_event[st.index]
-    sid = report.trace.stack[alloc]
-    step = report.step_of[alloc]
+    alloc = report.analysis.timeline.lifetimes.alloc_event[st.index]
+    sid = report.analysis.trace.stack[alloc]
+    step = report.analysis.step_of[alloc]
     colours = np.round(coll.get_facecolors()[:, :3], 3)
     shared = set(sid[(step == 1) & (sid >= 0)].tolist()) & set(sid[(step == 2) & (sid >= 0)].tolist())
     assert len(shared) >= 5
     for s in shared:
         seen = {tuple(c) for c in colours[sid == s]}
-        assert len(seen) <= len(render.colours._SHADES_STACK)
+        assert len(seen) <= len(picture_colours._SHADES_STACK)
     frameless = colours[sid < 0]
     assert len(frameless) and np.ptp(frameless, axis=1).max() < 0.02  # grey
 
@@ -614,7 +614,7 @@ def test_pattern_markers_are_filled_shapes():
 def test_unsure_phases_are_hatched_and_questioned():
     """Phases inferred without frames below UNSURE (the loss, 0.51; the optimizer, 0.97 since the third
     frameless round, is not) look different and say so."""
-    from phasemem.reporters.picture import UNSURE
+    from phasemem.reporters.picture.colours import UNSURE
 
     snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")
     snap["external_annotations"] = []

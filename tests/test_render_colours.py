@@ -17,7 +17,7 @@ FIXTURES = ROOT / "fixtures"
 
 
 def _pixels(report, **options) -> np.ndarray:
-    fig = phasemem.reporters.picture.plot(report, size=(900, 500), **options)
+    fig = report.plot(size=(900, 500), **options)
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
@@ -29,7 +29,7 @@ def test_stack_colours_do_not_depend_on_the_reader(name):
     path = FIXTURES / f"{name}.pkl.xz"
     by_path = phasemem.analyze(path)
     by_dict = phasemem.analyze(load_snapshot(path))
-    assert not np.array_equal(by_path.trace.stack, by_dict.trace.stack)
+    assert not np.array_equal(by_path.analysis.trace.stack, by_dict.analysis.trace.stack)
     assert by_path.n_events == by_dict.n_events
     assert np.array_equal(_pixels(by_path, color="stack"), _pixels(by_dict, color="stack"))
 
@@ -38,10 +38,10 @@ def test_a_site_has_one_colour_whatever_its_id():
     """Every drawn band's colour is its stack's frames' colour: bands of one site share it, and the
     sites' colours do not move when the stack ids are renumbered (reversed here)."""
     report = phasemem.analyze(FIXTURES / "resnet_sgd.pkl.xz")
-    fig = phasemem.reporters.picture.plot(report, color="stack")
+    fig = report.plot(color="stack")
     st = fig.phasemem_stack
     rgb, _ = colours._stack_colors(report, st)
-    trace = report.trace
+    trace = report.analysis.trace
     n = len(trace.stacks)
     trace.stacks = trace.stacks[::-1]
     trace.stack = np.where(trace.stack >= 0, n - 1 - trace.stack, -1).astype(trace.stack.dtype)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.reporters import picture as render
+from phasemem.reporters.picture import draw as render
 from phasemem.reporters.picture import bands
 
 from conftest import load_snapshot
@@ -101,9 +101,9 @@ def test_the_raster_is_the_vector_picture(path, options):
 def test_each_pixel_shows_the_band_over_its_centre():
     """Recomputed from the stack with a loop over columns, not with bands.raster."""
     report = _report(_need(FIXTURES / "gpt_wrapped.pkl.xz"))
-    cols = bands.columns(bands.x_values(report, "event"), report.timeline.level, report.timeline.active_after,
-                         report.timeline.reserved_after, report.timeline.delta, 0, report.n_events, 90)
-    st = bands.stack(report.timeline.lifetimes, cols, report.n_events, 200)
+    cols = bands.columns(bands.x_values(report, "event"), report.analysis.timeline.level, report.analysis.timeline.active_after,
+                         report.analysis.timeline.reserved_after, report.analysis.timeline.delta, 0, report.n_events, 90)
+    st = bands.stack(report.analysis.timeline.lifetimes, cols, report.n_events, 200)
     rows = np.linspace(0, report.peak_bytes * 1.05, 64)
     column_of = np.repeat(np.arange(len(cols)), 3)
     column_of[:2] = -1

@@ -48,7 +48,7 @@ def analysed(path: Path):
 def alive_at_peak(r) -> np.ndarray:
     """The allocations holding memory at the peak: made at or before it, freed after (at a free,
     the level an event reaches is the one before it)."""
-    life, tl, e = r.timeline.lifetimes, r.timeline, r.peak_event
+    life, tl, e = r.analysis.timeline.lifetimes, r.analysis.timeline, r.peak_event
     q = e if tl.active_after[e] < tl.active_before[e] else e + 1
     return (life.alloc_event < q) & (life.free_event >= q)
 
@@ -56,8 +56,8 @@ def alive_at_peak(r) -> np.ndarray:
 def shapes_at_peak(r) -> dict[str, int]:
     """Per kind, the bytes of its patterns' member blocks alive at the peak, a block counted for the
     first kind of SHAPE_PRIORITY that claims it."""
-    n_pre = int(r.timeline.lifetimes.preexisting.sum())
-    alive, size = alive_at_peak(r), r.timeline.lifetimes.size
+    n_pre = int(r.analysis.timeline.lifetimes.preexisting.sum())
+    alive, size = alive_at_peak(r), r.analysis.timeline.lifetimes.size
     claimed: set[int] = set()
     out = {}
     for kind in SHAPE_PRIORITY:
@@ -76,20 +76,20 @@ def check_header(r, text: str) -> None:
     for line in lines[start + 2:start + 4]:
         made = line if line.startswith("  made of ") else made
         shapes = line if line.startswith("  of which shapes") else shapes
-    life, level = r.timeline.lifetimes, r.timeline.level
+    life, level = r.analysis.timeline.lifetimes, r.analysis.timeline.level
     alive = alive_at_peak(r)
     peak = int(life.size[alive].sum())
     e = int(np.argmax(level))
     m = re.match(rf"peak allocated ({SIZE}) at event (\d+) \(step (\S+), (\w+)\); .*? ({SIZE}); (.*)$", head)
     assert m, head
     assert m.group(1) == format_bytes(peak) == format_bytes(int(level.max()))
-    assert int(m.group(2)) == e and m.group(4) == PHASES[int(r.label_codes[e])]
-    assert m.group(3) == (str(r.steps[int(r.step_of[e])].number) if r.step_of[e] >= 0 else "-")
+    assert int(m.group(2)) == e and m.group(4) == PHASES[int(r.analysis.labels[e])]
+    assert m.group(3) == (str(r.steps[int(r.analysis.step_of[e])].number) if r.analysis.step_of[e] >= 0 else "-")
     assert m.group(5) == format_bytes(int(life.size[life.alloc_event < 0].sum()))
     if r.device.startswith("cpu"):
         assert m.group(6).startswith("peak reserved: not measured on CPU")
     else:
-        assert m.group(6) == f"peak reserved {format_bytes(int(r.timeline.reserved_after.max()))}", m.group(6)
+        assert m.group(6) == f"peak reserved {format_bytes(int(r.analysis.timeline.reserved_after.max()))}", m.group(6)
     cats = np.bincount(r.analysis.categories.codes[alive], weights=life.size[alive], minlength=len(CATEGORIES))
     want = ", ".join(f"{CATEGORY_NAMES[c]} {format_bytes(int(v))}" for c, v in zip(CATEGORIES, cats) if v)
     assert (made or "") == (f"  made of {want}" if want else ""), made
@@ -137,7 +137,7 @@ def _label(p) -> str:
 def check_steps(r, text: str) -> None:
     """Every row of a step table (the typical step's, or all of them) against the levels of the
     step's events of that phase, and every line of steps that differ against their peaks."""
-    level, step_of, labels = r.timeline.level, r.step_of, r.label_codes
+    level, step_of, labels = r.analysis.timeline.level, r.analysis.step_of, r.analysis.labels
     by_number = {s.number: s for s in r.steps}
     current, rows = None, 0
     for line in text.splitlines():

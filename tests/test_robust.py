@@ -35,7 +35,7 @@ def test_oom_is_reported_with_its_phase_step_and_what_was_live(path):
     _, after, _ = replay(snap["device_traces"][0][:cut], [])
     # The trace now ends at the OOM, so blocks alive in the snapshot's segments are what was live
     # at the end of the full run, not at the OOM: compare the change from the first event instead.
-    assert o.allocated_bytes - report.timeline.active_after[0] == after[-1] - after[0]
+    assert o.allocated_bytes - report.analysis.timeline.active_after[0] == after[-1] - after[0]
     assert sum(o.by_category.values()) == o.allocated_bytes
     assert "OUT OF MEMORY" in str(report)
 
@@ -141,7 +141,7 @@ def test_older_and_newer_snapshot_formats_degrade_gracefully(path):
         seg["future_key"] = 3
     snap["brand_new_top_level"] = []
     report = phasemem.analyze(snap, marker_prefix=prefix_of(path))
-    assert report.timeline.active_after.tolist() == marked.timeline.active_after.tolist()
+    assert report.analysis.timeline.active_after.tolist() == marked.analysis.timeline.active_after.tolist()
     assert any("no event times" in n for n in report.notes)
     # frames still tell the phases: forward, backward and optimizer are found
     assert {"forward", "backward", "optimizer"} <= set(report.phases)

@@ -216,7 +216,7 @@ def _phase_fields(p, off):
 
 
 def assert_slice_matches(full, part):
-    off, n = part.trace.first_event, part.n_events
+    off, n = part.analysis.trace.first_event, part.n_events
     numbers = [s.number for s in part.steps]
     mine = [s for s in full.steps if s.number in numbers]
     assert [s.number for s in mine] == numbers and numbers
@@ -242,10 +242,10 @@ def assert_slice_matches(full, part):
     a, b = off, off + n
     assert a == mine[0].start_event and b == mine[-1].end_event + 1
     assert part.peak_bytes == max(s.peak_bytes for s in mine)
-    assert np.array_equal(part.label_codes, full.label_codes[a:b])
-    assert np.array_equal(part.step_of + mine[0].index, full.step_of[a:b])
-    assert np.array_equal(part.timeline.active_after, full.timeline.active_after[a:b])
-    assert np.array_equal(part.timeline.reserved_after, full.timeline.reserved_after[a:b])
+    assert np.array_equal(part.analysis.labels, full.analysis.labels[a:b])
+    assert np.array_equal(part.analysis.step_of + mine[0].index, full.analysis.step_of[a:b])
+    assert np.array_equal(part.analysis.timeline.active_after, full.analysis.timeline.active_after[a:b])
+    assert np.array_equal(part.analysis.timeline.reserved_after, full.analysis.timeline.reserved_after[a:b])
     assert any(n.startswith("only step") for n in part.notes)
 
 

@@ -56,7 +56,7 @@ def _check(snap: dict) -> None:
     assert inside.mean() > 0.85  # clip_grad_norm_ runs outside the loop's ranges (truth_gpt_accum_clip: 0.89)
     _agree(labels[inside], gt_labels[inside], len(gt.steps))
     # 2. the host clock, with no phasemem code at all
-    want = _expected(ours.trace.time_us, spans)
+    want = _expected(ours.analysis.trace.time_us, spans)
     timed = want != ""
     assert timed.mean() > 0.85
     _agree(labels[timed], want[timed], len(ours.steps))

@@ -49,15 +49,15 @@ def test_peak_decomposition_sums_to_the_raw_traces_peak(path):
 @pytest.mark.parametrize("path", ALL[:12], ids=lambda p: p.name.split(".")[0])
 def test_replay_without_a_change_is_the_memory_curve(path):
     report = phasemem.analyze(str(path))
-    life = report.timeline.lifetimes
-    assert np.array_equal(replay(report.n_events, life.alloc_event, life.free_event, life.size), report.timeline.level)
+    life = report.analysis.timeline.lifetimes
+    assert np.array_equal(replay(report.n_events, life.alloc_event, life.free_event, life.size), report.analysis.timeline.level)
 
 
 @pytest.mark.parametrize("share", [0.001, 0.05, 0.5])  # below and above replay.SPARSE_SHARE
 @pytest.mark.parametrize("path", ALL[:6], ids=lambda p: p.name.split(".")[0])
 def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
     report = phasemem.analyze(str(path))
-    life, n = report.timeline.lifetimes, report.n_events
+    life, n = report.analysis.timeline.lifetimes, report.n_events
     rng = np.random.default_rng(len(life.size))
     touched = rng.random(len(life.size)) < share
     size, free = life.size.copy(), life.free_event.copy()
@@ -72,7 +72,7 @@ def test_a_change_replayed_on_the_base_is_the_change_summed_again(path, share):
     pts = changed_points(base_pts, life.alloc_event, life.free_event, life.size, free, size, added)
     assert np.array_equal(np.maximum(pts[:-1], pts[1:]), want)
     # the timeline's own curve as the base (what whatif.replays gives, no copy): the same points
-    tl = report.timeline
+    tl = report.analysis.timeline
     assert np.array_equal(base_pts, np.concatenate([[tl.baseline], tl.active_after]))
     on_timeline = changed_points((tl.baseline, tl.active_after), life.alloc_event, life.free_event, life.size,
                                  free, size, added)

@@ -83,7 +83,7 @@ def test_forward_only_runs_are_forward_and_one_step(name):
     assert len(r.steps) == 1
     # the forward passes are forward: most allocations are labelled so (sqattn's others move weights
     # to the GPU between layers: 'other'), and none a phase that never ran
-    allocs = r.trace.action == 0
+    allocs = r.analysis.trace.action == 0
     assert set(r.labels[allocs]) <= {"forward", "other"}
     assert np.mean(r.labels[allocs] == "forward") >= 0.85
     assert any("forward passes only" in n for n in r.notes)
@@ -154,7 +154,7 @@ def test_the_report_tells_the_truth_about_itself(path):
     assert "None" not in text
     for p in r.patterns:
         if p.kind != "leak":  # a shape's phase is the phase its events carry
-            assert p.phase == PHASES[int(r.label_codes[p.start_event])]
+            assert p.phase == PHASES[int(r.analysis.labels[p.start_event])]
 
 
 def test_out_of_memory_is_marked_in_the_picture():

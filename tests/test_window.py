@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import phasemem
-from phasemem.capture import hooks, instrument
+from phasemem.capture import hooks
 from phasemem.capture import cpu as capture_cpu
+from phasemem.run import instrument
 
 VOCAB, DIM = 2000, 32
 NSTEPS = 6

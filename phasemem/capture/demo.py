@@ -70,21 +70,20 @@ def _model_class():
     return TinyGPT
 
 
-def run(device: str | None = None, steps: int = 3, out: str | None = "demo.png", json_path: str | None = None):
-    """Train the demo model for ``steps`` steps under ``phasemem.instrument`` and analyse the recording.
+def record(device: str | None = None, steps: int = 3) -> dict:
+    """Train the demo model for ``steps`` steps under instrument() and return the snapshot.
 
-    ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when available). Writes the picture to ``out``
-    (None: no picture) and the JSON report to ``json_path``; returns the Report.
+    ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when available).
 
     Example:
-        >>> report = phasemem.capture.demo.run(steps=3, out="demo.png")
+        >>> report = phasemem.analyze(phasemem.capture.demo.record(steps=3))
         >>> report.phases["forward"].peak_bytes
     """
     # torch is imported here, not at module level: `phasemem --help` must not pay for it.
     import torch
     import torch.nn.functional as F
 
-    from . import instrument
+    from .instrument import Recording
 
     if steps < 1:
         raise PhasememError(f"steps={steps}: train at least one step")
@@ -108,15 +107,10 @@ def run(device: str | None = None, steps: int = 3, out: str | None = "demo.png",
         tokens = torch.randint(0, VOCAB, (cfg["batch"], cfg["seq"] + 1), generator=gen)
         batches.append((tokens[:, :-1].to(device), tokens[:, 1:].to(device)))
 
-    with instrument(model, opt, device=device) as rec:
+    with Recording(model, opt, device=device) as rec:
         for x, y in batches:
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-    report = rec.report()
-    if out is not None:
-        report.save_png(out)
-    if json_path is not None:
-        report.to_json(json_path)
-    return report
+    return rec._need_snapshot()

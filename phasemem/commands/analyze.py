@@ -79,7 +79,7 @@ def _workers(text: str) -> int:
 def run(args) -> int:
     from ..report.pipeline import analyze
     from ..report.budgets import parse_budgets
-    from ..reporters.picture import visible_range
+    from ..reporters.picture.draw import visible_range
     from ..steps import parse_steps
 
     budgets = parse_budgets(args.fail_if, absolute=True)  # one that does not parse fails now, not as a pass
@@ -130,7 +130,7 @@ def run(args) -> int:
 
 def _sections(r, args, fit, plans) -> list[str]:
     """The report, then what --what-if, --fits and --plan asked for."""
-    from ..report.report import format_what_if
+    from ..reporters.text.full import format_what_if
 
     out = [r.text(full=args.full)]
     if args.what_if:
@@ -208,7 +208,9 @@ def _load_picture() -> None:
 def _run_ranks(args, budgets) -> int:
     """A distributed run: every rank analysed, one report over them, the lanes picture (phasemem.distributed.run_report)."""
     from ..errors import PhasememError
-    from ..distributed.run_report import RunReport, rank_files, rank_summaries
+    from ..distributed.pool import rank_summaries
+    from ..distributed.rank_files import rank_files
+    from ..distributed.run_report import RunReport
 
     if args.device == "all" or args.what_if or args.fits is not None:
         flag = "--device all" if args.device == "all" else "--what-if" if args.what_if else "--fits"

@@ -1,5 +1,5 @@
 """``phasemem plan``: what each rank would hold under DDP, ZeRO-1, ZeRO-2 and FSDP2 at several rank
-counts, replayed on one trace: the picture (render/plans.py), a table, and the JSON."""
+counts, replayed on one trace: the picture (reporters/picture/plans.py), a table, and the JSON."""
 from __future__ import annotations
 
 import json

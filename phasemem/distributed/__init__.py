@@ -1,2 +1,2 @@
-"""Many GPUs: what a distributed wrapper holds in one rank's trace, which files hold a run's ranks, and the
-report over them."""
+"""Many GPUs: which files hold a run's ranks, the report over them (what the distributed wrapper holds in
+each rank's trace is told by analysis/roles.py), and the pool that reads many ranks at once."""

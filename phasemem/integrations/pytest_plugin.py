@@ -95,11 +95,11 @@ class _Recording:
     def start(self) -> "_Recording":
         import torch  # torch only once a marked test runs
 
-        from ..capture.instrument import Run, instrument
+        from ..capture.instrument import Recording
 
-        self.run = instrument(None, device="cuda" if torch.cuda.is_available() else "cpu").start()
+        self.run = Recording(None, device="cuda" if torch.cuda.is_available() else "cpu").start()
         if self.run.source == "cpu-profiler":
-            original, outer = Run.start, self
+            original, outer = Recording.start, self
 
             def start(run):
                 # torch's CPU profiler does not nest: the test's own block takes over the recording.
@@ -108,8 +108,8 @@ class _Recording:
                     outer.inner.append(run)
                 return original(run)
 
-            Run.start = start
-            self._restore = lambda: setattr(Run, "start", original)
+            Recording.start = start
+            self._restore = lambda: setattr(Recording, "start", original)
         return self
 
     def stop(self) -> dict | None:

@@ -44,7 +44,7 @@ def replay(n: int, alloc: np.ndarray, free: np.ndarray, size: np.ndarray) -> np.
     """The memory level at each of ``n`` events, counted after an alloc and before a free as
     ``Timeline.level`` is (without a change it equals it exactly).
 
-        >>> life = report.timeline.lifetimes
+        >>> life = report.analysis.timeline.lifetimes
         >>> replay(report.n_events, life.alloc_event, life.free_event, life.size).max() == report.peak_bytes
         True
     """

@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from ..analysis.breakdown import peak_breakdown, shape_at, step_at
+from .breakdown import peak_breakdown, shape_at, step_at
 from .comparison import Comparison, pct, signed
 from ..errors import PhasememError
 from .report import Report

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from .pipeline import analyze
-from ..analysis.breakdown import Cells, composition, peak_breakdown, phase_at, shape_at, step_at
+from .breakdown import Cells, composition, peak_breakdown, phase_at, shape_at, step_at
 from .comparison import Cause, Comparison, PhaseDelta, ShapeDelta, Side, Slot, named_floor
 from ..errors import RECORD_HINT, PhasememError
 from ..model import Step

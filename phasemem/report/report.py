@@ -1,30 +1,43 @@
-"""What phasemem found, as plain dataclasses: steps, phases, their numbers, and JSON/text forms."""
+"""What phasemem found, as plain dataclasses: steps, phases, their numbers, as JSON-ready values
+(``to_dict``). Its text, JSON and pictures are written by the reporters (phasemem.reporters, through
+report/registry.py), which read it and are imported by nothing here."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from ..analysis.core import Analysis
-from ..analysis.categories import CategoryCurves
-from ..errors import RECORD_HINT
 from ..analysis.label_agreement import LabelAgreement, agreement
-from ..read.live import LiveMemory
-from ..model import Allocation, DeviceSummary, OutOfMemory, Pattern, PeakBreakdown, Phase, Step, WhatIf
-from ..output import Written
 from ..analysis.patterns import SHAPE_PRIORITY, shape_size_label
 from ..analysis.peak import alive_at, shape_codes
-from ..reporters.json import plain
-from ..reporters.text.short import format_report
-from ..reporters.text.full import INCOMPLETE_NOTE, LIVE_TOP, format_what_if, reserved_measured
-from ..analysis.segmentation import Segmentation
 from ..analysis.spans import phase_runs
-from ..analysis.timeline import Timeline
-from ..read.trace import Trace
+from ..errors import RECORD_HINT, PhasememError
+from ..model import Allocation, DeviceSummary, OutOfMemory, Pattern, PeakBreakdown, Phase, Step, WhatIf
+from ..read.live import LiveMemory
+from ..units import parse_size
 from ..vocab import AT_PEAK, CATEGORIES, PHASES
+from .plain import plain
+from .registry import Written, reporter
 
-__all__ = ["Report", "Allocation", "DeviceSummary", "OutOfMemory", "Pattern", "Phase", "Step", "format_report",
-           "format_what_if", "INCOMPLETE_NOTE"]  # the last two live in report_text.py
+__all__ = ["Report", "Allocation", "DeviceSummary", "OutOfMemory", "Pattern", "Phase", "Step", "INCOMPLETE_NOTE",
+           "LIVE_TOP", "reserved_measured"]
+
+#: Blocks listed in a history-less snapshot's text, and four times as many in its JSON (the largest).
+LIVE_TOP = 12
+#: The first note of a report whose recording lost phases (instrument()'s ``lost_note``, capture/lost.py).
+INCOMPLETE_NOTE = "INCOMPLETE RECORDING: "
+
+
+def _view(name: str, attr: str, doc: str) -> property:
+    """``Report.<name>``, a read-only view of ``report.analysis.<attr>`` kept for scripts that predate
+    ``report.analysis``: it warns, naming the replacement."""
+    def get(self):
+        warnings.warn(f"Report.{name} is deprecated; use report.analysis.{attr}", DeprecationWarning, stacklevel=2)
+        return getattr(self.analysis, attr) if self.analysis else None
+
+    return property(get, doc=f"Deprecated: ``report.analysis.{attr}``, {doc}")
 
 
 @dataclass
@@ -62,37 +75,19 @@ class Report(Written):
     #: The analysed trace the picture and the categories at any event are drawn from (not in to_dict()).
     analysis: Analysis | None = field(default=None, repr=False)
 
-    # Read-only views of the analysis, for the picture and for scripts that predate it.
-    @property
-    def trace(self) -> Trace | None:
-        return self.analysis.trace if self.analysis else None
-
-    @property
-    def timeline(self) -> Timeline | None:
-        return self.analysis.timeline if self.analysis else None
-
-    @property
-    def segmentation(self) -> Segmentation | None:
-        return self.analysis.segmentation if self.analysis else None
-
-    @property
-    def category_curves(self) -> CategoryCurves | None:
-        return self.analysis.categories if self.analysis else None
-
-    @property
-    def label_codes(self) -> np.ndarray | None:
-        """The phase code of every event (vocab.PhaseCode)."""
-        return self.analysis.labels if self.analysis else None
-
-    @property
-    def step_of(self) -> np.ndarray | None:
-        """The step position of every event, -1 outside every step."""
-        return self.analysis.step_of if self.analysis else None
+    # Read-only views of the analysis for older scripts, deprecated: the analysis is ``report.analysis``.
+    trace = _view("trace", "trace", "the trace read (``phasemem.read.trace.Trace``).")
+    timeline = _view("timeline", "timeline", "the memory curve and lifetimes.")
+    segmentation = _view("segmentation", "segmentation", "every event's phase and step.")
+    category_curves = _view("category_curves", "categories", "the category of every allocation.")
+    label_codes = _view("label_codes", "labels", "the phase code of every event (vocab.PhaseCode).")
+    step_of = _view("step_of", "step_of", "the step position of every event, -1 outside every step.")
 
     @property
     def labels(self) -> np.ndarray:
-        """The phase name of every trace event, as a numpy array of str."""
-        return np.array(PHASES, dtype=object)[self.label_codes]
+        """The phase name of every trace event, as a numpy array of str (``report.analysis.labels``
+        holds their codes, ``label_runs()`` their runs)."""
+        return np.array(PHASES, dtype=object)[self.analysis.labels if self.analysis else None]
 
     @property
     def torch_labels(self) -> LabelAgreement | None:
@@ -108,7 +103,8 @@ class Report(Written):
 
     def label_runs(self) -> list[tuple[int, int, str, int]]:
         """``labels`` run-length encoded: (first event, last event, phase, step position or -1)."""
-        first, last, code, step = phase_runs(self.label_codes, self.step_of)
+        an = self.analysis
+        first, last, code, step = phase_runs(an.labels if an else None, an.step_of if an else None)
         return [(a, b, PHASES[c], s) for a, b, c, s in zip(first.tolist(), last.tolist(), code.tolist(), step.tolist())]
 
     def to_dict(self) -> dict:
@@ -139,14 +135,14 @@ class Report(Written):
         e = self.peak_event if event is None else int(event)
         if not 0 <= e < self.n_events:
             raise IndexError(f"event {e} is outside the trace (0..{self.n_events - 1})")
-        row = self.category_curves.at_level([e], self.timeline)[0]
+        row = self.analysis.categories.at_level([e], self.analysis.timeline)[0]
         return dict(zip(CATEGORIES, row.tolist()))
 
     def category_curve(self, points: int = 1000) -> dict[str, list[int]]:
         """Bytes per category at up to ``points`` evenly spaced events (and the overall peak)."""
         ev = np.unique(np.concatenate([np.linspace(0, self.n_events - 1, min(points, self.n_events)).astype(np.int64),
                                        [self.peak_event]]))
-        m = self.category_curves.at_level(ev, self.timeline)
+        m = self.analysis.categories.at_level(ev, self.analysis.timeline)
         return {"event": ev.tolist(), **{c: m[:, k].tolist() for k, c in enumerate(CATEGORIES)}}
 
     def patterns_of(self, kind: str) -> list[Pattern]:
@@ -161,12 +157,10 @@ class Report(Written):
             >>> print(report.fits("80GiB"))
             >>> print(report.fits("80GiB", plan="fsdp2", ranks=8))
         """
-        from ..units import parse_size
-        from ..errors import PhasememError
         from ..predictions.fits import fits
 
         if self.analysis is None or self.live is not None:
-            raise PhasememError("what fits is solved from an allocation history; this report has none" + RECORD_HINT)
+            raise PhasememError("what fits is solved from an allocation history; this report has none; " + RECORD_HINT)
         if plan is None:
             return fits(self.analysis, self.patterns, parse_size(budget))
         from ..predictions.plans import plan_change
@@ -182,25 +176,16 @@ class Report(Written):
             >>> p = report.plan("fsdp2", ranks=8, param_dtype="bf16")
             >>> p.applies, p.predicted_peak_bytes, p.categories
         """
-        from ..errors import PhasememError
         from ..predictions.plans import plan
 
         if self.analysis is None or self.live is not None:
-            raise PhasememError("a plan is replayed on an allocation history; this report has none" + RECORD_HINT)
+            raise PhasememError("a plan is replayed on an allocation history; this report has none; " + RECORD_HINT)
         return plan(self.analysis, self.patterns, name, ranks, rank, **settings)
 
     def plot(self, **options):
-        """The labeled picture as a matplotlib Figure (for notebooks)."""
-        from ..reporters.picture import plot
-
-        return plot(self, **options)
-
-    def picture_writer(self, path, **options):
-        """The picture drawn now, and a function that writes it to the path it is given (format from
-        ``path``'s extension), for ``output.write_all``."""
-        from ..reporters.picture import picture_writer
-
-        return picture_writer(self, path, **options)
+        """The labeled picture as a matplotlib Figure (for notebooks); ``options`` are
+        ``phasemem.reporters.picture.draw.plot``'s."""
+        return reporter("picture", self).figure(self, **options)
 
     def text(self, full: bool = False) -> str:
         """The report as text: a screen or two (the peak, the typical step and those that differ,
@@ -209,10 +194,7 @@ class Report(Written):
         Example:
             >>> print(report.text(full=True))
         """
-        return format_report(self, full=full)
-
-    def __str__(self) -> str:
-        return format_report(self)
+        return reporter("text", self).render(self, full=full)
 
     def shape_bytes_at_peak(self) -> list[int]:
         """Per pattern, the bytes of its blocks alive at the peak that count for its kind (each block
@@ -232,6 +214,12 @@ class Report(Written):
         _, first = np.unique(rows, return_index=True)  # a block once, for the first pattern holding it
         size = an.timeline.lifetimes.size[rows[first]]
         return np.bincount(owner[first], weights=size, minlength=n).astype(np.int64).tolist()
+
+
+def reserved_measured(r: Report) -> bool:
+    """Whether the trace measured what the allocator reserved: a CPU trace has no caching allocator's
+    segments (the profiler path, capture/cpu.py), and a trace with no segment at all said nothing."""
+    return not r.device.startswith("cpu") and (r.reserved_peak_bytes > 0 or r.peak_bytes == 0)
 
 
 def _live_dict(live) -> dict:

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import PhasememError
+from ..output import Writer
+from ..report.registry import writes
+from ..report.report import Report
 from ..vocab import CATEGORIES, PHASES
 
 #: Prefix of the annotation ranges written: not phasemem's marker prefix ``phasemem::``, so analysing
@@ -88,9 +91,9 @@ def annotate(snapshot: dict, reports) -> Labels:
 def _device_of(report, traces) -> int:
     if report.live is not None or report.analysis is None:
         raise PhasememError(f"{report.device}: the snapshot holds no allocation history: nothing to label")
-    dev = int(report.trace.device)
+    dev = int(report.analysis.trace.device)
     events = traces[dev] if 0 <= dev < len(traces) else None
-    if not isinstance(events, list) or len(events) != report.n_events or report.trace.first_event:
+    if not isinstance(events, list) or len(events) != report.n_events or report.analysis.trace.first_event:
         raise PhasememError(f"{report.device}: the report was not made from this whole snapshot; "
                             "analyse the same snapshot without --steps")
     return dev
@@ -99,10 +102,10 @@ def _device_of(report, traces) -> int:
 def _label_events(report, events: list, dev: int, out: Labels) -> list:
     """A copy of one device's event list, the events that made (or, made before recording, freed) an
     allocation given its category and, where torch left it empty, phasemem's words for it."""
-    life = report.timeline.lifetimes
+    life = report.analysis.timeline.lifetimes
     owner = _owner_events(events, life)
     texts = _allocation_texts(report, life)
-    cats = np.asarray(report.category_curves.codes)
+    cats = np.asarray(report.analysis.categories.codes)
     names = [UNKNOWN if c == "other" else c for c in CATEGORIES]
     events = list(events)
     for i, evs in owner:
@@ -137,11 +140,11 @@ def _owner_events(events: list, life) -> list[tuple[int, list[int]]]:
 def _allocation_texts(report, life) -> list[str]:
     """'phasemem: step 3, backward, activation, logits' for every allocation (one string per distinct
     text, shared: the pickle stores each once)."""
-    step_of, labels = report.step_of, report.label_codes
+    step_of, labels = report.analysis.step_of, report.analysis.labels
     numbers = [s.number for s in report.steps]
     sure = {p.name: p for p in report.phases.values()}
     shapes = _shapes_of(report, len(life))
-    cats = np.asarray(report.category_curves.codes)
+    cats = np.asarray(report.analysis.categories.codes)
     seen: dict[str, str] = {}
     out = []
     for i, a in enumerate(life.alloc_event.tolist()):
@@ -161,7 +164,7 @@ def _allocation_texts(report, life) -> list[str]:
 
 def _shapes_of(report, n: int) -> list[tuple[str, ...]]:
     """The shape kinds each allocation (Lifetimes order) is a member of."""
-    n_pre = int(report.timeline.lifetimes.preexisting.sum())
+    n_pre = int(report.analysis.timeline.lifetimes.preexisting.sum())
     kinds: list[list[str]] = [[] for _ in range(n)]
     for p in report.patterns:
         for m in p.members:
@@ -173,7 +176,7 @@ def _shapes_of(report, n: int) -> list[tuple[str, ...]]:
 def _ranges(report, events: list, dev: int, out: Labels) -> list[dict]:
     """START/END annotations of every step, phase run and shape, at the times of their first and last
     event (an event at time t is inside when START <= t <= END, as phasemem reads markers)."""
-    if not report.trace.time_us.any():
+    if not report.analysis.trace.time_us.any():
         out.notes.append(f"{report.device}: the trace has no event times, so no annotation ranges were written "
                          "(memory_viz still shows the categories and labels)")
         return []
@@ -279,3 +282,19 @@ def summary(labels: Labels) -> str:
 
 
 __all__ = ["annotate", "memoryviz_pickle", "summary", "Labels", "LABEL_PREFIX", "UNKNOWN"]
+
+
+class MemoryViz:
+    """The snapshot with a report's labels, pickled for memory_viz (``phasemem annotate``); ``render``
+    needs the ``snapshot`` the report was made from, and takes the reports of its other devices in
+    ``others``."""
+
+    name = "memory_viz"
+    suffixes = (".pickle",)
+    takes = (Report,)
+
+    def render(self, report, snapshot: dict, others=()) -> bytes:
+        return memoryviz_pickle(annotate(snapshot, [report, *others]).snapshot)
+
+    def writer(self, report, path=None, **options) -> Writer:
+        return writes(self.render(report, **options))

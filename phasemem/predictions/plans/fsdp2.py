@@ -11,7 +11,7 @@ from ...analysis.core import Analysis
 from ..blocks import Facts
 from ...units import format_bytes
 from ...vocab import C, P
-from ...distributed.roles import R, roles
+from ...analysis.roles import R, roles
 from ..remedies.checkpointing import MIN_BLOCKS, _layer_period, _layer_rows
 from .blocks import PlanChange
 from .params import (MIN_LAYERS, StepBlocks, by_size, dtype_bytes, params_from_table, round_block,

@@ -13,8 +13,7 @@ from ...model import Pattern
 from ..blocks import Facts
 from ..scaling import CONSTANT
 from ...units import format_bytes
-from ...vocab import C, CATEGORIES, CATEGORY_NAMES, PHASES
-from ...distributed.roles import ROLE_NAMES
+from ...vocab import C, CATEGORIES, CATEGORY_NAMES, PHASES, ROLE_NAMES
 from ..replay import Replayed, changed_points
 from ..whatif import _base
 from .blocks import ROLE_CATEGORY, ROLES, Added, PlanChange

@@ -10,8 +10,7 @@ transform of what lies in the axes; a zoomed step shows bands sampled again over
 the whole picture are hidden while zoomed; the script draws the axis, step and phase names instead.
 
 Example:
-    >>> write = page_writer(report, plot(report))   # render.picture_writer does this for .html
-    >>> write("report.html")
+    >>> text = page_text(report, figure(report, "html"))   # the HTML reporter (reporters/html) does this
 """
 from __future__ import annotations
 
@@ -43,7 +42,7 @@ WHOLE_SHARE = 0.9
 #: Frames of an allocation's stack shown on hover (innermost first, as memory_viz lists them).
 STACK_FRAMES = 14
 
-#: The page draws the plan grid (render/plans.py) for traces up to this many events: ``plan_grid``
+#: The page draws the plan grid (reporters/picture/plans.py) for traces up to this many events: ``plan_grid``
 #: replays 4 plans x 5 rank counts and solves what fits for each, ~0.1 ms an event on this 2-core machine
 #: (fixtures/plans/gpt stretched by benchmarks/scale_snapshot.py: 50k events 4.2 s, 200k 21.6 s;
 #: ../shared/wild's 22k-event wedsonlin 0.7 s); above it the page says how to draw it.
@@ -57,11 +56,12 @@ _SVG_NS = "{http://www.w3.org/2000/svg}"
 _XLINK_HREF = "{http://www.w3.org/1999/xlink}href"
 
 
-def page_writer(report, fig, **options):
-    """A function writing the page of ``report`` whose picture ``fig`` is (``plot(report, **options)``).
+def page_text(report, fig, **options) -> str:
+    """The page of ``report`` whose picture ``fig`` is (``draw.figure(report, "html", **options)``).
 
     Example:
-        >>> page_writer(report, plot(report, steps="1-2"), steps="1-2")("report.html")
+        >>> page_text(report, figure(report, "html", steps="1-2"), steps="1-2")[:15]
+        '<!DOCTYPE html>'
     """
     if report.live is not None:  # no history: the live picture, the text
         svg, data = _svg_text(fig, {}, None), {"views": {}}
@@ -69,17 +69,11 @@ def page_writer(report, fig, **options):
         scene = _Scene(report, fig, options.get("by", "event"), options.get("color", "category"),
                        int(options.get("max_bands", 2000)))
         svg, data = _svg_text(fig, _tag(fig), scene), scene.data()
-    text = page(report, svg, data, int(round(fig.get_size_inches()[0] * fig.dpi)), plans=plans_section(report))
-
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    return write
+    return page(report, svg, data, int(round(fig.get_size_inches()[0] * fig.dpi)), plans=plans_section(report))
 
 
 def plans_section(report) -> str:
-    """The page's "Across GPUs" section: the plan picture (render/plans.py) as inline SVG under an 80 GB
+    """The page's "Across GPUs" section: the plan picture (reporters/picture/plans.py) as inline SVG under an 80 GB
     budget, for a report with an allocation history of at most PLAN_PAGE_EVENTS events; a note where
     it is skipped or cannot be told.
 
@@ -176,9 +170,9 @@ class _Scene:
 
     def _step_layers(self) -> dict[int, int]:
         """Step position → its layer, for the steps shown, the peak's step first, while within budget."""
-        r, tl = self.r, self.r.timeline
+        r, tl = self.r, self.r.analysis.timeline
         shown = [s for s in r.steps if s.start_event < self.b and s.end_event >= self.a]
-        peak = int(r.step_of[r.peak_event]) if r.step_of is not None and r.peak_event >= 0 else -1
+        peak = int(r.analysis.step_of[r.peak_event]) if r.analysis is not None and r.peak_event >= 0 else -1
         shown.sort(key=lambda s: (s.index != peak, s.index))
         out, spent = {}, 0
         for s in shown:
@@ -260,7 +254,7 @@ def _paths(xs: list, ys: list, nd: int, close: bool = True) -> list[str]:
 def _band_meta(r, drawn: list[int]) -> tuple[dict, list]:
     """Hover texts of every drawn allocation (Lifetimes index → size, when made, when freed, category,
     shapes, stack id, a note, the program's label) and the stacks they name."""
-    life, tr = r.timeline.lifetimes, r.trace
+    life, tr = r.analysis.timeline.lifetimes, r.analysis.trace
     n, numbers = r.n_events, [s.number for s in r.steps]
     n_pre = int(life.preexisting.sum())
     shapes: dict[int, list[str]] = {}
@@ -271,8 +265,8 @@ def _band_meta(r, drawn: list[int]) -> tuple[dict, list]:
                 kinds.append(p.kind)
 
     def where(e: int) -> str:
-        ph = PHASES[int(r.label_codes[e])]
-        return f"step {numbers[int(r.step_of[e])]} {ph}" if r.step_of[e] >= 0 else ph
+        ph = PHASES[int(r.analysis.labels[e])]
+        return f"step {numbers[int(r.analysis.step_of[e])]} {ph}" if r.analysis.step_of[e] >= 0 else ph
 
     cats = _bands.category_codes(r)
     stack_ids: dict[int, int] = {}

@@ -1,4 +1,4 @@
-"""The page around the picture (render/html.py): its style, its script (zoom and hover, no library),
+"""The page around the picture (reporters/html/page.py): its style, its script (zoom and hover, no library),
 the tables and the text report. Nothing here fetches anything: the page works from a file, offline."""
 from __future__ import annotations
 
@@ -175,10 +175,10 @@ document.body.dataset.ready = "1";  // for scripts driving the page (tests/test_
 
 def page(report, svg: str, data: dict, width_px: int, plans: str = "") -> str:
     """The whole page: navigation, the picture, the tables, the plan picture (``plans``: its section,
-    render/html.py ``plans_section``), the text report, the data and the script.
+    page.py ``plans_section``), the text report, the data and the script.
 
     Example:
-        >>> text = page(report, svg_text, {"views": {}}, 1600)   # render/html.py builds svg_text and the data
+        >>> text = page(report, svg_text, {"views": {}}, 1600)   # page.py builds svg_text and the data
     """
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     views = data.get("views", {})

@@ -160,7 +160,7 @@ def stack(life, cols: Columns, n: int, max_bands: int = 2000, base_key=None) -> 
     its category) splits the memory alive from before recording to the end into parts.
 
     Example:
-        >>> st = stack(report.timeline.lifetimes, cols, report.n_events, max_bands=10)
+        >>> st = stack(report.analysis.timeline.lifetimes, cols, report.n_events, max_bands=10)
         >>> len(st.index) <= 10
         True
     """
@@ -313,7 +313,7 @@ def x_values(report, by) -> np.ndarray:
     n = report.n_events
     if by == "event":
         return np.arange(n + 1, dtype=np.float64)
-    t = report.trace.time_us
+    t = report.analysis.trace.time_us
     X = np.empty(n + 1, dtype=np.float64)
     X[:n] = t - t[0]
     X[n] = X[n - 1] + max((X[n - 1] - X[0]) / max(n - 1, 1), 1.0)
@@ -322,7 +322,7 @@ def x_values(report, by) -> np.ndarray:
 
 def category_codes(report) -> np.ndarray:
     """Each allocation's category code (Lifetimes order), 'other' for all where the report has none."""
-    curves = getattr(report, "category_curves", None)
+    curves = report.analysis.categories
     if curves is None:
-        return np.full(len(report.timeline.lifetimes), C["other"], np.int64)
+        return np.full(len(report.analysis.timeline.lifetimes), C["other"], np.int64)
     return np.asarray(curves.codes, dtype=np.int64)

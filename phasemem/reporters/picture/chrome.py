@@ -176,9 +176,9 @@ def _axes_style(ax, by, unit, span, w_px, h_px):
 
 def _title(fig, lay, report, shown, width, height):
     where = ""
-    if report.step_of is not None and report.step_of[report.peak_event] >= 0:
-        st = report.steps[int(report.step_of[report.peak_event])]
-        where = f" in step {st.number} {PHASES[int(report.label_codes[report.peak_event])]}"
+    if report.analysis is not None and report.analysis.step_of[report.peak_event] >= 0:
+        st = report.steps[int(report.analysis.step_of[report.peak_event])]
+        where = f" in step {st.number} {PHASES[int(report.analysis.labels[report.peak_event])]}"
     left = f"{report.device} — peak {format_bytes(report.peak_bytes)} allocated{where}"
     right = f"{report.n_events:,} events · {len(report.steps)} step{'s' * (len(report.steps) != 1)}"
     inferred = sorted(ph for ph, src in report.sources.items() if src == "inferred")

@@ -74,9 +74,9 @@ def _band_colors(report, st, mode, codes, categories):
                    for c in present]
         base = [CATEGORY_COLORS[names[k]] for k in st.base_keys]
     elif mode == "phase":
-        life = report.timeline.lifetimes
+        life = report.analysis.timeline.lifetimes
         alloc = life.alloc_event[idx]
-        ph = np.where(alloc >= 0, report.label_codes[np.maximum(alloc, 0)], -1)
+        ph = np.where(alloc >= 0, report.analysis.labels[np.maximum(alloc, 0)], -1)
         table = {k: mcolors.to_rgb(PHASE_COLORS.get(p, _PHASE_OTHER)) for k, p in enumerate(PHASES)}
         table[-1] = mcolors.to_rgb(_NO_FRAMES)
         rgb = np.array([table[k] for k in ph.tolist()]).reshape(-1, 3)
@@ -124,8 +124,8 @@ def _stack_hash(texts) -> np.ndarray:
 
 
 def _stack_colors(report, st):
-    trace = report.trace
-    life = report.timeline.lifetimes
+    trace = report.analysis.trace
+    life = report.analysis.timeline.lifetimes
     alloc = life.alloc_event[st.index]
     sid = np.where(alloc >= 0, trace.stack[np.maximum(alloc, 0)], -1).astype(np.int64)
     has = sid >= 0

@@ -110,7 +110,7 @@ def _short(name: str, keep: int = 60) -> str:
 def _level(report) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     # The one place this picture reads a report's memory curve: the level while each event ran, and
     # the bytes just before and just after it (what the main picture draws from).
-    tl = report.timeline
+    tl = report.analysis.timeline
     return tl.level, tl.active_before, tl.active_after
 
 

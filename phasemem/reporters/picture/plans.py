@@ -29,10 +29,9 @@ from matplotlib.patches import Rectangle
 
 from ...errors import PhasememError
 from ...output import check_picture_size
-from ...distributed.roles import ROLE_NAMES
 from ...predictions.plans import GRID_RANKS, PLANS, ROLE_CATEGORY, PlanBar, plan_grid
 from ...units import axis_unit, format_bytes
-from ...vocab import CATEGORIES, CATEGORY_COLORS, CATEGORY_NAMES
+from ...vocab import CATEGORIES, CATEGORY_COLORS, CATEGORY_NAMES, ROLE_NAMES
 from .labels import LABEL_PT, LEGEND_PT, PEAK, TICK_PT, TITLE_PT, Layout
 
 _SVG_NS = "{http://www.w3.org/2000/svg}"

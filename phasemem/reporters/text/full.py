@@ -1,7 +1,7 @@
 """The report as text: its header (the peak and what fills it, where the phases came from, the notes),
 the whole report (``--full``: every step's phases, every shape), a snapshot without history, the
-out-of-memory lines and the what-if table. The short report (``str(report)``) is report_short.py,
-built from these pieces. Every figure of a shape is said with its label (vocab.AT_PEAK,
+out-of-memory lines and the what-if table. The short report (``str(report)``) is short.py, built
+from these pieces. Every figure of a shape is said with its label (vocab.AT_PEAK,
 patterns.shape_size_label), so that the header's and the list's numbers can be told apart.
 
 Example:
@@ -9,24 +9,15 @@ Example:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from ...analysis.spans import phase_runs
 from ...errors import RECORD_HINT
 from ...model import OutOfMemory
-from ...analysis.spans import phase_runs
+from ...report.report import INCOMPLETE_NOTE, LIVE_TOP, Report, reserved_measured
 from ...units import format_bytes
 from ...analysis.patterns import shape_size_label
 from ...vocab import AT_PEAK, CATEGORY_NAMES, PHASES
-
-if TYPE_CHECKING:
-    from ...report.report import Report
-
-#: Blocks listed in a history-less snapshot's text and JSON (the largest).
-LIVE_TOP = 12
-#: The first note of a report whose recording lost phases (instrument()'s ``lost_note``, capture/lost.py).
-INCOMPLETE_NOTE = "INCOMPLETE RECORDING: "
 
 
 def format_full(r: Report) -> str:
@@ -73,12 +64,6 @@ def header(r: Report) -> list[str]:
         lines.append("phases: " + "; ".join(
             f"{', '.join(p for p in PHASES if r.sources.get(p) == s)} {said.get(s, 'from ' + s)}" for s in src))
     return lines
-
-
-def reserved_measured(r: Report) -> bool:
-    """Whether the trace measured what the allocator reserved: a CPU trace has no caching allocator's
-    segments (the profiler path, capture/cpu.py), and a trace with no segment at all said nothing."""
-    return not r.device.startswith("cpu") and (r.reserved_peak_bytes > 0 or r.peak_bytes == 0)
 
 
 def reserved_words(r: Report) -> str:
@@ -185,24 +170,24 @@ def _conf(r: Report, phase: str) -> str:
 def _pieces(r: Report) -> dict[tuple[int, str], int]:
     """How many separate runs each (step, phase) has, where it has more than one: counted over the
     runs' columns, not a tuple per run."""
-    if r.label_codes is None:
+    if r.analysis is None:
         return {}
-    _, _, code, step = phase_runs(r.label_codes, r.step_of)
+    _, _, code, step = phase_runs(r.analysis.labels, r.analysis.step_of)
     keys, counts = np.unique(step * len(PHASES) + code, return_counts=True)  # step -1 (no step) too
     s, c = np.divmod(keys[counts > 1], len(PHASES))
     return {(a, PHASES[b]): k for a, b, k in zip(s.tolist(), c.tolist(), counts[counts > 1].tolist())}
 
 
 def step_at(r: Report, event: int | None):
-    if event is None or r.step_of is None or r.step_of[event] < 0:
+    if event is None or r.analysis is None or r.analysis.step_of[event] < 0:
         return "-"
-    return r.steps[int(r.step_of[event])].number
+    return r.steps[int(r.analysis.step_of[event])].number
 
 
 def phase_at(r: Report, event: int | None) -> str:
-    if event is None or r.label_codes is None:
+    if event is None or r.analysis is None:
         return "-"
-    return PHASES[int(r.label_codes[event])]
+    return PHASES[int(r.analysis.labels[event])]
 
 
 def _before(r: Report) -> str:

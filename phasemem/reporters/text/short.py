@@ -9,17 +9,13 @@ Example:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ...model import Pattern
-from .full import format_full, format_live, header, oom_line, phase_at, step_table
 from ...analysis.typical import Typical, ranges, typical
+from ...model import Pattern
+from ...report.report import Report
 from ...units import format_bytes, signed
 from ...analysis.patterns import KIND_NAMES, shape_size_label
 from ...vocab import AT_PEAK
-
-if TYPE_CHECKING:
-    from ...report.report import Report
+from .full import format_full, format_live, header, oom_line, phase_at, step_table
 
 #: Lines of each part at most, so that the report stays a screen or two whatever the trace holds:
 #: out-of-memory events (each 2 to 5 lines), notes, and groups of steps that differ from the typical one.

@@ -1,6 +1,6 @@
 """What a distributed wrapper holds in one rank's trace, told apart only by evidence the trace carries:
 FSDP2's unsharded parameters, all-gather and reduce-scatter buffers and sharded gradients, DDP's
-gradient buckets. Pure functions of the trace, its timeline and its steps (the analysis floor).
+gradient buckets. Pure functions of the trace, its timeline and its steps.
 
 Evidence, strongest first: the allocation's stack frames name the function of
 ``torch/distributed/fsdp/_fully_shard/`` or ``torch/nn/parallel/distributed.py`` that made it; where an
@@ -9,8 +9,8 @@ allocation has no frames (the CPU recording path; the autograd thread), FSDP2's 
 from frames: no range of DDP's holds their allocation. Without either, nothing is claimed.
 
 Example:
-    >>> found = roles(report.trace, report.timeline, report.label_codes, report.step_of,
-    ...               backward_ends(report.steps, report.n_events))
+    >>> an = report.analysis
+    >>> found = roles(an.trace, an.timeline, an.labels, an.step_of, backward_ends(report.steps, report.n_events))
     >>> found.wrapper, found.evidence
     ('fsdp2', 'stack frames')
 """
@@ -23,16 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Step
-from ..analysis.timeline import Timeline
+from .timeline import Timeline
 from ..read.trace import Trace
 from ..vocab import P
 
-#: What distributed wrappers hold (the codes are positions here; -1: none of them).
+#: What distributed wrappers hold (the codes are positions here; -1: none of them); their names for
+#: people: vocab.ROLE_NAMES.
 ROLES = ("sharded_parameters", "unsharded_parameters", "all_gather_buffers", "reduce_scatter_buffers",
          "sharded_gradients", "ddp_buckets")
-ROLE_NAMES = {"sharded_parameters": "sharded parameters", "unsharded_parameters": "unsharded parameters",
-              "all_gather_buffers": "all-gather buffers", "reduce_scatter_buffers": "reduce-scatter buffers",
-              "sharded_gradients": "sharded gradients", "ddp_buckets": "DDP buckets"}
 R = {name: code for code, name in enumerate(ROLES)}
 FSDP2_ROLES = ROLES[:5]
 DDP_ROLES = ("ddp_buckets",)
@@ -78,7 +76,7 @@ class Roles:
 
 def roles(trace: Trace, timeline: Timeline, labels: np.ndarray, step_of: np.ndarray, backward_end: np.ndarray) -> Roles:
     """The wrapper and the role of every allocation: ``labels`` and ``step_of`` are each event's phase
-    code and step position (``Report.label_codes``, ``Report.step_of``), ``backward_end`` from
+    code and step position (``Analysis.labels``, ``Analysis.step_of``), ``backward_end`` from
     ``backward_ends``."""
     life = timeline.lifetimes
     stack_role, fsdp_frames, ddp_frames = _stack_roles(trace)

@@ -19,12 +19,12 @@ import bisect
 
 import numpy as np
 
+from ..analysis.patterns import SHAPE_PRIORITY
+from ..analysis.peak import alive_at, shape_codes
 from ..errors import PhasememError
 from ..model import PeakBreakdown, Step
-from .patterns import SHAPE_PRIORITY
-from .peak import alive_at, shape_codes
-from ..report.report import Report
 from ..vocab import CATEGORIES
+from .report import Report
 
 #: bytes alive, per (shape kind or None for no shape, category)
 Cells = dict[tuple[str | None, str], int]
