@@ -23,9 +23,9 @@ from pathlib import Path
 _CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from phasemem.analyze import analyze_trace
+from phasemem.report.pipeline import analyze_trace
 from phasemem.read import trace as read_trace
-from phasemem.trace import no_gc
+from phasemem.read.trace import no_gc
 trace = read_trace(sys.argv[2])
 prefix = sys.argv[3] or str(trace.meta.get("markers") or "phasemem::")
 best_cpu = best_wall = float("inf")

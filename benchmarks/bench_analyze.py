@@ -119,9 +119,9 @@ def replicate_steps(snap: dict, copies: int, *, first: int = 1, last: int = 2, p
 def _optional_parts(repeat, trace, tl, seg) -> dict:
     """Stages that exist only in newer versions of the pipeline (patterns, categories)."""
     try:
-        from phasemem.categories import CategoryCurves
-        from phasemem.patterns import detect
-        from phasemem.patterns.context import Context
+        from phasemem.analysis.categories import CategoryCurves
+        from phasemem.analysis.patterns import detect
+        from phasemem.analysis.patterns.context import Context
     except ImportError:
         return {}
     out = {}
@@ -149,15 +149,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     import phasemem
-    from phasemem.analyze import analyze_trace
+    from phasemem.report.pipeline import analyze_trace
     from phasemem.read.snapshot import load_snapshot
-    from phasemem.trace import no_gc
-    from phasemem.measure import measure
-    from phasemem.render import save
-    from phasemem.segmentation import segment
+    from phasemem.read.trace import no_gc
+    from phasemem.analysis.measure import measure
+    from phasemem.reporters.picture.draw import save
+    from phasemem.analysis.segmentation import segment
     from phasemem.read import trace as read_trace
-    from phasemem.timeline import Timeline
-    from phasemem.trace import Trace
+    from phasemem.analysis.timeline import Timeline
+    from phasemem.read.trace import Trace
 
     base = read_shared(args.source)
     n0 = len(base["device_traces"][0])

@@ -7,7 +7,7 @@ allocs and frees still paired), written as plain pickles. The median of N runs o
 
 - ``phasemem.analyze(A)``: one analysis (the yardstick), and ``analyze(A)`` + ``analyze(B)``;
 - ``phasemem diff A B -o diff.png --json diff.json`` end to end (both analyses, the comparison, the
-  text, the picture and the JSON), in-process through ``phasemem.cli.main``;
+  text, the picture and the JSON), in-process through ``phasemem.commands.cli.main``;
 - ``compare_reports`` alone on the two finished reports, and the picture alone.
 
 ``diff`` analyses both without the what-ifs (``analyze(..., what_ifs=False)``: a comparison reads
@@ -66,8 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="median of N runs (default 3)")
     args = ap.parse_args(argv)
     import phasemem
-    from phasemem.cli import main as cli
-    from phasemem.compare import choose_steps, compare_reports
+    from phasemem.commands.cli import main as cli
+    from phasemem.report.compare import choose_steps, compare_reports
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = []

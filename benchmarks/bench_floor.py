@@ -61,7 +61,7 @@ def make(seed: Path, events: int, share: str, path: Path) -> int:
 
 def measure(path: Path, repeat: int, png: str) -> dict:
     import phasemem
-    from phasemem.analyze import analyze_trace
+    from phasemem.report.pipeline import analyze_trace
     from phasemem.read import trace as read_trace
 
     def plain_load():

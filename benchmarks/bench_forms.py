@@ -58,7 +58,7 @@ def make(seed: Path, events: int, form: str, frames: str, path: Path) -> int:
 def measure(path: Path, repeat: int) -> dict:
     import phasemem
     from phasemem.read import trace as read_trace
-    from phasemem.trace import Trace
+    from phasemem.read.trace import Trace
 
     def plain_load():
         with open(path, "rb") as f:

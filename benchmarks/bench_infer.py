@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_analyze import replicate_steps  # noqa: E402
 
 import phasemem  # noqa: E402
-from phasemem.infer import labels_from_lifetimes  # noqa: E402
-from phasemem.timeline import Timeline  # noqa: E402
-from phasemem.trace import Trace  # noqa: E402
+from phasemem.analysis.infer import labels_from_lifetimes  # noqa: E402
+from phasemem.analysis.timeline import Timeline  # noqa: E402
+from phasemem.read.trace import Trace  # noqa: E402
 
 SOURCE = Path(__file__).resolve().parents[1] / "fixtures" / "plain_gpt_foreach.pkl.xz"  # gt:: markers
 

@@ -2,7 +2,7 @@
 
 Each round runs both trees in fresh processes, alternating which goes first; each process reads the
 trace once, builds the Analysis and measure()s it (the memos detect finds in analyze_trace), then
-times ``patterns.detect`` ``--inner`` times from those memos and each detector of ``_PER_STEP`` over
+times ``patterns.detect`` ``--inner`` times from those memos and each per-step detector over
 every step, keeping its best. Prints each tree's median over rounds, and whether both found the same
 patterns (fields, types and members).
 
@@ -21,28 +21,40 @@ import sys
 _CHILD = r"""
 import dataclasses, hashlib, json, sys, time
 sys.path.insert(0, sys.argv[1])
-from phasemem.analysis import Analysis
-from phasemem.measure import measure
+from phasemem.analysis.core import Analysis
+from phasemem.analysis.measure import measure
 from phasemem.read import trace as read_trace
-from phasemem.trace import no_gc
-from phasemem import patterns
+from phasemem.read.trace import no_gc
+from phasemem.analysis import patterns
 trace = read_trace(sys.argv[2])
 with no_gc():
     an = Analysis.of(trace, str(trace.meta.get("markers") or "phasemem::"))
     measure(an)
     ctx, inner = an.facts, int(sys.argv[3])
-    memos = dict(ctx._memo)
+    if hasattr(ctx, "_memo"):  # a checkout before typed facts: one dict of memos, reset per round
+        memos = dict(ctx._memo)
+        def fresh():
+            ctx._memo = dict(memos)
+            return ctx
+        per_step = patterns._PER_STEP
+    else:  # the shared facts measure() left (cached properties) on a new Context: detectors' own caches empty
+        shared = {k: v for k, v in vars(ctx).items() if k not in {f.name for f in dataclasses.fields(ctx)}}
+        def fresh():
+            new = dataclasses.replace(ctx)
+            vars(new).update(shared)
+            return new
+        per_step = patterns.detectors(True)
     best = {}
     for _ in range(inner):
-        ctx._memo = dict(memos)
+        c = fresh()
         t = time.perf_counter()
-        found = patterns.detect(ctx)
+        found = patterns.detect(c)
         best["detect"] = min(best.get("detect", 1e9), time.perf_counter() - t)
-        ctx._memo = dict(memos)
-        for det in patterns._PER_STEP:
+        c = fresh()
+        for det in per_step:
             t = time.perf_counter()
-            for step in range(len(ctx.seg.steps)):
-                det(ctx, step)
+            for step in range(len(c.seg.steps)):
+                det(c, step)
             name = det.__module__.rsplit(".", 1)[-1] + "." + det.__name__
             best[name] = min(best.get(name, 1e9), time.perf_counter() - t)
 sig = repr([(dataclasses.astuple(p), p.members) for p in found]).encode()

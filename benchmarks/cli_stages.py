@@ -37,12 +37,12 @@ def main(argv=None) -> int:
     import numpy  # noqa: F401
     lap("import numpy")
     import phasemem  # noqa: F401
-    from phasemem.cli import main as _cli  # noqa: F401  (what the CLI imports before reading)
+    from phasemem.commands.cli import main as _cli  # noqa: F401  (what the CLI imports before reading)
     lap("import phasemem + cli")
     from phasemem.read import read
-    from phasemem.step_index import cut
-    from phasemem.trace import no_gc
-    pipeline = importlib.import_module("phasemem.analyze")
+    from phasemem.analysis.step_index import cut
+    from phasemem.read.trace import no_gc
+    pipeline = importlib.import_module("phasemem.report.pipeline")
     with no_gc():
         got = cut(read(args.trace, None))
         lap("read")
@@ -53,8 +53,8 @@ def main(argv=None) -> int:
     import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.figure  # noqa: F401
     lap("import matplotlib")
-    import phasemem.render  # noqa: F401
-    lap("import phasemem.render")
+    import phasemem.reporters.picture.draw  # noqa: F401
+    lap("import phasemem.reporters.picture.draw")
     report.picture_writer(args.png)(args.png)
     lap("PNG")
     for name, wall, cpu in _rows:

@@ -64,7 +64,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from phasemem.capture import hooks, instrument
+from phasemem.capture import hooks
+from phasemem.run import instrument
 
 # The GPT the fixtures were recorded with, so the numbers describe the same model.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))

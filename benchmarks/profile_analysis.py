@@ -27,9 +27,9 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=45)
     ap.add_argument("--png", default="/tmp/phasemem-profile.png")
     args = ap.parse_args(argv)
-    from phasemem.analyze import analyze_trace
+    from phasemem.report.pipeline import analyze_trace
     from phasemem.read import trace as read_trace
-    from phasemem.trace import no_gc
+    from phasemem.read.trace import no_gc
 
     trace = read_trace(args.trace)  # any form: pickle, .npz
     prefix = args.markers or str(trace.meta.get("markers") or "phasemem::")

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.overhead_gpu import GPT  # noqa: E402  (the same GPT as fixtures/record.py)
-from phasemem.capture import instrument  # noqa: E402
+from phasemem.run import instrument  # noqa: E402
 
 
 def build(dev: str, tiny: bool, seed: int = 0):

@@ -17,10 +17,11 @@ import pickle
 import sys
 from pathlib import Path
 
-import phasemem
-from phasemem.errors import PhasememError
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's phasemem, whatever is installed
+
+import phasemem  # noqa: E402
+from phasemem.errors import PhasememError  # noqa: E402
 ADDED = "--added" in sys.argv  # also list fields only the second run has
 WORDS = "--words" in sys.argv  # also list changed explanations
 SHARED = ROOT.parent / "shared"

@@ -42,7 +42,7 @@ def main(paths: list[str]) -> int:
         meta = snap["phasemem"]["meta"]
         r = phasemem.analyze(snap)
         p = meta["param_bytes"]
-        every = r.category_curves.at_level(np.arange(r.n_events), r.timeline.delta)
+        every = r.analysis.categories.at_level(np.arange(r.n_events), r.analysis.timeline.delta)
         cats = dict(zip(("parameter", "gradient", "optimizer_state"), range(3)))
         param = r.categories()["parameter"]
         grad = int(every[:, cats["gradient"]].max())

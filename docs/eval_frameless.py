@@ -39,9 +39,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from phasemem.segmentation import segment  # noqa: E402
-from phasemem.timeline import Timeline  # noqa: E402
-from phasemem.trace import Trace  # noqa: E402
+from phasemem.analysis.segmentation import segment  # noqa: E402
+from phasemem.analysis.timeline import Timeline  # noqa: E402
+from phasemem.read.trace import Trace  # noqa: E402
 from phasemem.vocab import P, PHASES  # noqa: E402
 
 CACHE = Path(os.environ.get("PHASEMEM_EVAL_CACHE", "/tmp/phasemem-frameless-cache-v2"))

@@ -46,10 +46,10 @@ def stripped(snap: dict, frames: bool, keep_torch: bool = False) -> dict:
 
 
 def score(truth, got, loss_in_forward: bool) -> dict:
-    got_codes = got.label_codes.copy()
+    got_codes = got.analysis.labels.copy()
     if loss_in_forward:  # the shared snapshots' gt::forward spans the model and the loss
         got_codes[got_codes == P["loss"]] = P["forward"]
-    ok = truth.label_codes == got_codes
+    ok = truth.analysis.labels == got_codes
     peaks = []
     for name, ph in truth.phases.items():
         if name == "other" or ph.peak_bytes == 0:
@@ -61,7 +61,7 @@ def score(truth, got, loss_in_forward: bool) -> dict:
     hits = {ph: (int(((got_codes == code) & ok).sum()), int((got_codes == code).sum()))
             for ph, code in P.items() if ph != "other"}
     # Without a backward an inferred trace is one step (nothing tells which forwards make one call).
-    expected = len(truth.steps) if (truth.label_codes == P["backward"]).any() else 1
+    expected = len(truth.steps) if (truth.analysis.labels == P["backward"]).any() else 1
     return {"accuracy": float(ok.mean()), "steps": (len(got.steps), expected), "hits": hits,
             "peak_err": max(peaks) if peaks else 0.0, "phases": len(peaks),
             "phases_within": sum(p <= 0.02 for p in peaks)}

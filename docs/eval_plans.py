@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import phasemem  # noqa: E402
-from phasemem.plans import plan  # noqa: E402
+from phasemem.predictions.plans import plan  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "plans")
 #: A truth run's plan name -> (plan, its settings)
@@ -56,11 +56,14 @@ def main(argv=None) -> int:
     ap.add_argument("--held-out", action="store_true", help="only the held-out rows")
     ap.add_argument("--from", dest="source", default="fp32")
     ap.add_argument("--markdown", action="store_true", help="the summary as a markdown table (docs/plans.md)")
+    ap.add_argument("--capped", action="store_true", help="the per-rank --fits answers against the capped runs")
     a = ap.parse_args(argv)
     only = set(a.only.split(",")) if a.only else None
     errs = {}
     if a.markdown:
         return markdown(only, a.source)
+    if a.capped:
+        return capped()
     print(f"{'run':34s} {'held':4s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  peak phase")
     for run, p, ho in rows(only, a.source):
         if (a.fit and ho) or (a.held_out and not ho):
@@ -76,6 +79,31 @@ def main(argv=None) -> int:
     for (plan_name, ho), e in sorted(errs.items()):
         print(f"{plan_name:12s} {'held out' if ho else 'fitted':8s} runs {len(e):3d}  mean |error| {sum(e) / len(e):6.1%}  "
               f"max {max(e):6.1%}  within 5%: {sum(x <= 0.05 for x in e)}/{len(e)}")
+    return 0
+
+
+def capped_rows():
+    """Each capped run of capped.json (a 24 GiB cap, every one held out): the largest batch per rank
+    that ran, and the one --fits names from the family's one-GPU trace at its first batch."""
+    cap = json.load(open(os.path.join(HERE, "capped.json")))
+    for run in cap["runs"]:
+        fam, name, n = run["family"], run["plan"], run["ranks"]
+        b = cap["families"][fam]["batches"][0]
+        rep = phasemem.analyze(os.path.join(HERE, f"{fam}__single_fp32__n1_r0__b{b}.pkl.xz"), what_ifs=False)
+        if name == "single":
+            fx = rep.fits(run["cap_bytes"])
+        else:  # the fake group's no-op hook: see RUN_PLANS
+            fx = rep.fits(run["cap_bytes"], plan=name, ranks=n, **RUN_PLANS.get(name, (name, {}))[1])
+        yield run, int(fx.batch.largest_factor * b)
+
+
+def capped() -> int:
+    print("| family | plan | largest batch that ran | first that ran out | --fits names | error | runs |")
+    print("|---|---|---|---|---|---|---|")
+    for run, named in capped_rows():
+        real = run["largest_batch"]
+        print(f"| {run['family']} | {run['plan']}:{run['ranks']} | {real} | {run['first_failing']} | {named} | "
+              f"{named / real - 1:+.1%} | {'yes' if named <= real else 'no'} |")
     return 0
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import phasemem
-from phasemem.fits import predict
+from phasemem.predictions.fits import predict
 from phasemem.units import format_bytes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

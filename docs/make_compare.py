@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import phasemem  # noqa: E402
-from phasemem.comparison import named_floor, pct, signed  # noqa: E402
+from phasemem.report.comparison import named_floor, pct, signed  # noqa: E402
 from phasemem.units import format_bytes  # noqa: E402
 from phasemem.vocab import CATEGORY_NAMES  # noqa: E402
 

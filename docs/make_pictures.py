@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import phasemem  # noqa: E402
-from phasemem import render  # noqa: E402
+from phasemem.reporters.picture import draw as render  # noqa: E402
 
 FIXTURES = ROOT / "fixtures"
 OUT = ROOT / "docs" / "img"

@@ -19,23 +19,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 MUTATIONS = {
-    "softmax spike detector removed": ("phasemem/patterns/logits.py",
+    "softmax spike detector removed": ("phasemem/analysis/patterns/logits.py",
                                        "    bwd_first = bwd[0] if bwd is not None else ctx.n\n",
                                        "    return None\n    bwd_first = bwd[0] if bwd is not None else ctx.n\n"),
-    "logits release removed": ("phasemem/patterns/__init__.py", "found += leak.detect(ctx)",
+    "logits release removed": ("phasemem/analysis/patterns/__init__.py", "found += leak.detect(ctx)",
                                "found = [p for p in found if p.kind != 'logits_release']\n    found += leak.detect(ctx)"),
-    "gradient accumulation removed": ("phasemem/patterns/__init__.py", "found += leak.detect(ctx)",
+    "gradient accumulation removed": ("phasemem/analysis/patterns/__init__.py", "found += leak.detect(ctx)",
                                       "found = [p for p in found if p.kind != 'gradient_accumulation']\n"
                                       "    found += leak.detect(ctx)"),
-    "spike size wrong": ("phasemem/patterns/logits.py",
+    "spike size wrong": ("phasemem/analysis/patterns/logits.py",
                          "height = int(ctx.level[p] - ctx.timeline.active_after[end])", "height = int(ctx.level[p])"),
-    "FSDP2 guard in categories off": ("phasemem/categories.py", "if int(gsizes[paired].sum()) < int(gsizes.sum()) // 2:",
+    "FSDP2 guard in categories off": ("phasemem/analysis/core/categories.py", "if int(gsizes[paired].sum()) < int(gsizes.sum()) // 2:",
                                       "if False:"),
-    "marker END boundary": ("phasemem/segmentation/markers.py", 'iv.stop = int(np.searchsorted(t, iv.t1, "right"))',
+    "marker END boundary": ("phasemem/analysis/core/segmentation/markers.py", 'iv.stop = int(np.searchsorted(t, iv.t1, "right"))',
                             'iv.stop = int(np.searchsorted(t, iv.t1, "left"))'),
-    "one loss per forward rule": ("phasemem/segmentation/markers.py", "if k >= 0 and fwd_ends[k] > prev_bwd_end:",
+    "one loss per forward rule": ("phasemem/analysis/core/segmentation/markers.py", "if k >= 0 and fwd_ends[k] > prev_bwd_end:",
                                   "if k >= 0:"),
-    "spike peak event": ("phasemem/patterns/logits.py",
+    "spike peak event": ("phasemem/analysis/patterns/logits.py",
                          'kind="softmax_spike", step=step, phase="forward", start_event=start, end_event=end, peak_event=p,',
                          'kind="softmax_spike", step=step, phase="forward", start_event=start, end_event=end, '
                          'peak_event=start,'),

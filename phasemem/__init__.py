@@ -9,12 +9,14 @@ Example:
     >>> report.save_png("memory.png")
     >>> report.phases["optimizer"].peak_bytes
 """
-from .analyze import analyze
-from .compare import compare
-from .comparison import Comparison
+from .report.pipeline import analyze
+from .report.compare import compare
+from .report.comparison import Comparison
 from .errors import PhasememError
-from .ranks import RunReport, analyze_ranks
-from .report import Allocation, Phase, Report, Step
+from .distributed.pool import analyze_ranks
+from .distributed.run_report import RunReport
+from .report.report import Allocation, Phase, Report, Step
+from . import reporters  # noqa: F401 - registers the text, JSON, picture and page the report types write through
 
 __all__ = ["analyze", "analyze_ranks", "compare", "Comparison", "RunReport", "instrument", "PhasememError", "Report", "Step", "Phase", "Allocation"]
 __version__ = "0.1.0"
@@ -23,7 +25,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # capture imports torch; analysing a saved snapshot should not pay for that.
     if name == "instrument":
-        from .capture import instrument
+        from .run import instrument
 
         return instrument
     raise AttributeError(name)

@@ -1,6 +1,6 @@
 """``python -m phasemem``: the same command line as the ``phasemem`` script."""
 import sys
 
-from .cli import main
+from .commands.cli import main
 
 sys.exit(main())

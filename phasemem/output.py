@@ -2,7 +2,6 @@
 command that writes several files writes all of them or none."""
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from typing import Callable, Iterable
@@ -10,7 +9,7 @@ from typing import Callable, Iterable
 from .errors import PhasememError
 
 #: Pictures smaller than this cannot hold the strip, the curve and the legends legibly (a 100x100
-#: picture was accepted and unreadable); the CLI and render.plot check the same numbers.
+#: picture was accepted and unreadable); the CLI and the picture check the same numbers.
 MIN_PICTURE = (480, 270)
 MAX_PICTURE = 20000
 PICTURE_SIZES = (f"the picture must be at least {MIN_PICTURE[0]}x{MIN_PICTURE[1]} and at most "
@@ -30,35 +29,6 @@ def check_picture_size(size, dpi) -> tuple[int, int]:
     if not 10 <= dpi <= 2000:
         raise ValueError(f"dpi={dpi!r}: use 10 to 2000")
     return w, h
-
-
-class Written:
-    """How the three report types (``Report``, ``Comparison``, ``RunReport``) are written, shared:
-    ``to_dict()`` as JSON and the picture their ``picture_writer`` draws, each atomically. A report
-    type gives ``to_dict()`` and ``picture_writer(path, **options)`` (its renderer, imported lazily).
-
-    Example:
-        >>> report.to_json("report.json"); report.save_png("memory.png", size=(1200, 600))
-    """
-
-    def json_writer(self, extra: dict | None = None) -> Writer:
-        """A function writing ``to_dict()`` (and ``extra`` keys) as JSON to the path it is given (for
-        ``write_all``)."""
-        text = json.dumps(self.to_dict() | (extra or {}), indent=1)
-
-        def write(tmp):
-            with open(tmp, "w") as f:
-                f.write(text)
-
-        return write
-
-    def to_json(self, path) -> None:
-        """Write ``to_dict()`` as JSON, atomically."""
-        atomic_write(path, self.json_writer())
-
-    def save_png(self, path, **options) -> None:
-        """Draw the picture to ``path`` (.png, .svg or .pdf, by its extension), atomically."""
-        atomic_write(path, self.picture_writer(path, **options))
 
 
 def atomic_write(path: str | os.PathLike, write: Writer) -> None:

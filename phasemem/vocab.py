@@ -1,6 +1,6 @@
-"""The vocabularies, each defined once: phases, categories, shape kinds, the marker prefix, and their
-display names and colours. The int codes are what the numpy label arrays hold (int8). Imports nothing
-of phasemem: every layer may use it.
+"""The vocabularies, each defined once: phases, categories, the marker prefix, and their display names
+and colours (the shape kinds are records beside their detectors: analysis.patterns). The int codes are
+what the numpy label arrays hold (int8). Imports nothing of phasemem: every layer may use it.
 
 Example:
     >>> from phasemem.vocab import PhaseCode, PHASES, P
@@ -49,11 +49,10 @@ C = {name: code for code, name in enumerate(CATEGORIES)}
 #: How the report's text names each category (plural, as in "made of parameters 1.2 GiB").
 CATEGORY_NAMES = {"parameter": "parameters", "gradient": "gradients", "optimizer_state": "optimizer state",
                   "activation": "activations", "temporary": "temporaries", "input": "inputs", "other": "other"}
-
-#: The shape kinds the detectors name (patterns/), in the order a report lists those at one event.
-KINDS = ("logits", "softmax_spike", "logits_release", "checkpoint_recompute", "forward_rerun", "gradients",
-         "gradient_accumulation", "optimizer_state_init", "optimizer_temporaries", "amp_unscale", "grad_clip",
-         "workspace", "leak")
+#: How the text and pictures name what a distributed wrapper holds (``analysis.roles.ROLES``).
+ROLE_NAMES = {"sharded_parameters": "sharded parameters", "unsharded_parameters": "unsharded parameters",
+              "all_gather_buffers": "all-gather buffers", "reduce_scatter_buffers": "reduce-scatter buffers",
+              "sharded_gradients": "sharded gradients", "ddp_buckets": "DDP buckets"}
 
 #: Colours, keyed by the vocabularies (as torch's _memory_profiler keys its colours by Category).
 PHASE_COLORS = {
@@ -80,42 +79,5 @@ CATEGORY_COLORS = {
 #: by side (issue 40: the demo's header said logits_release 96.00 MiB, its list 91.50 MiB).
 #: AT_PEAK: the bytes of the shape's blocks alive at the report's peak (``Report.peak.by_shape``,
 #: JSON ``peak.by_shape`` and each pattern's ``bytes_at_peak``); each block counts for one shape only.
+#: The other, what a shape's own figure (``Pattern.bytes``) measures, is its kind's: ``ShapeKind.size_label``.
 AT_PEAK = "alive at the peak"
-#: SHAPE_SIZE: what a shape's own figure (``Pattern.bytes``, JSON ``bytes`` with ``bytes_is``) measures,
-#: per kind: "logits_release 91.50 MiB, the cliff". ``shape_size_label`` gives a pattern's.
-SHAPE_SIZE = {
-    "logits": "the block",
-    "softmax_spike": "the spike's height",
-    "logits_release": "the cliff",
-    "checkpoint_recompute": "per layer",
-    "forward_rerun": "per layer",
-    "gradients": "all of them",
-    "gradient_accumulation": "all of them",
-    "optimizer_state_init": "the state",
-    "optimizer_temporaries": "most at once",
-    "amp_unscale": "all of them",
-    "grad_clip": "all of them",
-    "workspace": "all of them",
-    "leak": "left by the step",
-}
-#: Gradients measured otherwise: zero_grad's release (what it frees at once), and gradients each freed
-#: by its own update inside backward (the most alive at once).
-GRADIENTS_RELEASED = "freed at once"
-GRADIENTS_IN_BACKWARD = "most at once"
-
-
-def shape_size_label(kind: str, details: dict | None = None) -> str:
-    """What ``Pattern.bytes`` measures for a shape of ``kind`` (with its ``details``).
-
-    Example:
-        >>> shape_size_label("logits_release"), shape_size_label("gradients", {"release": True})
-        ('the cliff', 'freed at once')
-    """
-    details = details or {}
-    if kind == "gradients" and details.get("release"):
-        return GRADIENTS_RELEASED
-    if kind == "gradients" and details.get("in_backward"):
-        return GRADIENTS_IN_BACKWARD
-    if kind == "checkpoint_recompute" and details.get("evidence") == "rng_replay":
-        return "per region"  # the replayed ops' blocks, told apart by the RNG's replay
-    return SHAPE_SIZE.get(kind, "its size")

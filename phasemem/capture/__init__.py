@@ -1,6 +1,7 @@
-"""Capture: the only part of phasemem that drives torch. Produces a snapshot dict (docs/design.md)."""
+"""Capture: the only part of phasemem that drives torch. Produces a snapshot dict (docs/design.md);
+``phasemem.instrument()`` (phasemem/run.py) adds its report."""
 
 from .hooks import PREFIX
-from .instrument import Run, instrument
+from .instrument import Recording
 
-__all__ = ["PREFIX", "Run", "instrument"]
+__all__ = ["PREFIX", "Recording"]

@@ -1,4 +1,6 @@
-"""``instrument()``: record the allocator around a training loop, with phase markers, as a snapshot dict."""
+"""``Recording``: the allocator recorded around a training loop, with phase markers, as a snapshot dict.
+``phasemem.instrument()`` makes one (``phasemem.run.Run``, which adds the report); capture gives the
+snapshot only, so nothing here imports the analysis."""
 
 from __future__ import annotations
 
@@ -29,15 +31,16 @@ def _error(msg: str) -> Exception:
 # The phasemem CUDA runs now recording, outermost first. A run started while another records does not
 # touch the recorder (its settings stay the outer run's); the last one out turns recording off when
 # the first one in found it off.
-_CUDA_RUNS: list["Run"] = []
+_CUDA_RUNS: list["Recording"] = []
 _CUDA_TURN_OFF = [False]
 
 
-class Run:
-    """One recording; ``instrument()`` returns it and ``with`` hands back the same object.
+class Recording:
+    """One recording; ``with`` hands back the same object. ``phasemem.instrument()`` returns a
+    ``phasemem.run.Run``, this with its report.
 
     After the block: ``run.snapshot`` is the snapshot dict (plain Python types, loadable without torch),
-    ``run.report()`` analyses it, ``run.save(path)`` writes it (``.xz``/``.gz`` compress).
+    ``run.save(path)`` writes it (``.xz``/``.gz`` compress).
     """
 
     def __init__(
@@ -79,7 +82,7 @@ class Run:
         self.global_annotations = True
 
     # -- context manager -------------------------------------------------------------------
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> "Recording":
         self.start()
         return self
 
@@ -91,23 +94,25 @@ class Run:
         return False
 
     def _dump_oom(self) -> None:
-        """Write the snapshot, its report (JSON) and picture beside ``oom_dump``; the OOM is re-raised
-        by the caller whatever happens here, so a failure to dump is only a warning."""
+        """Write the snapshot to ``oom_dump`` and what ``_dump_beside`` adds beside it; the OOM is
+        re-raised by the caller whatever happens here, so a failure to dump is only a warning."""
         try:
             # Beside the file save() wrote: on one rank of several that name carries the rank, so the
             # ranks' reports and pictures do not overwrite each other either.
             written = self.save(self.oom_dump)
             stem = written[:-3] if written.endswith((".xz", ".gz")) else written
             stem = os.path.splitext(stem)[0]
-            report = self.report()
-            report.to_json(stem + ".json")
-            report.save_png(stem + ".png")
-            warnings.warn(f"phasemem: out of memory; snapshot, report and picture written to {stem}.*",
-                          stacklevel=3)
+            what = self._dump_beside(stem)
+            warnings.warn(f"phasemem: out of memory; {what} written to {stem}.*", stacklevel=3)
         except Exception as e:  # noqa: BLE001 - never replace the user's OOM with our error
             warnings.warn(f"phasemem: could not write the OOM dump to {self.oom_dump}: {e}", stacklevel=3)
 
-    def start(self) -> "Run":
+    def _dump_beside(self, stem: str) -> str:
+        """What an OOM dump writes beside the snapshot (``stem`` + suffix), in words for its warning:
+        nothing more here; ``phasemem.run.Run`` adds the report and its picture."""
+        return "snapshot"
+
+    def start(self) -> "Recording":
         if self._state != "new":
             raise _error("this instrument() run was already started; make a new one per recording")
         if self._window is not None:
@@ -118,7 +123,7 @@ class Run:
             return self
         return self._begin()
 
-    def _begin(self) -> "Run":
+    def _begin(self) -> "Recording":
         self._state = "running"
         # In a process group each rank records its own device: the one its model is on.
         dev = resolve_device(self._device_arg if self._device_arg is not None else ranks.rank_device(self._model))
@@ -296,25 +301,14 @@ class Run:
             raise _error("no snapshot: the instrument() block has not finished (or capture failed)")
         return self.snapshot
 
-    def report(self, gather: bool = False, **kwargs: Any) -> Any:
-        """``phasemem.analyze.analyze(run.snapshot, **kwargs)``; ``gather=True`` (every rank of a process
-        group must call it) gathers each rank's summary with ``all_gather_object`` and returns the
-        ``phasemem.ranks.RunReport`` of all of them, on every rank."""
-        snap = self._need_snapshot()
-        # Capture sits below the pipeline: this convenience calls up into it, lazily, at the end.
-        from phasemem.analyze import analyze
-
-        report = analyze(snap, **kwargs)
-        return ranks.gather(report, snap.get("phasemem") or {}) if gather else report
-
     def save(self, path: str | os.PathLike) -> str:
         """Write the snapshot as a pickle (xz/gzip by suffix), atomically: readers never see half a file;
         returns the path written.
 
-        A folder (one that exists, or a path ending in "/") gets this rank's ``rank{r}.pickle.xz`` and
-        its report's ``rank{r}.json``, with no rank waiting on another. Recorded by one rank of several
-        (a process group of world size > 1), a file path gets the rank in its name, so that no rank
-        overwrites another's: ``run.save("mem.pkl.xz")`` writes ``mem.rank1.pkl.xz`` on rank 1,
+        A folder (one that exists, or a path ending in "/") gets this rank's ``rank{r}.pickle.xz`` (and,
+        from ``phasemem.run.Run``, its report's ``rank{r}.json``), with no rank waiting on another.
+        Recorded by one rank of several (a process group of world size > 1), a file path gets the rank in
+        its name, so that no rank overwrites another's: ``run.save("mem.pkl.xz")`` writes ``mem.rank1.pkl.xz`` on rank 1,
         ``run.save("mem")`` writes ``mem.rank1`` (a name that already says ``rank1`` is kept as it is).
 
         >>> run.save("mem/")          # mem/rank{r}.pickle.xz + mem/rank{r}.json: phasemem analyze mem/
@@ -347,46 +341,3 @@ class Run:
                 pass
             raise
         return path
-
-
-def instrument(
-    model: torch.nn.Module | None,
-    optimizer: Any = None,
-    *,
-    device: Any = None,
-    max_entries: int = 1_000_000,
-    stacks: str | None = "python",
-    oom_dump: str | os.PathLike | None = None,
-    steps: str | None = None,
-) -> Run:
-    """Record GPU (or, without CUDA, CPU) memory around a training loop, marking its phases.
-
-    Build the model and optimizer first: their memory then counts as pre-existing, as in a real job.
-    Inside the block every model forward, ``optimizer.zero_grad``, ``backward`` and ``optimizer.step``
-    is wrapped in ``record_function("phasemem::<phase>")``; on exit (also on an exception) the
-    snapshot is taken, recording is restored to what it was, and every hook and patch is removed.
-
-    >>> model, opt = Net().cuda(), torch.optim.AdamW(model.parameters())
-    >>> with instrument(model, opt) as run:
-    ...     for x, y in batches[:3]:
-    ...         loss = F.cross_entropy(model(x), y)
-    ...         opt.zero_grad(set_to_none=True)
-    ...         loss.backward()
-    ...         opt.step()
-    >>> print(run.report())
-    >>> run.save("step.pkl.xz")
-
-    ``optimizer`` may be one optimizer, a list, or None (inference). ``device``: None picks the current
-    CUDA device, else the CPU profiler; ``"cpu"`` forces the profiler. ``max_entries`` bounds the CUDA
-    ring buffer (older events are overwritten). ``stacks``: ``"python"``, ``"all"`` (C++ frames too) or
-    None (no frames: smaller, faster). ``oom_dump="oom.pkl.xz"``: when the block raises
-    ``torch.OutOfMemoryError``, write the snapshot there and its report and picture beside it
-    (``oom.json``, ``oom.png``), then re-raise.
-
-    ``steps="5000-5002"`` records only those steps of the block (counted from 0 by the first optimizer's
-    ``step()`` calls, or the model's forward calls without one): recording starts when step 4999 ends
-    and the snapshot is taken when step 5002 ends, so the steps outside pay one Python call each before
-    the window and nothing after it (``docs/integrations.md``).
-    """
-    return Run(model, optimizer, device=device, max_entries=max_entries, stacks=stacks, oom_dump=oom_dump,
-               steps=steps)

@@ -1,8 +1,8 @@
 """One recording per rank of a ``torch.distributed`` job: which rank and device this process is, the
 file each rank writes, and the gather of per-rank summaries for ``run.report(gather=True)``.
 
-Nothing here waits on another rank except ``gather`` (one ``all_gather_object``, of summaries, never
-traces): ``save_rank`` writes this rank's files only, so a rank that dies cannot hang the others.
+Nothing here waits on another rank except ``all_gather`` (one ``all_gather_object``, of summaries,
+never traces): ``save_rank`` writes this rank's file only, so a rank that dies cannot hang the others.
 
 Example:
     >>> with instrument(ddp_model, opt) as run:     # inside an initialised process group
@@ -95,8 +95,8 @@ def ranked_path(path: str | os.PathLike, meta: dict) -> str:
 
 
 def save_rank(run: Any, folder: str | os.PathLike) -> str:
-    """Write this rank's snapshot (``rank{r}.pickle.xz``) and its report's JSON (``rank{r}.json``) into
-    ``folder``; returns the snapshot's path. Outside a process group the rank is 0.
+    """Write this rank's snapshot (``rank{r}.pickle.xz``) into ``folder``; returns its path. Outside a
+    process group the rank is 0.
 
     Example:
         >>> save_rank(run, "mem/")
@@ -104,27 +104,25 @@ def save_rank(run: Any, folder: str | os.PathLike) -> str:
     """
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)  # every rank may make it; exist_ok makes that race harmless
-    rank = int(((run.snapshot or {}).get("phasemem") or {}).get("rank", 0))
-    path = run._write(os.path.join(folder, RANK_SNAPSHOT.format(rank=rank)))
-    run.report().to_json(os.path.join(folder, RANK_JSON.format(rank=rank)))
-    return path
+    return run._write(os.path.join(folder, RANK_SNAPSHOT.format(rank=rank_of(run.snapshot))))
 
 
-def gather(report: Any, rank_meta: dict) -> Any:
-    """Every rank's summary of its own report, gathered with ``all_gather_object`` (summaries only: a
-    few KiB a rank), as one ``phasemem.ranks.RunReport``, on every rank. Outside a process group the
-    RunReport of this one rank. Every rank must call it (it is a collective).
+def rank_of(snapshot: dict | None) -> int:
+    """The rank a snapshot was recorded on (0 outside a process group), which names its files."""
+    return int(((snapshot or {}).get("phasemem") or {}).get("rank", 0))
+
+
+def all_gather(mine: Any) -> list:
+    """Every rank's ``mine`` (a summary of a few KiB, never a trace), gathered with
+    ``all_gather_object``, in rank order, on every rank; ``[mine]`` outside a process group. Every rank
+    must call it (it is a collective).
 
     Example:
-        >>> print(gather(run.report(), {"rank": 0, "world_size": 2}))
+        >>> all_gather(summarize(run.report(), rank=0))    # what run.report(gather=True) does
     """
-    # The analysis side is imported when asked for, as Run.report imports phasemem.analyze.
-    from phasemem.ranks import RunReport, summarize
-
-    mine = summarize(report, rank=rank_meta.get("rank"))
     dist = _dist()
     if dist is None:
-        return RunReport.of([mine])
+        return [mine]
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    return RunReport.of(every)
+    return every

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status instead of exiting.
 
     Example:
-        >>> from phasemem.cli import main
+        >>> from phasemem.commands.cli import main
         >>> main(["analyze", "snapshot.pickle", "-o", "memory.png", "--json", "memory.json"])
         0
     """

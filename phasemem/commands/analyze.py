@@ -77,9 +77,9 @@ def _workers(text: str) -> int:
 
 
 def run(args) -> int:
-    from ..analyze import analyze
-    from ..budgets import parse_budgets
-    from ..render import visible_range
+    from ..report.pipeline import analyze
+    from ..report.budgets import parse_budgets
+    from ..reporters.picture.draw import visible_range
     from ..steps import parse_steps
 
     budgets = parse_budgets(args.fail_if, absolute=True)  # one that does not parse fails now, not as a pass
@@ -130,7 +130,7 @@ def run(args) -> int:
 
 def _sections(r, args, fit, plans) -> list[str]:
     """The report, then what --what-if, --fits and --plan asked for."""
-    from ..report import format_what_if
+    from ..reporters.text.full import format_what_if
 
     out = [r.text(full=args.full)]
     if args.what_if:
@@ -148,7 +148,7 @@ def _sections(r, args, fit, plans) -> list[str]:
 
 
 def _plans_asked(args) -> list[tuple[str, int, dict]]:
-    from ..plans import dtype_bytes, parse_plan
+    from ..predictions.plans import dtype_bytes, parse_plan
 
     if args.param_dtype is not None:
         dtype_bytes(args.param_dtype)
@@ -187,7 +187,7 @@ def _fits(r, args):
 
 
 def _over_budget(budgets, reports, every: bool) -> list[str]:
-    from ..budgets import check_report
+    from ..report.budgets import check_report
 
     return [(f"{r.device}: " if every else "") + line for r in reports for line in check_report(budgets, r)]
 
@@ -202,13 +202,15 @@ def _several_ranks(sources: list[str]) -> bool:
 
 def _load_picture() -> None:
     """The picture's modules (matplotlib: 0.5 s), loaded while the workers analyse the ranks."""
-    from ..render import ranks  # noqa: F401
+    from ..reporters.picture import ranks  # noqa: F401
 
 
 def _run_ranks(args, budgets) -> int:
-    """A distributed run: every rank analysed, one report over them, the lanes picture (phasemem.ranks)."""
+    """A distributed run: every rank analysed, one report over them, the lanes picture (phasemem.distributed.run_report)."""
     from ..errors import PhasememError
-    from ..ranks import RunReport, rank_files, rank_summaries
+    from ..distributed.pool import rank_summaries
+    from ..distributed.rank_files import rank_files
+    from ..distributed.run_report import RunReport
 
     if args.device == "all" or args.what_if or args.fits is not None:
         flag = "--device all" if args.device == "all" else "--what-if" if args.what_if else "--fits"

@@ -33,8 +33,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..analyze import analyze
-    from ..annotate import annotate, memoryviz_pickle, summary
+    from ..report.pipeline import analyze
+    from ..reporters.memory_viz import annotate, memoryviz_pickle, summary
     from ..errors import NoHistory
     from ..read.snapshot import read_snapshot_file
 

@@ -26,8 +26,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..read import trace as read_trace
     from ..read.columnar import save_trace
-    from ..step_index import build_index
-    from ..trace import no_gc
+    from ..analysis.step_index import build_index
+    from ..read.trace import no_gc
 
     if not args.output.endswith(".npz"):
         raise PhasememError(f"{args.output}: name the columnar file .npz")

@@ -21,10 +21,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import demo
+    from ..capture import demo
+    from ..report.pipeline import analyze
 
     check_outputs(args.output, args.json)
-    report = demo.run(device=args.device, steps=args.steps, out=None, json_path=None)
+    report = analyze(demo.record(device=args.device, steps=args.steps))
     print(report.text(full=args.full))
     outputs = [(args.output, report.picture_writer(args.output, **picture_kwargs(args)))]
     if args.json:

@@ -40,8 +40,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..budgets import check_comparison, parse_budgets
-    from ..compare import compare, parse_compare_steps
+    from ..report.budgets import check_comparison, parse_budgets
+    from ..report.compare import compare, parse_compare_steps
 
     if args.device == "all":
         raise PhasememError("--device all: diff compares one device of each run; give its number")

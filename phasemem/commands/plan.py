@@ -1,5 +1,5 @@
 """``phasemem plan``: what each rank would hold under DDP, ZeRO-1, ZeRO-2 and FSDP2 at several rank
-counts, replayed on one trace: the picture (render/plans.py), a table, and the JSON."""
+counts, replayed on one trace: the picture (reporters/picture/plans.py), a table, and the JSON."""
 from __future__ import annotations
 
 import json
@@ -57,7 +57,7 @@ def register(sub) -> None:
 
 def parse_ranks(text: str) -> tuple[int, ...]:
     """``"1,2,4,8"`` -> (1, 2, 4, 8), sorted, each once; a one-line error otherwise."""
-    from ..render.plans import MAX_RANK_COUNTS
+    from ..reporters.picture.plans import MAX_RANK_COUNTS
 
     try:
         ranks = sorted({int(t) for t in str(text).split(",")})
@@ -73,7 +73,7 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 
 def parse_plans(given: list[str]) -> tuple[str, ...]:
     """``["fsdp2,zero1"]`` -> ("zero1", "fsdp2") in PLANS order; all four when none is given."""
-    from ..plans import PLANS
+    from ..predictions.plans import PLANS
 
     names = [t.strip() for text in given for t in text.split(",")]
     for name in names:
@@ -109,9 +109,9 @@ def _device(text: str | None) -> int | None:
 
 def run(args) -> int:
     from .. import progress
-    from ..analyze import analyze
-    from ..plans import dtype_bytes
-    from ..render.plans import PlanPicture, picture_writer
+    from ..report.pipeline import analyze
+    from ..predictions.plans import dtype_bytes
+    from ..reporters.picture.plans import PlanPicture, picture_writer
     from ..units import parse_size
 
     # Everything the user typed is checked before the (possibly long) analysis.

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import torch
 
-from ..capture.instrument import Run
+from ..run import Run
 from ..capture.window import StepWindow
 from ..errors import PhasememError
 from ..output import write_all

@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 from .. import progress
 from ..errors import NoHistory, PhasememError
-from ..live import LiveMemory
-from ..trace import Trace, no_gc
+from .live import LiveMemory
+from .trace import Trace, no_gc
 from ..vocab import MARKER_PREFIX
 from . import columnar
 from .batched import read_batched
@@ -42,7 +42,7 @@ class Reading:
     """What a source holds. ``trace``: its events (None without allocation history: then ``live``
     is what was alive when it was taken, and ``live_events`` the entries of its device). ``prefix``:
     the marker prefix its phases are read with; ``meta``: phasemem's metadata of a snapshot without
-    history. ``steps``: the steps still to cut (``phasemem.step_index.cut``), by ``index`` where the
+    history. ``steps``: the steps still to cut (``phasemem.analysis.step_index.cut``), by ``index`` where the
     source has its own (an .npz's: ``trace`` is then mapped, and ``whole`` reads it), else by one
     built from the trace. ``window``: (step index, first, last position) where ``trace`` holds those
     steps alone (``whole`` gives all).

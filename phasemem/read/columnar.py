@@ -8,7 +8,7 @@ travel with it: the entries that carry one and their texts. The members are stor
 a range of one column is read straight from its offset in the file.
 
 ``phasemem analyze big.npz --steps 100-102`` should not read 10 million events to report three
-steps. A step index (``StepIndex``), built once from the whole trace (``phasemem.step_index``;
+steps. A step index (``StepIndex``), built once from the whole trace (``phasemem.analysis.step_index``;
 ``phasemem convert`` stores it in the file for the marker prefix it was converted with), says where
 each step's events are. With such an index the file's event columns are mapped, not read
 (``map_trace``): ``step_index.cut``, the one place a trace is sliced, copies out the events of the
@@ -39,8 +39,8 @@ import numpy as np
 
 from ..errors import PhasememError
 from ..output import atomic_write
-from ..torch_labels import TorchLabels
-from ..trace import Markers, Trace
+from .torch_labels import TorchLabels
+from .trace import Markers, Trace
 
 FORMAT = "phasemem-trace/1"
 #: the per-event columns: what a slice of steps takes a range of (``step_index.cut``)
@@ -52,7 +52,7 @@ _INDEX = ("first", "stop", "number", "complete", "t_end", "reserved_end", "cross
 @dataclass
 class StepIndex:
     """Where each step of a trace lies, for one marker prefix, and what slicing needs besides events
-    (``phasemem.step_index`` builds one and cuts steps by it; here it is stored and read back)."""
+    (``phasemem.analysis.step_index`` builds one and cuts steps by it; here it is stored and read back)."""
 
     prefix: str
     exact: bool  # slices give the full analysis's numbers
@@ -89,6 +89,9 @@ def save_trace(trace: Trace, path: str | os.PathLike, index: StepIndex | None = 
         "first_event": trace.first_event, "live_workspaces": trace.live_workspaces.tolist(),
     }
     arrays = {name: getattr(trace, name) for name in _ARRAYS}
+    if trace.segments is not None and trace.segment_blocks is not None:  # the allocator replay's first state
+        arrays.update(segments=trace.segments, segment_blocks=trace.segment_blocks)
+    doc["allocator_settings"] = trace.allocator_settings
     arrays.update(stack_offsets=offsets, stack_frames=flat, marker_start=trace.markers.start,
                   marker_time_us=trace.markers.time_us)
     if (labels := trace.torch_labels) is not None:  # the program's labels (user_metadata): few entries
@@ -189,7 +192,10 @@ def _trace(z, doc: dict, arrays: dict) -> Trace:
         oom_device_free={int(k): int(v) for k, v in doc["oom_device_free"].items()},
         reserved_at_snapshot=int(doc["reserved_at_snapshot"]), n_devices=int(doc["n_devices"]),
         meta=dict(doc["meta"]), first_event=int(doc.get("first_event", 0)),
-        live_workspaces=np.array(doc.get("live_workspaces", []), dtype=np.int64), torch_labels=labels, **arrays,
+        live_workspaces=np.array(doc.get("live_workspaces", []), dtype=np.int64), torch_labels=labels,
+        segments=z["segments"] if "segments" in z.files else None,
+        segment_blocks=z["segment_blocks"] if "segment_blocks" in z.files else None,
+        allocator_settings=dict(doc.get("allocator_settings") or {}), **arrays,
     )
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import RECORD_HINT, NoHistory, PhasememError
-from ..live import LiveMemory, live_memory
-from ..trace import A, Trace, no_gc
+from .live import LiveMemory, live_memory
+from .trace import A, Trace, no_gc
 
 #: A trace with fewer memory events than this is a legacy recording's single entry (an action
 #: ``snapshot``, or one ``free_completed``: all seven such files in ../shared/wild), not a history.
@@ -199,7 +199,7 @@ def has_history(t: Trace) -> bool:
 
 
 def load_live(source: Any, device: int | None, *, trusted: bool = False) -> tuple[LiveMemory, int, dict]:
-    """A snapshot without allocation history: what was alive when it was taken (``phasemem.live``),
+    """A snapshot without allocation history: what was alive when it was taken (``phasemem.read.live``),
     how many entries its device's trace holds, and phasemem's metadata ({} if none).
 
     Example:

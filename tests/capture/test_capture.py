@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")  # what this file records runs on torch: wi
 import torch.nn.functional as F  # noqa: E402
 
 import phasemem  # noqa: E402
-from phasemem.capture import Run, instrument  # noqa: E402
+from phasemem.run import Run, instrument  # noqa: E402
 from phasemem.capture import cpu as capture_cpu  # noqa: E402
 from phasemem.capture import hooks  # noqa: E402
 from helpers.paths import FIXTURES  # noqa: E402
@@ -647,7 +647,7 @@ def test_cuda_recording_keeps_frees_without_stacks(monkeypatch):
     monkeypatch.setattr(inst, "history_enabled", lambda: False)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     for stacks, context in (("python", "alloc"), ("all", "alloc"), (None, None)):
-        run = inst.Run(torch.nn.Linear(2, 2), None, device="cpu", stacks=stacks)
+        run = inst.Recording(torch.nn.Linear(2, 2), None, device="cpu", stacks=stacks)
         run._start_cuda()
         inst._CUDA_RUNS.remove(run)
         assert calls[-1][0] == "all" and calls[-1][1]["context"] == context

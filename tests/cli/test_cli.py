@@ -247,7 +247,7 @@ def test_convert_then_analyze_the_columnar_file_gives_the_same_report(tmp_path, 
     assert npz.stat().st_size < src.stat().st_size * 20
     a, b = phasemem.analyze(src), phasemem.analyze(npz)
     assert str(a) == str(b)
-    assert a.timeline.active_after.tolist() == b.timeline.active_after.tolist()
+    assert a.analysis.timeline.active_after.tolist() == b.analysis.timeline.active_after.tolist()
     assert [(p.kind, p.bytes) for p in a.patterns] == [(p.kind, p.bytes) for p in b.patterns]
     capsys.readouterr()
     # a corrupt columnar file: one line, exit 2

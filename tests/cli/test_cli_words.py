@@ -47,7 +47,7 @@ def test_full_prints_every_step_and_shape(tmp_path, capsys):
 
 
 def test_the_accuracy_fits_claims_is_the_readmes_and_the_runs():
-    from phasemem.predictions.fits import CHECKED_ERROR
+    from phasemem.predictions.fits.search import CHECKED_ERROR
 
     sys.path.insert(0, str(ROOT / "docs"))
     from eval_whatif import rows

@@ -260,9 +260,9 @@ def test_file_path_rank_rules(tmp_path):
 def test_save_names_the_rank_from_the_snapshot(tmp_path):
     """The rank and world size the snapshot recorded decide, also after the process group is gone."""
     pytest.importorskip("torch")  # phasemem.capture records through torch
-    from phasemem.capture.instrument import Run
+    from phasemem.capture.instrument import Recording
 
-    run = Run(None)
+    run = Recording(None)
     run.snapshot = {"segments": [], "device_traces": [[]], "phasemem": {"rank": 3, "world_size": 4}}
     assert run.save(tmp_path / "mem.pkl.xz") == str(tmp_path / "mem.rank3.pkl.xz")
     assert _raw(tmp_path / "mem.rank3.pkl.xz")["phasemem"]["rank"] == 3

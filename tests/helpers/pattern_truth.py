@@ -102,7 +102,9 @@ def truth(snap: dict, meta: dict, prefix: str, report=None) -> tuple[Counter, se
             voc = np.isin(s, list(vocab_sizes)) & (f >= b0) & (f <= b1)
             if voc.any():
                 out["logits_release", k] += 1
-            if meta.get("checkpointing") and any(frames(int(i), "checkpoint") for i in a[(a >= b0) & (a <= b1)]):
+            # a recording without any frame (lookalikes/ckpt_llama_noframes) says it only in its meta
+            if meta.get("checkpointing") and (not has_frames or any(
+                    frames(int(i), "checkpoint") for i in a[(a >= b0) & (a <= b1)])):
                 out["checkpoint_recompute", k] += 1
         # set_to_none=False zeroes gradients in place: they are allocated in the first backward only
         keeps = "set_to_none=False" in str(meta.get("zero_grad", ""))

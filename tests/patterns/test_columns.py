@@ -49,10 +49,10 @@ def _allocs(ctx, first, last):
 
 
 def test_update_gradients_of_every_step_are_each_steps_rule(contexts):
-    from phasemem.analysis.facts import gradient_allocs, update_gradients_by_step
+    from phasemem.analysis.facts import gradient_allocs
 
     for name, ctx in contexts:
-        idx, bounds = update_gradients_by_step(ctx)
+        idx, bounds = ctx.update_gradients_by_step
         assert len(bounds) == len(ctx.seg.steps) + 1, name
         for step in range(len(ctx.seg.steps)):
             grads = gradient_allocs(ctx, step)

@@ -107,7 +107,7 @@ def test_capped_runs_are_predicted_from_a_small_batch(run, family):
     then runs at up to 7x the batch or the sequence under a capped card. Each run that fitted peaked
     where its prediction said (within 1 %); each that ran out of memory was predicted not to fit; every
     run up to the largest factor --fits gives fitted."""
-    from phasemem.predictions.fits import RESERVE_MARGIN
+    from phasemem.predictions.fits.bounds import RESERVE_MARGIN
 
     if family == "missing":
         pytest.skip("fixtures/capacity not recorded")

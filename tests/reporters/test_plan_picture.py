@@ -218,7 +218,7 @@ def test_a_picture_name_it_cannot_draw(tmp_path, capsys):
 
 
 def test_the_page_has_the_plan_section(gpt, monkeypatch):
-    from phasemem.reporters.picture import html as page_html
+    from phasemem.reporters.html import page as page_html
 
     section = page_html.plans_section(gpt)
     svg = section[section.index("<svg"):section.rindex("</svg>") + 6]

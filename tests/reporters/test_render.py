@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 import phasemem
-from phasemem import render
+from phasemem.reporters.picture import colours as picture_colours, draw as render
 from phasemem.analysis.categories import CATEGORIES
 from phasemem.errors import PhasememError
 from phasemem.reporters.picture import bands
@@ -157,7 +157,7 @@ def legend_texts(fig: Figure) -> list[str]:
 def _columns(report, ncols, by="event", a=0, b=None):
     tl = report.analysis.timeline
     b = report.n_events if b is None else b
-    X = render.bands.x_values(report, by)
+    X = bands.x_values(report, by)
     return bands.columns(X, tl.level, tl.active_after, tl.reserved_after, tl.delta, a, b, ncols)
 
 
@@ -558,7 +558,7 @@ def test_color_modes_have_their_legends():
     assert len(shared) >= 5
     for s in shared:
         seen = {tuple(c) for c in colours[sid == s]}
-        assert len(seen) <= len(render.colours._SHADES_STACK)
+        assert len(seen) <= len(picture_colours._SHADES_STACK)
     frameless = colours[sid < 0]
     assert len(frameless) and np.ptp(frameless, axis=1).max() < 0.02  # grey
 
@@ -607,16 +607,17 @@ def test_pattern_markers_are_filled_shapes():
     matplotlib warn on every picture that shows it."""
     from matplotlib.markers import MarkerStyle
 
-    from phasemem.reporters.picture.labels import PATTERN_MARKERS
+    from phasemem.analysis.patterns import KINDS
 
-    assert all(MarkerStyle(m).is_filled() for m in PATTERN_MARKERS.values())
-    assert len(set(PATTERN_MARKERS.values())) == len(PATTERN_MARKERS)
+    markers = [k.marker for k in KINDS]
+    assert all(MarkerStyle(m).is_filled() for m in markers)
+    assert len(set(markers)) == len(markers)
 
 
 def test_unsure_phases_are_hatched_and_questioned():
     """Phases inferred without frames below UNSURE (the loss, 0.51; the optimizer, 0.97 since the third
     frameless round, is not) look different and say so."""
-    from phasemem.reporters.picture import UNSURE
+    from phasemem.reporters.picture.colours import UNSURE
 
     snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")
     snap["external_annotations"] = []

@@ -15,7 +15,7 @@ FIXTURES = ROOT / "fixtures"
 
 
 def _pixels(report, **options) -> np.ndarray:
-    fig = phasemem.reporters.picture.plot(report, size=(900, 500), **options)
+    fig = report.plot(size=(900, 500), **options)
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
@@ -36,7 +36,7 @@ def test_a_site_has_one_colour_whatever_its_id():
     """Every drawn band's colour is its stack's frames' colour: bands of one site share it, and the
     sites' colours do not move when the stack ids are renumbered (reversed here)."""
     report = phasemem.analyze(FIXTURES / "resnet_sgd.pkl.xz")
-    fig = phasemem.reporters.picture.plot(report, color="stack")
+    fig = report.plot(color="stack")
     st = fig.phasemem_stack
     rgb, _ = colours._stack_colors(report, st)
     trace = report.analysis.trace

@@ -17,7 +17,7 @@ def test_png_is_the_canvas_pixels_as_rgb(tmp_path, name, options):
     report = phasemem.analyze(FIXTURES / f"{name}.pkl.xz")
     out = tmp_path / "memory.png"
     report.save_png(out, **options)
-    fig = phasemem.reporters.picture.plot(report, **options)
+    fig = report.plot(**options)
     fig.canvas.draw()
     drawn = np.asarray(fig.canvas.buffer_rgba())
     assert (drawn[..., 3] == 255).all()  # opaque: nothing is lost by leaving alpha out

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem import render
+from phasemem.reporters.picture import draw as render
 from phasemem.reporters.picture import bands
 
 from helpers.analyses import analyzed

@@ -82,7 +82,7 @@ def test_no_occurrence_loses_its_column_on_a_dense_strip():
 def test_a_question_mark_means_unsure_and_the_legend_says_so():
     """'?' in the strip is an unsure phase's mark (loss?), never 'other' shortened; the legend's entry
     of an unsure phase is hatched as its cells are and says it was inferred. gpt_foreach without
-    annotations or frames: its loss is inferred below render.UNSURE."""
+    annotations or frames: its loss is inferred below colours.UNSURE."""
     from helpers.snapshots import load_snapshot
 
     snap = load_snapshot(FIXTURES / "gpt_foreach.pkl.xz")

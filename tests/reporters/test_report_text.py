@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 import phasemem
+from phasemem.analysis.patterns import BY_NAME, KINDS
+from phasemem.analysis.patterns.gradients import GRADIENTS_IN_BACKWARD, GRADIENTS_RELEASED
+from phasemem.analysis.patterns.recompute import PER_REGION
 from phasemem.analysis.peak import SHAPE_PRIORITY
 from phasemem.units import format_bytes, signed
-from phasemem.vocab import AT_PEAK, CATEGORIES, CATEGORY_NAMES, GRADIENTS_IN_BACKWARD, GRADIENTS_RELEASED, P, \
-    PHASES, SHAPE_SIZE
+from phasemem.vocab import AT_PEAK, CATEGORIES, CATEGORY_NAMES, P, PHASES
 
 from helpers.analyses import analyzed
 from helpers.paths import ROOT, WILD
@@ -25,8 +27,8 @@ SHARED = ROOT.parent / "shared"
 PATHS = (sorted((ROOT / "fixtures").glob("**/*.pkl.xz")) + sorted((SHARED / "wild").glob("*.pickle"))
          + sorted((SHARED / "gpu-snapshots").glob("*.pkl.xz")))
 SIZE = r"-?\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)"
-#: Every label a shape's own figure may carry (vocab.shape_size_label's words).
-SIZE_LABELS = set(SHAPE_SIZE.values()) | {GRADIENTS_RELEASED, GRADIENTS_IN_BACKWARD, "per region"}
+#: Every label a shape's own figure may carry (each kind's ShapeKind.size_label, with their details).
+SIZE_LABELS = {k.bytes_are({}) for k in KINDS} | {GRADIENTS_RELEASED, GRADIENTS_IN_BACKWARD, PER_REGION}
 #: The issue's bar: the default report of a 1M-event trace is at most this many lines.
 MAX_LINES_1M = 120
 
@@ -130,8 +132,8 @@ def _label(p) -> str:
     if p.kind == "gradients" and p.details.get("in_backward"):
         return GRADIENTS_IN_BACKWARD
     if p.details.get("evidence") == "rng_replay":
-        return "per region"
-    return SHAPE_SIZE[p.kind]
+        return PER_REGION
+    return BY_NAME[p.kind].bytes_are({})
 
 
 def check_steps(r, text: str) -> None:

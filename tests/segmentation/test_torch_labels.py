@@ -277,7 +277,7 @@ def test_labels_longer_than_the_decoders_short_strings_are_read(tmp_path):
 
 
 def test_the_page_shows_the_programs_label_on_hover(fixture_report):
-    from phasemem.reporters.picture import html, html_page
+    from phasemem.reporters.html import page as html, template as html_page
 
     life = fixture_report.analysis.timeline.lifetimes
     events = _raw(FIXTURE)["device_traces"][0]

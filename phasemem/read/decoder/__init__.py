@@ -39,7 +39,7 @@ from .machine import VM, Columns, Unsupported
 from ... import progress
 from ..snapshot import _SnapshotUnpickler, open_snapshot
 from .layout import Deframed, Unprofitable, find_event_list
-from ...trace import Trace, from_stand_in, no_gc
+from ..trace import Trace, from_stand_in, no_gc
 
 #: Bytes decoded at a time: the events' working arrays are ~40 bytes per byte of this.
 CHUNK = 16 << 20

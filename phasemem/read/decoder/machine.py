@@ -16,8 +16,8 @@ import numpy as np
 
 from .memo import ListRef, Memo
 from .layout import Unsupported
-from ...trace import _CODES, A, _stack_table
-from ...torch_labels import Interner, from_codes
+from ..trace import _CODES, A, _stack_table
+from ..torch_labels import Interner, from_codes
 
 _INT_FIELDS = ("addr", "size", "stream", "time_us")
 _NAMES = ("action", "addr", "size", "stream", "time_us", "stack", "label")

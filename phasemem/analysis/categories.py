@@ -1,0 +1,419 @@
+"""What each allocated byte is: parameter, gradient, optimizer state, activation, temporary, input.
+
+Known from lifetimes and phases alone, so it works on the autograd thread's frameless events:
+- alive before recording and to the end: parameter (the model's weights, made before the trace);
+- made in backward and kept past it: gradient;
+- made in an optimizer step and kept past the step: optimizer state;
+- made in forward (or the loss) and freed in backward, or kept into it: activation;
+- born and freed within one phase run: temporary;
+- made outside every phase and used by the forward that follows: input (the batch).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .before_recording import Reading, name_before
+from .facts import Context
+from .inputs import batch_blocks
+from .infer.frames import weight_moves, weight_sources
+from .spans import run_of_events
+from ..units import format_bytes
+from ..vocab import CATEGORIES, CATEGORY_NAMES, C, P, PHASES
+
+__all__ = ["CATEGORIES", "C", "CategoryCurves", "Reading", "classify"]  # the vocabulary lives in vocab.py
+
+
+def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    """Category codes for the pre-existing allocations and for the trace's own, in Lifetimes order."""
+    pre_cat, cat, _ = classify_with_readings(ctx)
+    return pre_cat, cat
+
+
+def classify_with_readings(ctx: Context) -> tuple[np.ndarray, np.ndarray, list[Reading]]:
+    """classify's codes, and what the rules for blocks made before the recording named (before_recording)."""
+    pre_cat, workspace = _preexisting(ctx)
+    cat = _own(ctx)
+    # Gradient-sized blocks from before recording are optimizer state only if the optimizer did not
+    # make its state in the trace: where it did (at least STATE_MADE of the gradients' bytes), they
+    # are a copy of the weights the optimizer does not own (h5_gpt_varlen_ema's EMA weights).
+    state = pre_cat == C["optimizer_state"]
+    if state.any():
+        grads = int(_gradient_sizes(ctx).sum())
+        # State stays for good, made before the last step: what a misplaced optimizer phase keeps for
+        # a while, or the last step's gradients it holds to the end, is not it (heldout_embbag_adagrad
+        # without frames: 217 MB freed later, and the embedding's last 207 MB gradient).
+        made = (cat == C["optimizer_state"]) & (ctx.free >= ctx.n) & (ctx.step_at_alloc < len(ctx.seg.steps) - 1)
+        if grads and int(ctx.size[made].sum()) >= STATE_MADE * grads:
+            pre_cat[state] = C["other"]
+    readings = name_before(ctx, pre_cat, cat, workspace, _gradient_sizes(ctx), _trains(ctx))
+    return pre_cat, cat, readings
+
+
+def _preexisting(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    """Category codes of the blocks alive before the trace began, from their sizes and where they die;
+    and which of them a math library's workspace getter made."""
+    life = ctx.timeline.lifetimes
+    n = ctx.n
+    pre = life.preexisting
+    pre_free = life.free_event[pre]
+    freed = pre_free < n
+    # A math library's workspace (its stack says so) is no weight, whatever its size.
+    workspace = ~freed & np.isin(life.addr[pre], ctx.trace.live_workspaces)
+    pre_cat = _preexisting_alive(ctx, life.size[pre], ~freed & ~workspace)
+    pre_cat[workspace] = C["other"]
+    # A pre-existing block freed during the trace was not a parameter: read it by where it dies.
+    fphase = np.where(freed, ctx.seg.labels[np.minimum(pre_free, n - 1)], -1)
+    pre_cat[freed] = C["other"]
+    pre_cat[freed & (fphase == P["zero_grad"])] = C["gradient"]
+    pre_cat[freed & (fphase == P["backward"])] = C["activation"]
+    return pre_cat, workspace
+
+
+def _own(ctx: Context) -> np.ndarray:
+    """Category codes of the trace's own allocations, from the phase that made them and their lifetimes."""
+    n = ctx.n
+    a, f = ctx.alloc, ctx.free
+    pa = ctx.phase_at_alloc
+    cat = np.full(len(a), C["other"], np.int8)
+    # Run index of each event: alloc and free in the same run = a temporary of that run.
+    run_of = run_of_events(ctx.run_first, n)
+    same_run = (f < n) & (run_of[a] == run_of[np.minimum(f, n - 1)])
+    step_end = np.array([s[1] for s in ctx.seg.steps] + [n], dtype=np.int64)
+    s_at = ctx.step_at_alloc
+    end_of_step = np.where(s_at >= 0, step_end[np.maximum(s_at, 0)], n)
+    run_end = ctx.run_last[np.maximum(run_of[a], 0)]
+
+    cat[same_run] = C["temporary"]
+    fwd = (pa == P["forward"]) | (pa == P["loss"])
+    # Whatever forward makes and does not free itself is an activation (or, in inference, the output),
+    # except what the first step makes and nobody ever frees: a lazily made cuBLAS workspace, a cache.
+    cat[fwd & ~same_run] = C["activation"]
+    cat[fwd & (f >= n) & (s_at == 0) & (len(ctx.seg.steps) > 1)] = C["other"]
+    cat[(pa == P["backward"]) & (f > run_end)] = C["other"]
+    cat[ctx.gradients_by_step[0]] = C["gradient"]  # every step's
+    cat[(pa == P["optimizer"]) & (f >= end_of_step)] = C["optimizer_state"]
+    other = (pa == P["other"]) & ~same_run
+    fwd_starts = ctx.run_first[ctx.run_phase == P["forward"]]
+    cat[batch_blocks(ctx, other, fwd_starts)] = C["input"]
+    # Made before the first step's forward and kept to the end: weights created after recording began.
+    # Without a forward found there is no "before": what a bare function computes and the script
+    # keeps is no weight (wild/silmont_mem_snapshot: an attention output and its 4-byte sum were).
+    first_fwd = fwd_starts[0] if len(fwd_starts) else -1
+    made = other & (f >= n) & (a < first_fwd) & (s_at <= 0)
+    if not _trains(ctx):
+        # in inference nothing pairs them with a gradient: only a stack that makes weights says so
+        # (h12_static_kv_decode: an 80 MiB KV cache made by the script was "parameters")
+        made &= weight_sources(ctx.trace)[ctx.trace.stack[a]]
+    cat[made] = C["parameter"]
+    # Weights the stack says a module placed on the device (model.to(), load_state_dict), in any
+    # phase: offloading moves each block's weights in just before it runs and out after, inside
+    # forward (h13_layer_offload_infer, marked: the blocks' weights were forward's temporaries).
+    cat[weight_moves(ctx.trace)[a]] = C["parameter"]
+    # ... but never a math library's workspace, made by the first matmul wherever it runs
+    cat[(cat == C["parameter"]) & ctx.made_by_workspace_getter(a)] = C["other"]
+    return cat
+
+
+#: Share of the gradients' bytes that optimizer state made during the trace must reach for the
+#: gradient-sized blocks from before recording not to be called optimizer state (Adam makes 2.0,
+#: momentum SGD 1.0, Adafactor's factored state much less: heldout_t5_adafactor).
+STATE_MADE = 0.5
+
+
+def _gradient_sizes(ctx: Context) -> np.ndarray:
+    """The sizes of the gradients of the step with the most gradient bytes (a trace that wrapped can
+    start inside a backward, so not simply the first step's). Summing the steps' sets instead (for
+    optimizers that take turns) counted noise twice where phases were inferred without frames
+    (hf without frames: 299 MB of 'parameters' for 182); the trace's optimizer state names the
+    other turns' parameters (_sizes_from_state)."""
+    idx, bounds = ctx.gradients_by_step
+    if len(bounds) < 2:
+        return ctx.size[idx[:0]]
+    total = np.concatenate([[0], np.cumsum(ctx.size[idx], dtype=np.int64)])[bounds]
+    best = int(np.argmax(np.diff(total)))  # the first step with the most, as max() picks
+    return ctx.size[idx[bounds[best]:bounds[best + 1]]]
+
+
+def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:
+    """Every parameter gets a gradient of exactly its size, so the pre-existing blocks that pair
+    off with the gradients' sizes are the parameters. Of the rest, blocks of a gradient's size are
+    optimizer state made before recording (Adam's pair per parameter); others (cuBLAS workspaces,
+    the input batch, buffers) are 'other'. Without gradients (inference) all are parameters."""
+    cat = np.full(len(sizes), C["parameter"], np.int8)
+    gsizes = _gradient_sizes(ctx)
+    if not len(gsizes):
+        # Inference: the weights. A trace that trains but shows no gradient (a CUDA graph's pool
+        # makes them, h8_compile_reduce_overhead: 384 MiB of weights beside 768 MiB of AdamW
+        # state, all from before recording) cannot tell weights from state: neither is claimed.
+        if _trains(ctx):
+            cat[:] = C["other"]
+        else:
+            cat[_one_block_pool(sizes, alive)] = C["other"]
+        return cat
+    gsizes = _sizes_from_state(ctx, gsizes)
+    idx = np.flatnonzero(alive)
+    # Gradients in flat buffers (FSDP2, contiguous gradient buffers) pair with no parameter: then
+    # size says nothing about which block is which, and the blocks stay parameters.
+    paired = np.isin(gsizes, sizes[idx])
+    if int(gsizes[paired].sum()) < int(gsizes.sum()) // 2:
+        return cat
+    order = idx[np.argsort(sizes[idx], kind="stable")]
+    srt = sizes[order]
+    # rank of each block among the blocks of its size
+    starts = np.searchsorted(srt, srt, "left")
+    rank = np.arange(len(srt)) - starts
+    uniq, counts = np.unique(gsizes, return_counts=True)
+    pos = np.searchsorted(uniq, srt)
+    known = (pos < len(uniq)) & (uniq[np.minimum(pos, len(uniq) - 1)] == srt)
+    n_grads = np.where(known, counts[np.minimum(pos, len(uniq) - 1)], 0)
+    # State made before recording comes in a fixed number per parameter (Adam 2, momentum SGD 1):
+    # the typical surplus per gradient-sized block. Blocks beyond that (a buffer that happens to
+    # have a parameter's size) are not state.
+    per_size = np.bincount(np.searchsorted(uniq, srt[known]), minlength=len(uniq)) if known.any() else np.zeros(0)
+    surplus = (per_size - counts) / counts if len(per_size) else np.zeros(0)
+    k = int(round(float(np.median(surplus)))) if len(surplus) else 0
+    state = known & (rank >= n_grads) & (rank < n_grads * (1 + max(k, 0)))
+    cat[order] = np.where(rank < n_grads, C["parameter"], np.where(state, C["optimizer_state"], C["other"]))
+    return cat
+
+
+#: In inference, a block from before recording that holds more than POOL_SHARE of what was alive
+#: before recording and to the end, and is POOL_RATIO times the next largest, is no weight the trace
+#: can vouch for: a serving loop's preallocated KV cache or pool is one such block (h9_paged_kv_inference:
+#: 2 GiB beside 257 MiB of bf16 weights, called "parameters 2.31 GiB" before); an embedding that big
+#: beside the rest of its model is counted 'other' too (the trace cannot tell them apart). The pools
+#: seen are 64× (h9) and ~900× (wild/octreenca_mysnap's 20 MB seed) the next block; a two-layer MLP's
+#: weights are 4× apart (h13_embeddings_cat_growth: 32 MiB beside 8 MiB, both weights).
+POOL_SHARE = 0.5
+POOL_RATIO = 16
+
+
+def _one_block_pool(sizes: np.ndarray, alive: np.ndarray) -> np.ndarray:
+    """Mask of the pre-existing block that dominates an inference trace's weights (see POOL_SHARE)."""
+    out = np.zeros(len(sizes), bool)
+    idx = np.flatnonzero(alive)
+    if len(idx) < 2:
+        return out
+    order = idx[np.argsort(sizes[idx])[::-1]]
+    top, nxt = int(sizes[order[0]]), int(sizes[order[1]])
+    if top > POOL_SHARE * int(sizes[idx].sum()) and top >= POOL_RATIO * nxt:
+        out[order[0]] = True
+    return out
+
+
+#: The trace's optimizer state names the parameters' sizes when, for at least this share of the
+#: bytes of the gradient sizes that state has too, its blocks of that size are a whole number of
+#: parameters' worth (a multiple of the state per parameter, Adam 2, momentum SGD 1), at least the
+#: gradients', and the sizes it names hold at least this share of the gradients' bytes. Set by h6_sparse_two_opt: a sparse embedding's gradient (32 MiB of
+#: values) has no parameter's size, its 488 MiB weight no gradient's, and SparseAdam's two 488 MiB
+#: state buffers say what it is; Adafactor's factored state (heldout_t5_adafactor) is not per size.
+STATE_PER_GRADIENT = 0.9
+#: Sizes holding less than this share of the gradients' bytes say nothing of the state per parameter.
+STATE_SIZE_SHARE = 0.01
+
+
+def _trains(ctx: Context) -> bool:
+    """Whether the trace shows training: a backward or an optimizer step (one that made no event too)."""
+    labels = ctx.seg.labels
+    return bool((labels == P["backward"]).any() or (labels == P["optimizer"]).any()
+                or any(iv.phase == "optimizer" for iv in ctx.seg.intervals))
+
+
+def _sizes_from_state(ctx: Context, gsizes: np.ndarray) -> np.ndarray:
+    """The sizes (a multiset) the pre-existing parameters pair off with: the gradients', and where the
+    trace made optimizer state that comes in a fixed number per gradient, the sizes that state names
+    beyond them (the weight of a sparse gradient has state of its size, not a gradient)."""
+    steps = ctx.seg.steps
+    if ctx.seg.inferred_by == "lifetimes":
+        # phases from lifetimes alone put other blocks kept for good in the optimizer (h5_two_losses
+        # without frames: 68 MB more 'parameters' than the model has): only the gradients' sizes
+        return gsizes
+    # made by an optimizer run and kept for good, before the last step where there are several (as
+    # in classify: what the last step leaves may be its own)
+    made = (ctx.phase_at_alloc == P["optimizer"]) & (ctx.free >= ctx.n)
+    if len(steps) > 1:
+        made &= ctx.alloc < steps[-1][0]
+    ssizes = ctx.size[made]
+    if not len(ssizes):
+        return gsizes
+    gu, gc = np.unique(gsizes, return_counts=True)
+    su, sc = np.unique(ssizes, return_counts=True)
+    pos = np.searchsorted(su, gu)
+    hit = (pos < len(su)) & (su[np.minimum(pos, len(su) - 1)] == gu)
+    per = np.where(hit, sc[np.minimum(pos, len(su) - 1)], 0) / gc
+    # state per parameter: the least whole number seen among the sizes that hold gradient bytes
+    # (where optimizers take turns over parameters of one size their state counts add up:
+    # h5_wgan_gp's critic and generator share sizes, 4 a size; a 4-byte bias beside a scalar's
+    # gradient, h6_ppo, says 1 and holds nothing)
+    weighty = gu * gc >= STATE_SIZE_SHARE * float((gu * gc).sum())
+    whole = per[hit & weighty & (per >= 1) & (per == np.round(per))]
+    if not len(whole):
+        return gsizes
+    k = int(whole.min())
+    # a size's state names at least its gradients' parameters, and a whole number of them: more where
+    # optimizers take turns and another step trained others of that size (h7_sac: the actor's 4 MiB
+    # weight has the critics' size; the busiest step's gradients are the critics')
+    sc_hit = np.where(hit, sc[np.minimum(pos, len(su) - 1)], 0)
+    consistent = hit & (sc_hit % k == 0) & (sc_hit >= k * gc)
+    implied = np.repeat(su, sc // k)
+    # consistent where gradient and state sizes meet, and naming at least the gradients' bytes (a
+    # factored state of full size only for the 1-D parameters names far fewer)
+    if (gu[consistent] * gc[consistent]).sum() < STATE_PER_GRADIENT * (gu[hit] * gc[hit]).sum() or (
+            int(implied.sum()) < STATE_PER_GRADIENT * int(gsizes.sum())):
+        return gsizes
+    # Only added to the gradients' sizes: a gradient with no state of its size still names its
+    # weight when both are one flat buffer (cuDNN's RNN weights, heldout3_gru_seq2seq and
+    # heldout_lstm_rmsprop: Adam's state is per view of it).
+    have = np.zeros(len(su), np.int64)
+    gpos = np.searchsorted(gu, su)
+    ghit = (gpos < len(gu)) & (gu[np.minimum(gpos, len(gu) - 1)] == su)
+    have[ghit] = gc[gpos[ghit]]
+    extra = np.repeat(su, np.maximum(sc // k - have, 0))
+    return np.concatenate([gsizes, extra])
+
+
+#: Up to this many points are answered by sorting the blocks between them (a (points x categories)
+#: table); more (a curve over every event) by one cumsum over the events per category.
+MAX_BUCKETED = 1 << 16
+#: Sums of block sizes in float64 are exact below 2**53 bytes; a trace that allocated more in all
+#: (9 PB) takes the integer path.
+EXACT_FLOAT = 1 << 53
+
+
+class CategoryCurves:
+    """Bytes live per category, evaluated at any events, without an n × categories matrix."""
+
+    def __init__(self, ctx: Context):
+        life = ctx.timeline.lifetimes
+        pre_cat, cat, self.readings = classify_with_readings(ctx)
+        self.codes = np.concatenate([pre_cat, cat])
+        self.alloc = life.alloc_event
+        self.free = life.free_event
+        self.size = life.size
+        self.n = ctx.n
+
+    def at(self, points) -> np.ndarray:
+        """(len(points), len(CATEGORIES)) bytes alive at each point; point k is the moment just
+        before event k, so point e + 1 is just after event e."""
+        pts = np.asarray(points, dtype=np.int64)
+        if len(pts) > MAX_BUCKETED or int(self.size.sum()) >= EXACT_FLOAT:
+            return self._at_by_cumsum(pts)
+        # Each block sorted into the gap between the asked points where it starts and where it ends,
+        # then summed per gap and category: O(blocks log points), not a cumsum over every event per
+        # category (12 of them on a 10M-event trace: 0.9 s).
+        order = np.argsort(pts, kind="stable")
+        sp, m, k = pts[order], len(pts), len(CATEGORIES)
+        codes = self.codes.astype(np.int64)
+
+        def reached(events):  # bytes of the blocks whose event is before each sorted point
+            gap = np.searchsorted(sp, events + 1, "left")
+            w = np.bincount(gap * k + codes, weights=self.size, minlength=(m + 1) * k)
+            return np.cumsum(w.reshape(m + 1, k), axis=0)[:m].astype(np.int64)
+
+        out = np.empty((m, k), np.int64)
+        out[order] = reached(self.alloc) - reached(self.free)
+        return out
+
+    def _at_by_cumsum(self, pts: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(pts), len(CATEGORIES)), np.int64)
+        for c in range(len(CATEGORIES)):
+            m = self.codes == c
+            if not m.any():
+                continue
+            d = np.zeros(self.n + 2, np.int64)
+            np.add.at(d, self.alloc[m] + 1, self.size[m])  # pre-existing (alloc -1) land at point 0
+            np.add.at(d, self.free[m] + 1, -self.size[m])
+            out[:, c] = np.cumsum(d)[pts]
+        return out
+
+    def at_level(self, events, timeline) -> np.ndarray:
+        """Bytes per category at the level each event reaches (after an alloc, before a free),
+        so that each row sums to ``Timeline.level`` there."""
+        ev = np.asarray(events, dtype=np.int64)
+        return self.at(np.where(timeline.change_at(ev) < 0, ev, ev + 1))
+
+
+#: The note on what 'other' holds is written where it is more than this share of the peak (issue 40:
+#: wild/bcrafton_cs336 80 %, wedsonlin_medium512_train 27 %, cranberrii_ftcourse 19 %,
+#: silmont_mem_snapshot 17 % before the rules for blocks made before the recording).
+OTHER_NOTE_SHARE = 0.10
+#: Sizes of the cuBLAS workspace torch makes once per handle and stream, when no stack says so: 8 MiB +
+#: 128 KiB (the default ``CUBLAS_WORKSPACE_CONFIG`` ":4096:2:16:8", the wild CS336 snapshots' two) and
+#: 32 MiB (on Hopper: our H100/H200 fixtures' ``at::cuda::getNewWorkspace`` blocks). Named in the note
+#: only, where such a block is never freed: the category stays 'other'.
+WORKSPACE_SIZES = (8519680, 33554432)
+#: The note names at most this many groups of blocks, the largest first.
+OTHER_GROUPS = 4
+
+
+def other_groups(ctx: Context, codes: np.ndarray, event: int) -> list[tuple[str, int, int]]:
+    """What the 'other' bytes alive at the level ``event`` reaches are, grouped by where the blocks were
+    made and where they end: (words, blocks, bytes), the most bytes first."""
+    life, tl, n = ctx.timeline.lifetimes, ctx.timeline, ctx.n
+    q = event if tl.active_after[event] < tl.active_before[event] else event + 1
+    idx = np.flatnonzero((life.alloc_event < q) & (life.free_event >= q) & (codes == C["other"]))
+    if not len(idx):
+        return []
+    a, f, size = life.alloc_event[idx], life.free_event[idx], life.size[idx]
+    pre, kept = a < 0, f >= n
+    by_stack = np.isin(life.addr[idx], ctx.trace.live_workspaces)
+    by_stack[~pre] = ctx.made_by_workspace_getter(a[~pre])
+    by_stack &= kept
+    by_size = kept & ~by_stack & np.isin(size, WORKSPACE_SIZES)
+    # one key per group: its kind, the phase that made it and the one that freed it (len(PHASES): kept)
+    labels, k = ctx.seg.labels, len(PHASES) + 1
+    made_in = np.where(pre, 0, labels[np.maximum(a, 0)])
+    freed_in = np.where(kept, len(PHASES), labels[np.minimum(f, n - 1)])
+    kind = np.select([by_stack, by_size, pre & kept, pre], [0, 1, 2, 3], 4)
+    key = (kind * k + made_in) * k + freed_in
+    keys, inverse = np.unique(key, return_inverse=True)
+    blocks = np.bincount(inverse, minlength=len(keys))
+    total = np.bincount(inverse, weights=size, minlength=len(keys)).astype(np.int64)
+    trains = _trains(ctx)
+
+    def where(code):
+        return "outside every phase" if code == P["other"] else f"in {PHASES[code]}"
+
+    def words(key):
+        kind, made, freed = key // (k * k), key // k % k, key % k
+        fate = "kept to the end" if freed == len(PHASES) else f"freed {where(freed)}"
+        return ("made by a math library's workspace getter (its stack says so) and kept",
+                "kept, each of a cuBLAS workspace's size (no stack says what made it)",
+                "made before the recording and kept to the end"
+                + (", pairing with no gradient (frozen weights, buffers, a copy of the weights, a cache)" if trains else ""),
+                f"made before the recording and {fate}",
+                f"made {where(made)} and {fate}")[kind]
+
+    out: dict[str, list[int]] = {}  # the few groups' words (two keys can read alike: a workspace made in any phase)
+    for key, c, b in zip(keys.tolist(), blocks.tolist(), total.tolist()):
+        g = out.setdefault(words(key), [0, 0])
+        g[0] += c
+        g[1] += b
+    return sorted(((w, c, b) for w, (c, b) in out.items()), key=lambda g: -g[2])
+
+
+def other_note(ctx: Context, curves: "CategoryCurves", event: int, peak_bytes: int) -> list[str]:
+    """The note on what 'other' still holds at the peak, where it is more than OTHER_NOTE_SHARE of it."""
+    groups = other_groups(ctx, curves.codes, event)
+    total = sum(g[2] for g in groups)
+    if not peak_bytes or total <= OTHER_NOTE_SHARE * peak_bytes:
+        return []
+    parts = [f"{format_bytes(b)} in {c} block{'s' if c > 1 else ''} {w}" for w, c, b in groups[:OTHER_GROUPS]]
+    rest = groups[OTHER_GROUPS:]
+    if rest:
+        parts.append(f"{format_bytes(sum(g[2] for g in rest))} in {sum(g[1] for g in rest)} more")
+    return [f"other holds {100 * total / peak_bytes:.0f} % of the peak ({format_bytes(total)}): " + "; ".join(parts)]
+
+
+def readings_note(curves: "CategoryCurves") -> list[str]:
+    """What the rules for blocks made before the recording named, and how sure each is: one sentence per
+    rule (a rule that named several categories gives their figures together)."""
+    by_rule: dict[str, list] = {}
+    for r in curves.readings:
+        by_rule.setdefault(r.rule, []).append(r)
+    parts = []
+    for rs in by_rule.values():
+        what = " and ".join(f"{CATEGORY_NAMES[r.category]} {format_bytes(r.bytes)} ({r.blocks} blocks)" for r in rs)
+        why = "; ".join(dict.fromkeys(r.evidence for r in rs))
+        parts.append(f"{what}, confidence {rs[0].confidence:.2f}: {why}")
+    return ["made before the recording, named by what the trace shows happening to them: " + "; ".join(parts)] if parts else []

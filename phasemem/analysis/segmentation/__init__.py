@@ -1,0 +1,135 @@
+"""Split a trace into steps and phases: every event's phase code and step.
+
+``segment`` is one line of stages, each a module entered once:
+
+- ``markers.py``: the marks (``find_marks``): phase intervals from ``record_function`` markers
+  (phasemem's and PyTorch's optimizer annotations), the loss between a forward and its backward,
+  painted onto the events; the outermost optimizer and forward ranges;
+- ``inferred.py``: phases inferred (``infer/``) where no marker placed them, and how sure they are;
+- ``steps_from_labels.py`` (no optimizer range: steps cut between the inferred backward passes) or
+  ``steps_from_intervals.py`` (steps that end where an optimizer range ends, or start at each forward);
+- ``partial.py``: steps an out-of-memory error cut short (and, for the step stages, an evaluation
+  after the last step: no step);
+- ``inferred.py`` again: doubts about phases read from lifetimes alone.
+
+``segment_marked`` is the same line for a trace whose forward or backward is marked, without the
+inference: what a step index is built from (``phasemem.analysis.step_index``).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..timeline import Lifetimes, lifetimes_of
+from ...read.trace import Trace
+from ...vocab import MARKER_PREFIX
+from .inferred import find_doubts, infer_phases, lower_where_doubted
+from .markers import Interval, find_marks
+from .partial import cut_by_oom
+from .steps_from_intervals import steps_from_intervals
+from .steps_from_labels import steps_from_labels
+
+__all__ = ["Segmentation", "segment", "segment_marked", "step_at_time", "window_first"]
+
+
+@dataclass
+class Segmentation:
+    """Per-event phase codes and step numbers, plus the intervals that made them.
+
+    ``step_of[i]`` is the position in ``steps`` of event i, or -1 for events after the last step.
+    """
+
+    labels: np.ndarray  # int8 codes into PHASES
+    step_of: np.ndarray  # int32
+    steps: list[tuple[int, int, bool]]  # (first event, stop event, complete)
+    step_numbers: list[int]  # the training step each entry of ``steps`` is, counting from recording start
+    step_t1: np.ndarray  # int64 µs: the time each step ends (its optimizer's END); max int64 when open-ended
+    intervals: list[Interval]
+    sources: dict[str, str]  # phase → where its boundaries came from
+    confidence: dict[str, float] = None  # phase → how sure (1 for markers and annotations)
+    # µs: moments up to here belong to steps the ring buffer lost (a phase that ran then is not reported)
+    t_lost: int = int(np.iinfo(np.int64).min)
+    inferred_by: str | None = None  # "frames" or "lifetimes" where phases were inferred, else None
+    # positions in ``steps`` of whole steps that ran no update: a zero_grad discarded their gradients
+    skipped: list[int] = field(default_factory=list)
+    # why the inferred phases are less sure than CONFIDENCE says (``inferred.find_doubts``); each
+    # lowered to DOUBTFUL
+    doubts: list[str] = field(default_factory=list)
+
+
+def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segmentation:
+    """Label every event with its phase and step; without forward/backward markers, infer them
+    (from frames, else from lifetimes, which needs ``timeline``).
+
+    Example:
+        >>> seg = segment(Trace.from_snapshot(snap))
+        >>> PHASES[seg.labels[100]], seg.step_of[100]
+    """
+    n, first = len(trace), window_first(trace.meta)
+
+    @functools.cache
+    def lifetimes() -> Lifetimes:  # which block each free frees: built only where a rule below asks
+        return timeline.lifetimes if timeline is not None else lifetimes_of(trace)
+
+    marks = find_marks(trace, prefix)
+    labels, how, starts = marks.labels, None, None
+    sources, confidence = marks.sources, {ph: 1.0 for ph in marks.sources}
+    if not marks.marked and n:
+        labels, how, starts = infer_phases(trace, timeline, labels, sources, confidence)
+    if not marks.marked and n and not marks.optimizer:
+        steps, numbers, ends = steps_from_labels(trace, labels, starts, lifetimes, inside=how == "frames")
+        skipped = []  # no optimizer range: none was skipped
+    else:
+        # only labels from markers or frames place a backward well enough to see an update inside it
+        steps, numbers, ends, skipped = steps_from_intervals(trace, marks, labels, lifetimes,
+                                                             inside=marks.marked or how == "frames")
+    steps = cut_by_oom(trace, labels, steps)
+    doubts = find_doubts(trace, timeline, labels, steps) if how == "lifetimes" else []
+    lower_where_doubted(confidence, sources, doubts)
+    step_of = np.full(n, -1, dtype=np.int32)
+    for k, (a, b, _) in enumerate(steps):
+        step_of[a:b] = k
+    return Segmentation(labels, step_of, steps, [first + k for k in numbers], np.array(ends, dtype=np.int64),
+                        marks.intervals, sources, confidence, marks.t_lost,
+                        how if how in ("frames", "lifetimes") else None, [k for k in skipped if steps[k][2]], doubts)
+
+
+def segment_marked(trace: Trace, prefix: str, lifetimes: Lifetimes) -> Segmentation:
+    """``segment`` of a trace whose forward or backward markers are there, from its marks alone
+    (nothing is inferred there), with the trace's ``lifetimes`` given: what a step index is built
+    from. tests/test_segment_handbuilt.py checks that it is ``segment``'s answer.
+
+    Example:
+        >>> seg = segment_marked(trace, "phasemem::", lifetimes_of(trace))
+    """
+    n, first = len(trace), window_first(trace.meta)
+    marks = find_marks(trace, prefix)
+    steps, numbers, ends, skipped = steps_from_intervals(trace, marks, marks.labels, lambda: lifetimes,
+                                                         inside=marks.marked)
+    steps = cut_by_oom(trace, marks.labels, steps)
+    step_of = np.full(n, -1, dtype=np.int32)
+    for k, (a, b, _) in enumerate(steps):
+        step_of[a:b] = k
+    return Segmentation(marks.labels, step_of, steps, [first + k for k in numbers], np.array(ends, dtype=np.int64),
+                        marks.intervals, marks.sources, {ph: 1.0 for ph in marks.sources}, marks.t_lost,
+                        None, [k for k in skipped if steps[k][2]], [])
+
+
+def step_at_time(seg: Segmentation, t: int) -> int:
+    """The step a moment belongs to (-1 after the last step): what places a phase that made no event."""
+    if t <= seg.t_lost:
+        return -1
+    k = int(np.searchsorted(seg.step_t1, t, "left"))
+    return k if k < len(seg.steps) else -1
+
+
+def window_first(meta: dict) -> int:
+    """The training step a step window began at (``instrument(steps="10-12")``, the trainer
+    callbacks: snapshot["phasemem"]["steps"]), so that its steps are numbered as the loop numbered
+    them; 0 for a recording of the loop from its start."""
+    steps = meta.get("steps") if isinstance(meta, dict) else None
+    if isinstance(steps, (list, tuple)) and steps and isinstance(steps[0], int) and steps[0] > 0:
+        return steps[0]
+    return 0

@@ -1,0 +1,69 @@
+"""A run of many ranks as text (``print(run)``): the run's peak and the rank that sets it, what the
+distributed wrapper holds at each rank's peak, and every rank's peak per step and phase.
+
+Example:
+    >>> print(format_run(phasemem.analyze_ranks("mem/")))
+"""
+from __future__ import annotations
+
+from ...analysis.typical import ranges
+from ...distributed.run_report import RankSummary, RunReport
+from ...units import format_bytes
+from ...vocab import CATEGORY_NAMES, ROLE_NAMES
+
+#: Per-rank columns in the table up to this many ranks; past it only max, min and spread.
+TABLE_RANKS = 8
+
+
+def format_run(run: RunReport) -> str:
+    """The run report's text (``str(run)``): the peak and why, each rank's wrapper, the table."""
+    ranks, p = run.ranks, run.peak
+    kinds = sorted({s.device.split(":")[0] for s in ranks})
+    lines = [f"phasemem run report — {len(ranks)} rank(s) ({', '.join(kinds)}), "
+             + (f"step(s) {ranges(run.steps, most=len(run.steps))} on every rank" if run.steps else "no steps")]
+    # The lowest of the *other* ranks: with a tie, the peak's own rank is not also named the lowest.
+    lo = min((s for s in ranks if s.rank != p.rank), key=lambda s: s.peak_bytes, default=ranks[0])
+    where = f"step {p.step}, {p.phase}" if p.step is not None else p.phase
+    lines.append(f"run peak {format_bytes(p.bytes)} on rank {p.rank} ({where}" + (f", shape {p.shape}" if p.shape else "")
+                 + ")" + (f"; lowest rank peak {format_bytes(lo.peak_bytes)} on rank {lo.rank}; spread "
+                          f"{format_bytes(run.spread)} ({run.spread / max(p.bytes, 1):.0%} of the peak)"
+                          if len(ranks) > 1 else ""))
+    if p.category and len(ranks) > 1:
+        lines.append(f"  rank {p.rank} holds {format_bytes(p.category_excess)} more "
+                     f"{CATEGORY_NAMES.get(p.category, p.category)} at its peak than the median other rank at its own")
+    lines += [f"note: {n}" for n in run.notes]
+    lines += ["", "what the distributed wrapper holds at each rank's peak:"] + [_parallel_line(s) for s in ranks]
+    shown = [s.rank for s in ranks] if len(ranks) <= TABLE_RANKS else []
+    head = f"{'step':>5} {'phase':<10}" + "".join(f"{'rank ' + str(r):>11}" for r in shown) + \
+        f"{'max':>11}{'min':>11}{'spread':>11}{'max at':>8}"
+    lines += ["", head, "-" * len(head)]
+    for r in run.rows + run.phases:
+        lines.append(f"{'all' if r.step is None else r.step:>5} {r.phase:<10}"
+                     + "".join(f"{format_bytes(r.peaks[k]):>11}" for k in shown)
+                     + f"{format_bytes(r.max):>11}{format_bytes(r.min):>11}{format_bytes(r.spread):>11}"
+                     + f"{'rank ' + str(r.max_rank) if r.spread else '—':>8}")
+    return "\n".join(lines)
+
+
+#: Why a role is unknown where only some are (``sharded_parameters`` says so itself).
+UNKNOWN_WHY = {"sharded_parameters": " (the trace cannot tell them from optimizer state made before it; "
+                                     "instrument() now records their bytes)"}
+
+
+def _parallel_line(s: RankSummary) -> str:
+    head = f"  rank {s.rank} {s.device} peak {format_bytes(s.peak_bytes)}: "
+    if s.wrapper is None:
+        return head + "no sign of DDP or FSDP2 in the trace"
+    told = {"ddp": "DDP", "fsdp2": "FSDP2"}[s.wrapper]
+    if all(v is None for v in s.parallel.values()):
+        why = "no stack frames" if s.evidence == "none" else "its buckets were made before the recording"
+        return head + f"{told}; " + ", ".join(ROLE_NAMES[r] for r in s.parallel) + f" unknown ({why})"
+    parts = []
+    for r, v in s.parallel.items():
+        most = s.parallel_max.get(r)
+        # The peak is one moment: a role empty there (FSDP2's gradients before backward makes them)
+        # still says the most it held.
+        more = f" (at most {format_bytes(most)})" if v is not None and most is not None and most > v else ""
+        why = UNKNOWN_WHY.get(r, "") if v is None else ""
+        parts.append(f"{ROLE_NAMES[r]} {'unknown' if v is None else format_bytes(v)}{more}{why}")
+    return head + f"{told} (by {s.evidence}): " + ", ".join(parts)
