@@ -69,3 +69,27 @@ def test_the_folders_are_the_documented_ones():
     assert folders == sorted(BEHAVIOURS)
     text = (HERE.parent / "docs" / "testing.md").read_text()
     assert all(f"`tests/{name}/`" in text for name in BEHAVIOURS), "docs/testing.md describes every folder"
+
+
+def _design_module_map() -> list[str]:
+    """The module paths docs/design.md's "## Module map" lists, one ``- `path.py` — ...`` line each."""
+    import re
+
+    text = (HERE.parent / "docs" / "design.md").read_text()
+    start = text.index("\n## Module map\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start:end if end >= 0 else len(text)]
+    return re.findall(r"^- `([\w/]+\.py)`", section, flags=re.M)
+
+
+def test_design_md_names_every_module():
+    """docs/design.md's module map names every .py module under phasemem/, once, and none that is gone."""
+    package = HERE.parent / "phasemem"
+    modules = {str(p.relative_to(package)) for p in package.rglob("*.py") if "__pycache__" not in p.parts}
+    named = _design_module_map()
+    repeated = sorted({m for m in named if named.count(m) > 1})
+    missing = sorted(modules - set(named))
+    gone = sorted(set(named) - modules)
+    assert not missing, f"add a line for each to docs/design.md's module map: {missing}"
+    assert not gone, f"docs/design.md's module map names modules that do not exist: {gone}"
+    assert not repeated, f"named twice in docs/design.md's module map: {repeated}"
