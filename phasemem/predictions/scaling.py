@@ -1,25 +1,8 @@
 """Which blocks grow with the batch and with the sequence, and how fast: what ``batch_xF`` and
 ``seq_xF`` replay, and what ``fits`` solves for.
 
-A block made in forward, loss or backward (or an input) that is not a weight, a gradient, optimizer
-state, a weight-sized copy or a workspace holds per-token values: it grows linearly with the batch
-and with the sequence. Attention scores computed without a fused kernel (batch x heads x T x T) grow
-with the square of the sequence. Sizes alone cannot tell them apart (a ViT with 6 heads over 256
-patches has scores exactly as wide as its 4 x 384 MLP), so they are told by what made them:
-
-- frames: a ``softmax`` (torch's or the program's own) called inside a function (or file) named for
-  attention (transformers' ``eager_attention_forward``, torch's ``multi_head_attention_forward``,
-  timm's ``attention.py``, a hand-written ``scaled_dot_product_attention``): the
-  blocks made inside that function of the probabilities' size or half of it;
-- without such frames, the softmax's upcast under autocast: fp32 probabilities kept for backward,
-  twice the size of the half-precision copy made right after them and of the temporary made right
-  before (the scaled scores or their fp32 copy), once per layer. A half-precision branch added to an
-  fp32 residual stream reads the same sizes but is followed by a LayerNorm's fp32 output; a
-  LayerNorm's fp32 output is freed within forward, not kept.
-
-Backward has no frames: its blocks are quadratic where their size is one only attention makes in
-forward. A compiled forward (torch.compile) says neither, and no frames with no upcast neither:
-then the sequence's growth cannot be told.
+Per-token blocks grow linearly; attention scores, told by frames or by the softmax's upcast, with the
+square of the sequence (the rules: docs/what-if.md, "How the scaling tells per-token and quadratic blocks").
 
 Example:
     >>> g = growth(trace, alloc, free, size, phase_alloc, phase_free, step, token, exclude)

@@ -1,22 +1,8 @@
 """Read a snapshot pickle's trace without holding millions of event dicts at once.
 
-``pickle.load`` of a 10-million-event snapshot builds 10 million dicts (about 400 bytes each, with
-their ints) before phasemem can turn them into columns: 4.4 GB at the peak. This reader lets
-Python's own C unpickler do the parsing, but hands it, in place of the list that holds the busiest
-device's events, an object whose ``extend`` receives the events in the batches of 1,000 the
-pickle stores them in (the unpickler calls ``extend`` for an ``APPENDS`` into anything but a
-list). Each batch is columnarised at once and its dicts emptied. What stays is what the
-unpickler's memo holds on to — each event's empty dict and frames list — about 120 bytes an event.
-
-To find that list, the beginning of the stream is walked opcode by opcode (``pickletools``) up to
-the ``device_traces`` key: only the ``segments`` come before it, a few thousand blocks whatever the
-trace's length. The list's one-byte ``EMPTY_LIST`` opcode is then replaced by a ``GLOBAL`` +
-``REDUCE`` that makes the collector (and the length of the protocol-4 frame around it is patched).
-
-Anything this path does not expect (another layout, another device being the busiest, a field
-that does not convert) makes it give up, and the file is read again the ordinary way, which
-either succeeds or says what is wrong: the Trace is the same either way, only the cost differs.
-"""
+The C unpickler hands the events over in batches that are columnarised at once, so memory stays
+near 120 bytes an event; anything unexpected falls back to the ordinary read (docs/performance.md,
+"How the readers work")."""
 from __future__ import annotations
 
 import array

@@ -1,31 +1,8 @@
 """The columnar trace saved to disk (.npz), and the step index that cuts some steps out of a trace.
 
-Unpickling a 10-million-event snapshot takes seconds and a gigabyte or more; the columnar form of
-the same trace is ~40 bytes an event and loads in a second. ``phasemem convert`` writes it;
-``phasemem.analyze`` reads it like a snapshot. It holds only numbers and one JSON document, and is
-read with ``allow_pickle=False``: loading it runs no code. The program's labels (``Trace.torch_labels``)
-travel with it: the entries that carry one and their texts. The members are stored uncompressed, so
-a range of one column is read straight from its offset in the file.
-
-``phasemem analyze big.npz --steps 100-102`` should not read 10 million events to report three
-steps. A step index (``StepIndex``), built once from the whole trace (``phasemem.analysis.step_index``;
-``phasemem convert`` stores it in the file for the marker prefix it was converted with), says where
-each step's events are. With such an index the file's event columns are mapped, not read
-(``map_trace``): ``step_index.cut``, the one place a trace is sliced, copies out the events of the
-steps asked for, and those pages are all of them that is read. Allocations alive when the first of
-them starts become allocations from before the trace, as a trace already treats memory from before
-recording (frees without an alloc, blocks in ``segments``): an allocation made earlier and freed
-inside the steps is a free without an alloc, one alive through them is a block alive throughout.
-Markers are kept up to the end of the last step: steps before the first read one then count as
-steps the trace lost, which numbers the steps as the full trace does.
-
-So every event's memory, phase and step, and every step's and phase's numbers, equal the full
-analysis's (``tests/test_scale.py``), with event indices counted from ``Trace.first_event``.
-Slicing is refused (``StepIndex.exact`` is False, and the whole trace is analysed) when phases are
-inferred rather than marked — inference reads the whole trace — or when the trace has frees whose
-size differs from their alloc's, or allocs that reuse a live address (a lost free): there a free
-seen without its alloc would count a different size than the full trace does.
-"""
+Loads in a second where unpickling takes many, runs no code (``allow_pickle=False``), and lets
+``--steps`` read only the steps asked for; why a slice's numbers equal the whole's: docs/performance.md,
+"How the readers work"."""
 from __future__ import annotations
 
 import json

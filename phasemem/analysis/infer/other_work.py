@@ -1,24 +1,8 @@
-"""Work that is not a training step, read from lifetimes alone.
+"""Work that is not a training step, read from lifetimes alone: attacks, rollouts, no-grad passes,
+forwards an error stopped, serving, data sampled for the next step.
 
-A training loop runs more than its steps: a PGD attack's forward and backward for the input's
-gradient, a rollout or a generation before the update (GRPO, PPO), a target network's no-grad pass, a
-forward that runs out of memory; a server runs passes and frees its cache's pages in bursts. Their
-allocations look like a step's (a mountain of activations, parameter-sized blocks, bursts of frees),
-and read so they were called forward, backward and optimizer. What tells them apart:
-
-- a backward for the inputs keeps no gradient: every parameter-sized block it makes dies inside it,
-  while a training backward keeps them until zero_grad (``InputGradients``);
-- an update allocates mostly parameter-sized blocks; a rollout after it mostly others, for far longer
-  (``update_bursts``, ``rollout``);
-- an update's temporaries come in many of the parameters' sizes, a KV cache's pages in few
-  (``covers_an_update``), a failed forward's unwound blocks mostly in others (``unwound``);
-- a forward an error stopped is no inference loop: its blocks are freed at once, in bursts, when
-  the exception unwinds around the out-of-memory event (``unfinished_forwards``, ``stopped_step``);
-- data a loop samples for its next step (a GNN's neighbourhoods) is no evaluation forward: some of it
-  is held across the whole next pass and freed with that step's end, in a burst (``held_for_step``);
-- the update the gradients' sets anchor ends at its last burst, as one read after a pass does
-  (``label_update``).
-"""
+Each looks like a step; the rules that tell each apart: docs/accuracy.md, "Work that is no training
+step: the rules"."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,27 +1,8 @@
 """A snapshot pickle's events decoded straight from its bytes with numpy: faster than unpickling.
 
-``pickle.load`` of a snapshot is the floor any reader seemed bound to: it builds every event as a
-dict of eight entries and every traceback as a list of frame references before anything can be
-counted. This reader does not build them. Torch writes every event with the same keys in the same
-order, and protocol 4 writes a key seen before as a 2- or 5-byte memo reference, so an event's
-bytes are ``}`` MEMOIZE MARK, then for each key its reference and a value, then SETITEMS. The
-events are found by that prefix (``numpy`` over the whole buffer), and each field of all of them
-is read at once: integers from their little-endian bytes, the action and the frames as memo
-references. A traceback seen for the first time is a new list of references to frame dicts; its
-bytes name its frames exactly, so identical bytes are one stack (a dict lookup per new list).
-
-Whatever does not fit that form — the first events (which spell out the keys and frames), an
-out-of-memory event with its extra key, a frame seen for the first time — is parsed one opcode at a
-time (``machine.py``), and the vectorised path takes over again at the next event. Before the
-events, and after them, the C unpickler reads the file as usual (``_finish``).
-
-Every object an event creates is counted, because MEMOIZE numbers objects by count and later
-references use those numbers; a field, reference or layout this reader does not know makes it
-give up (``Unsupported``), and ``phasemem.read`` reads the file the slower way, which either
-succeeds or says what is wrong: the Trace is the same either way (tests/test_scale.py, test_decode.py).
-Where it would apply but lose to ``pickle.load`` and the columnar pass (a small file; events that
-bring frame dicts of their own) it says so first (``Unprofitable``, the constants below).
-"""
+Events of torch's fixed layout are read many at a time, the rest one opcode at a time; anything
+unknown gives up to the slower readers, which give the same Trace (docs/performance.md, "How the
+readers work")."""
 from __future__ import annotations
 
 import bisect

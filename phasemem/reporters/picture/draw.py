@@ -1,21 +1,9 @@
 """The labeled picture: every allocation as a band stacked over the trace, each step's phases
 shaded and named, every recognised pattern called out, peaks marked.
 
-matplotlib is imported by the picture's modules, which nothing imports until a picture is asked for
-(reporters/picture/__init__.py). Figures are built on ``matplotlib.figure.Figure``
-with an Agg canvas of their own, so drawing never touches (or depends on) the user's backend or
-pyplot state. Everything is laid out in pixels from ``size`` and ``dpi``, which keeps the output
-exactly ``size`` pixels and lets text be measured before it is placed: labels that would not fit
-their span, or would overlap a label already placed, are left out rather than drawn on top of
-each other.
-
-Nothing is drawn per event: each pixel column samples its highest event (``bands.columns``), and
-the allocation bands are stacked over those samples (``bands.stack``), so a million-event trace
-costs about what a thousand-event one does and no one-event spike is lost. The drawn bands and the
-phase shading are images of the axes' pixels (``bands.raster``, ``pixels.spans``), pixel for pixel
-what their polygons gave, not thousands of paths for matplotlib to fill; an SVG or PDF keeps them as
-outlines while the bands weigh at most ``VECTOR_BANDS_CAP`` vertices.
-"""
+matplotlib is imported here, and this module only when a picture is asked for
+(reporters/picture/__init__.py); how the picture stays fixed-size and cheap at any trace length:
+docs/picture.md, "How the picture is drawn"."""
 from __future__ import annotations
 
 import os
