@@ -1,18 +1,6 @@
-"""What the program's own labels of its allocations say (``phasemem.read.torch_labels``: the text it set
-with ``torch.cuda.memory._set_memory_metadata``, which torch writes into every trace entry), set beside
-phasemem's reading: where a label names a category, how far phasemem's category of the same
-allocations agrees and which is right where not; which phases the labels marked; and the labels
-that name neither, kept with the allocations they cover.
-
-A label is a thread's, not a block's: it stays on the thread that set it until the next call, and
-every block the thread makes meanwhile carries it (docs/torch_labels.md). So it names what the
-thread was doing when the block was made; phasemem reads what the block did (docs/categories.md):
-
-- a block made under a label and freed soon after (phasemem's "temporary": a forward's scratch under
-  "activations", an optimizer step's under "optimizer state"): phasemem; the label covered the
-  scratch of the work it named;
-- a block phasemem calls "other" (its rules make no claim): the label, the program's word;
-- anything else: unknown, said as such.
+"""What the program's own labels of its allocations say (``phasemem.read.torch_labels``), set beside
+phasemem's reading: how far the categories agree and which is right where not, the phases the labels
+marked, and the labels that name neither (the rules: docs/torch_labels.md).
 
 Example:
     >>> la = agreement(report.analysis)

@@ -1,21 +1,10 @@
-"""What a recording lost: phase calls the hooks saw that the snapshot does not hold.
-
-``instrument()`` counts every range its hooks open (and torch's own ``Optimizer.step#`` ranges, by a
-step hook), per thread. A snapshot that holds fewer of those ranges than were opened, or whose ranges
-hold no memory event where the program must have allocated, is not a recording of the loop: its report
-would be a plausible picture of part of it. This module says which phases, how many calls, and why, so
-that the run warns and the report carries the note (``snapshot["phasemem"]["lost"]``).
-
-The one cause measured here: torch's CPU profiler records only the thread that started it (its
-callbacks and its memory reporting are thread-local; torch 2.13's ``profile_all_threads`` records
-other threads' ranges but none of their allocations, pytorch/pytorch#192290), so a loop, or a
-``backward()``, run on another thread than the one that entered ``instrument()`` leaves nothing.
+"""What a recording lost: phase calls the hooks saw that the snapshot does not hold, so that the run
+warns and the report says so rather than draw part of the loop as all of it (docs/capture.md).
 
 Example:
     >>> lost({"external_annotations": []}, {("phasemem::backward", 7): 3}, home=7, source="cpu-profiler")
     [{'range': 'phasemem::backward', 'phase': 'backward', 'calls': 3, 'recorded': 0, 'off_thread': 0,
-      'cause': 'missing'}]
-"""
+      'cause': 'missing'}]"""
 from __future__ import annotations
 
 import bisect

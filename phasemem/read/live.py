@@ -1,20 +1,6 @@
 """Live memory of a snapshot: what was allocated when it was taken, where, and (where the stack
-says) what for.
-
-Many snapshots hold no allocation history: legacy recordings (``_record_memory_history(True)``
-in torch <= 2.2 keeps one trace entry) and the bare segment list ``torch.cuda.memory_snapshot()``
-returns. Their ``segments`` still describe every block alive at that moment, with the stack that
-allocated it; this module reads those and nothing else, so it works for any snapshot (for one with
-a full trace it describes the end of the trace).
-
-Block layout, as torch writes it:
-- ``frames`` on the block (torch >= 2.1), or torch 2.0's ``history``: a list of
-  ``{"addr", "real_size", "frames"}`` whose first entry is the current allocation (as
-  ``torch.cuda._memory_viz._block_extra_legacy`` reads it; in the wild torch 2.0 files its
-  ``addr`` is the block's start for every allocated block).
-- torch 2.0 blocks have no ``address``: blocks lie one after the other from the segment's
-  ``address``, so a block's address is the segment's plus the sizes of the blocks before it.
-"""
+says) what for; read from its ``segments`` alone, so it works for snapshots without history (the
+block layouts torch writes: docs/trace.md)."""
 from __future__ import annotations
 
 import os

@@ -1,19 +1,6 @@
-"""phasemem's labels written into the snapshot itself, in the forms torch's memory_viz reads.
-
-pytorch.org/memory_viz (``torch/utils/viz/MemoryViz.js``) reads no annotation ranges: it colours each
-allocation band by its trace event's ``category`` (with a legend of the names, as torch's own
-``_memory_viz.profile_plot`` writes them) and prints an event's ``user_metadata`` when a band or event
-is hovered (docs/memory_viz.md quotes the lines). So each allocation's event gets:
-
-- ``category``: phasemem's category (``other`` written as memory_viz's ``unknown``);
-- ``user_metadata``, where torch left it empty: ``"phasemem: step 3, backward, activation, logits"``;
-
-and ``external_annotations`` gets one START/END pair per step, phase run and shape, named
-``phasemem.step#3``, ``phasemem.backward#3``, ``phasemem.logits#3``, at the ``time_us`` of the first
-and last event, for the tools that read record_function ranges (phasemem reads its own markers, not
-these: their prefix is not ``phasemem::``). Nothing else changes: removing what was added gives the
-snapshot back as it was (re-pickled, byte for byte). The pickle is protocol 4 holding only the types
-MemoryViz's own unpickler can read.
+"""phasemem's labels written into the snapshot itself, in the forms torch's memory_viz reads: each
+event's ``category`` and ``user_metadata``, and START/END ranges per step, phase and shape
+(docs/memory_viz.md).
 
 Example:
     >>> snap = phasemem.read.snapshot.load_snapshot("snapshot.pickle")

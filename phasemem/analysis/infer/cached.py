@@ -1,17 +1,6 @@
 """A step's forward run twice: once without grad over the whole batch, then again, a chunk at a time,
-with grad (GradCache: contrastive training with a large batch in small memory).
-
-GradCache encodes every chunk under no_grad to get all representations, computes the loss and the
-representations' gradients from them, then re-runs each chunk's forward with grad and its backward with
-the cached gradients, and steps once. The marks call the first forward 'forward' and everything after
-it, the re-forwards included, 'backward'. Read from lifetimes, each chunk is a training pass; the
-no-grad forward before them saves nothing for a backward, is far longer than an evaluation forward
-between steps (pass_labels.EVAL_SPAN), and was left 'other' (h15_gradcache_contrastive: 0.21 of its
-events). What tells it: it allocates the very sizes the chunks' forwards do, as a forward of the same
-model over same-shaped chunks must (``repeats_forward``); an evaluation's or a rollout's inputs have
-other shapes. After it, up to the update, the chunks' passes are the marks' backward
-(``label_reforwards``).
-"""
+with grad (GradCache), told by the no-grad forward repeating the chunks' sizes (docs/accuracy.md,
+"Work that is no training step: the rules")."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,23 +1,12 @@
-"""Allocation bands: every live allocation as a band of its own, stacked over time.
-
-The stacking is memory_viz's Active Memory Timeline (``process_alloc_data`` in
-``torch/utils/viz/MemoryViz.js``): allocations sit on each other in the order they were made, so
-when one is freed the ones above it slide down; what is too small to draw is summed into one band
-on top. memory_viz walks the events in Python and moves every band above each free, which is
-O(events × live bands). Here nothing is evaluated per event: the picture has one sample per pixel
-column, so a band's offset is needed only there, and it is the sum of the sizes of the drawn bands
-below it that are alive at that sample: one cumulative sum over a (bands × columns) matrix.
-
-Each column samples the event with the highest level in it (``Timeline.level``: after an alloc,
-before a free), so the stack's top is the column's maximum and no one-event spike is lost, and it
-adds up exactly to the active memory at that event.
+"""Allocation bands: every live allocation as a band of its own, stacked over time as memory_viz
+stacks them, computed per pixel column rather than per event (docs/picture.md, "How the bands are
+stacked").
 
 Example:
     >>> cols = columns(X, tl.level, tl.active_after, tl.reserved_after, tl.delta, 0, n, 1400)
     >>> st = stack(tl.lifetimes, cols, n, max_bands=2000)
     >>> np.array_equal(st.total(), tl.level[cols.event])
-    True
-"""
+    True"""
 from __future__ import annotations
 
 from dataclasses import dataclass
