@@ -1,11 +1,5 @@
 """Which step is typical, and how the others differ from it: the middle of the short report, so that
-a trace of 2,000 steps reads as one step and its exceptions (issue 40).
-
-Steps are compared by what can be named: whether each is complete, which phases ran (made at least
-one event), which shape kinds it holds, and its peak and its phases' peaks against the typical
-step's. The typical step is one of the most common kind (ties: the complete one, then the later: a
-first step that makes the optimizer's state is the exception, not the rule), the one with the
-median peak among them.
+a trace of 2,000 steps reads as one step and its exceptions (how steps are compared: docs/first-screen.md).
 
 Example:
     >>> t = typical(report.steps, report.patterns, lambda e: "backward")

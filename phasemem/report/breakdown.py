@@ -1,18 +1,10 @@
-"""What is alive at a compared peak, by (shape, category), and where an event sits (its step, its
-phase, the shape it is the peak of), for the comparison and the budgets.
-
-Built on ``peak.alive_at`` and ``peak.shape_codes`` (issue 15), so its sums are those of
-``Report.peak``; two differences make two runs comparable. Only the shapes *of the compared step*
-claim bytes (what earlier steps made and left alive — the optimizer's state made in step 0, a
-workspace — counts by its category alone, so a run whose first step the ring buffer lost compares
-equal), and the bytes are kept per (shape, category), so that a shape's change is read inside its
-category's change.
+"""What is alive at a compared peak, by (shape, category), and where an event sits, for the comparison
+and the budgets; only the compared step's shapes claim bytes, so two runs compare (docs/compare.md).
 
 Example:
     >>> bd = peak_breakdown(report, report.steps[1])
     >>> sum(bd.by_shape.values()) + sum(bd.rest_by_category.values()) == bd.bytes
-    True
-"""
+    True"""
 from __future__ import annotations
 
 import bisect

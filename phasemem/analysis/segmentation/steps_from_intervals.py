@@ -143,16 +143,8 @@ def _frees_made_in(trace: Trace, life: Lifetimes, z0: int, z1: int, p0: int, p1:
 def _one_per_step(opt: list[Interval], labels: np.ndarray, inside: bool = True) -> list[Interval]:
     """The optimizer ranges that end a step: of those that are one step's, the last.
 
-    Two ranges are one step's when no forward or loss lies between them and either nothing does (two
-    optimizers stepped one after the other: a sparse and a dense one, h6_sparse_two_opt) or the first
-    sits inside a backward, which goes on after it (per-parameter updates from post-accumulate-grad
-    hooks, torchtune's pattern, h6_optim_in_backward: 53 ranges a step, on the autograd thread, kept
-    in a plain recording, a zero_grad range after each). A zero_grad between ranges that are not
-    inside a backward starts another step (h6_ppo without frames: the lifetimes miss some forwards,
-    the zero_grad annotation does not); a range holding a forward (``optimizer.step(closure)``)
-    starts its own. ``inside``: whether the labels place backward well enough to tell an update
-    inside it (markers or frames); phases from lifetimes alone label a whole forward and backward
-    'backward' (h6_ppo without frames), so there only back-to-back ranges are merged."""
+    ``inside``: whether the labels place backward well enough to tell an update inside it (markers or
+    frames). Which ranges are one step's, and the traces that showed each case: docs/accuracy.md."""
     if len(opt) < 2:
         return opt
     # by the phase runs, not per-event running sums: four of those are 320 MB at 10M events

@@ -1,13 +1,6 @@
-"""The interactive page: one self-contained HTML file (no network, no new dependency) holding the
-labelled picture as SVG, zoomable to a step, a phase or a shape, each band telling on hover its size,
-lifetime, phase, category, shapes and the stack that made it; the tables and the text report below.
-
-The picture is ``plot()``'s own figure saved as SVG (labels, callouts, strip, legends as in the PNG),
-with its allocation bands drawn here from the same scene: the figure's ``bands.Stack``, ``bands.polygons``
-and ``colours._band_colors``, each band a path that names its allocation. Zooming is an x-only
-transform of what lies in the axes; a zoomed step shows bands sampled again over that step alone
-(``bands.columns`` at the axes' width), as long as the page stays under LAYER_BUDGET. Texts laid out for
-the whole picture are hidden while zoomed; the script draws the axis, step and phase names instead.
+"""The interactive page: one self-contained HTML file holding the labelled picture as SVG, zoomable to a
+step, a phase or a shape, each band telling on hover what it is; the tables and the text below. How
+it reuses the picture's scene and zooms: docs/interactive.md.
 
 Example:
     >>> text = page_text(report, figure(report, "html"))   # the HTML reporter (reporters/html) does this
