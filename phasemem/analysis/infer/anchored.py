@@ -1,11 +1,5 @@
-"""Training passes found from their gradients, where the activation mountains show none.
-
-A tiny model's forward saves a handful of activations and its optimizer's temporaries outweigh them
-(a Shampoo step's matrix roots, capturable Adam's state updates), so ``passes.mountains`` finds its
-tops in the optimizer and no pass looks like training. The gradients still tell the loop: a backward
-allocates one block of each trainable parameter's size, keeps them through the update, and zero_grad
-frees them together; the next backward makes them again. Each set of them freed together anchors a
-backward; the forward before it is what backward frees of what was made since the previous one.
+"""Training passes found from their gradients, where the activation mountains show none: each set of
+parameter-sized blocks freed together anchors a backward (docs/accuracy.md, "Passes the mountains miss").
 """
 from __future__ import annotations
 

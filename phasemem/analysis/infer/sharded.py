@@ -1,13 +1,6 @@
-"""Training passes of a sharded model (FSDP), found from the loss, where the mountains show none.
-
-FSDP gathers each block's parameters before its forward and frees them after, and frees what a block
-saved for backward in bursts, with the gathered parameters; its gradients are a few flat blocks made at
-the end of backward. So nothing rises through forward and falls through backward as ``passes.py``
-expects, and the gradients' sets (``anchored.py``) come in too few sizes to tell. The loss still shows:
-cross-entropy's fingerprint (``loss.fingerprints``) is each backward's first event, and what the
-forward made before it and backward frees after it is what it saved (a checkpointed block's input, the
-root's gathered parameters), however it is freed.
-"""
+"""Training passes of a sharded model (FSDP), found from the loss, where the mountains show none: what
+forward made before cross-entropy's fingerprint and backward frees after it is what it saved (why
+the mountains and the gradients' sets fail there: docs/accuracy.md, "Passes the mountains miss")."""
 from __future__ import annotations
 
 import numpy as np
