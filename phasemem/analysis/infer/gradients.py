@@ -56,15 +56,10 @@ def parameter_sizes(tl: Timeline) -> np.ndarray:
 
 def optimizer_start(trace: Trace, allocs: np.ndarray, params: np.ndarray, b1: int, end: int,
                      labels: np.ndarray, free_of: np.ndarray, top: int) -> int:
-    """Where the optimizer begins after a backward that ended at ``b1``.
-
-    An optimizer works on blocks the parameters' sizes (its temporaries, its state). Backward's
-    last gradients are such blocks too, right after its last activation is freed; then, in many
-    loops, user code that allocates only other sizes -- gradient clipping's norms, GradScaler's
-    unscale -- and only then the optimizer. Those last gradients are labelled backward here, and so
-    is an embedding's backward that runs after the last activation's free (``_late_gradients``: its
-    gradient is freed with the others, ``free_of``; the pass's own gradients are those made after
-    ``top``).
+    """Where the optimizer begins after a backward that ended at ``b1``: after backward's last
+    parameter-sized gradients and any user code that allocates only other sizes (clipping's norms,
+    GradScaler's unscale); those gradients, and a late embedding's (``_late_gradients``), stay backward's.
+    Why: docs/accuracy.md.
     """
     ours = allocs[np.searchsorted(allocs, b1, "right"):np.searchsorted(allocs, end, "right")]
     if len(params) < MIN_PARAM_SIZES or not len(ours):

@@ -232,13 +232,10 @@ def _temporaries_burst(w: Work, start: int, prev_end: int, f0: int) -> int:
 
 
 def _label_before_first(labels: np.ndarray, w: Work, mts: list[tuple[int, int, int]], starts: list[int]) -> None:
-    """The first step made like the others: where every later pass (of ``mts``) is preceded by forward work
-    that saves nothing for backward (``label_after_backward``'s evaluation forward: a frozen teacher's
-    no-grad forward, heldout3_distill_kl), what allocates MIN_SAVED blocks or more before the first
-    pass, and frees most of them there, is that work too. Only then: a ``generate()`` before training
-    (h8_generate_then_train) or a rollout (h6_ppo) is no step's forward. Or where every later step's
-    first pass (of ``starts``) is so preceded and that work repeats the first pass's forward: GradCache's
-    no-grad forward precedes each step's chunks, not each chunk (infer/cached.py)."""
+    """The first step made like the others: where every later pass is preceded by forward work that saves
+    nothing for backward, what allocates MIN_SAVED blocks or more before the first pass and frees most of
+    them there is that work too (a teacher's no-grad forward, GradCache's; when it applies:
+    docs/accuracy.md)."""
     f0, top = mts[0][:2]
     later = [f for f, _, _ in mts[1:]]
     steps = [s for s in starts if s > f0]
@@ -288,12 +285,9 @@ def _has_saved_passes(trace: Trace, tl: Timeline) -> bool:
 
 
 def _updates_after(w: Work, la: np.ndarray, lf: np.ndarray, f0: int, top: int, b1: int, nxt: int) -> bool:
-    """A pass with a backward and a gradient's sizes after its top, followed by an optimizer's bursts
-    of parameter-sized temporaries before the next pass: the trace trains even where no backward is
-    seen to keep its gradients (DDP's gradients as bucket views are made before the trace:
-    heldout4_gpt_ddp_bucket_view; a backward whose end runs past zero_grad: pairs/ckpt). Between two
-    passes only: what a loop frees in bursts on its way out after the last one is no update
-    (heldout2_convnext_eval, inference: its residual blocks save enough to look like a backward)."""
+    """A pass with a backward and a gradient's sizes after its top, followed by an optimizer's bursts of
+    parameter-sized temporaries before the next pass: the trace trains, even where no backward is seen to
+    keep its gradients. Between two passes only (the traces: docs/accuracy.md)."""
     if nxt >= len(w.trace) or not (has_backward(la, lf, f0, top) and makes_gradients(w.trace, w.allocs, w.params, top, b1)):
         return False
     n = len(w.trace)

@@ -39,15 +39,8 @@ def held_over(freed: np.ndarray, nxt: int, n: int) -> np.ndarray:
 def chunked_gradients(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
                       top: int, b1: int, ours: np.ndarray, sized: np.ndarray) -> int:
     """Position in ``ours`` (the allocations after ``b1``) of the last gradient a backward makes in
-    chunks after its last saved free, else -1.
-
-    A chunk's gradient is a parameter-sized block freed among the pass's own gradients (within
-    FREED_TOGETHER of the run of their frees, or, in the last step, never freed like them). Between
-    two of them backward frees its chunk's temporaries one at a time; an optimizer instead frees its
-    temporaries together, allocating its foreach outputs in a row (ROW), and keeps its state: the
-    first such row or state block ends the chunks, and they must come in MIN_CHUNKS groups split by
-    frees (heldout_embbag_adagrad: 0.495 of its events right, 404 events of its later backward passes
-    read as Adagrad's).
+    chunks after its last saved free, else -1: an optimizer's row of foreach outputs or its state ends the
+    chunks (the rule, and the EmbeddingBag trace behind it: docs/accuracy.md).
     """
     n = len(trace)
     made = allocs[np.searchsorted(allocs, top, "right"):np.searchsorted(allocs, b1, "right")]
@@ -102,14 +95,9 @@ MAX_TRIES = 256
 
 
 def earlier_top(la: np.ndarray, lf: np.ndarray, allocs: np.ndarray, f0: int, top: int, min_saved: int) -> int:
-    """Where a pass's top fell inside its backward, the forward's real end; else ``top``.
-
-    A graph network's backward makes blocks as large as its forward's activations (the gradients of
-    whole-graph features), so the activations' live bytes peak inside backward, and what is alive there
-    is no longer freed last-made-first: the pass is refused (heldout3_gcn_scatter_adam's first pass,
-    read forward-only to its optimizer). Among the allocations between the pass's start and its top,
-    the latest where at least ``min_saved`` blocks made since the start are alive and their frees most
-    nearly reverse their allocations (rank correlation below EARLIER_CORR) is the forward's end."""
+    """Where a pass's top fell inside its backward (a graph network's), the forward's real end: the latest
+    allocation where ``min_saved`` blocks are alive and freed most nearly last-made-first (EARLIER_CORR);
+    else ``top``. Why, and the trace: docs/accuracy.md."""
     cand = allocs[(allocs > f0) & (allocs < top)]
     if len(cand) > MAX_TRIES:
         cand = cand[np.linspace(0, len(cand) - 1, MAX_TRIES).astype(np.int64)]
@@ -159,14 +147,9 @@ MIN_CARRIED = 4
 
 def accumulates(trace: Trace, allocs: np.ndarray, params: np.ndarray, free_of: np.ndarray,
                 start: int, f0: int, top: int, b1: int) -> bool:
-    """Whether the pass (``f0``, ``top``, ``b1``) adds to gradients its step already made, so it is one
-    of the step's micro-batches however far apart the passes are: MIN_CARRIED parameter-sized blocks
-    made since the step's ``start``, before the pass, live through it and are freed later in the trace
-    (zero_grad), while its backward keeps fewer new ones. GradCache's chunks (h15_gradcache_contrastive:
-    16 re-forward + backward chunks a step, each read as a step: 49 of 3) and h16_accum4_mlp's
-    micro-batches accumulate so. A loop that zeroes its gradients by freeing them frees them before the
-    next step's backward; one that keeps them (set_to_none=False) never frees them, so says nothing, and
-    is not joined."""
+    """Whether the pass (``f0``, ``top``, ``b1``) adds to gradients its step already made (MIN_CARRIED
+    parameter-sized blocks carried through it), so it is one of the step's micro-batches however far apart
+    the passes are (GradCache's chunks, accumulation; the rule and its traces: docs/accuracy.md)."""
     n = len(trace)
     made = allocs[np.searchsorted(allocs, start, "left"):np.searchsorted(allocs, f0, "left")]
     carried = made[(free_of[made] > b1) & np.isin(trace.size[made], params)]

@@ -124,14 +124,9 @@ MIN_UNWOUND = 10
 
 
 def unfinished_forwards(trace: Trace, tl: Timeline, burst: np.ndarray, labels: np.ndarray) -> None:
-    """Forwards an error stopped (out of memory) before any step: their blocks are made one after
-    another, then freed in bursts, last made first, as the exception unwinds the stack, around the
-    trace's out-of-memory event. From the first
-    of them to the last allocation before the unwinding is such a forward, labelled so, before the
-    first event read otherwise (after a step, a rollout's or an evaluation's blocks read so too:
-    h16_grpo, heldout_bert_mlm). oom_base's 294 events (freed in bursts of 25 and 250 around a failed
-    6 GiB request) were left unnamed, 0.51 of its events right; h13_oom_retry_halve's three failed
-    tries before it halves its batch too."""
+    """Forwards an error stopped (out of memory) before any step: blocks made one after another, then freed
+    in bursts, last made first, around the trace's out-of-memory event as the exception unwinds; labelled
+    so up to the first event read otherwise (the traces: docs/accuracy.md)."""
     life = tl.lifetimes
     a, f = life.alloc_event[life.paired], life.free_event[life.paired]
     named = np.flatnonzero(labels)
@@ -185,11 +180,8 @@ def unwound(params: np.ndarray, sizes: np.ndarray) -> bool:
 def label_update(labels: np.ndarray, trace: Trace, allocs: np.ndarray, free_of: np.ndarray, params: np.ndarray,
                  work: np.ndarray, top: int, b1: int, nxt: int) -> None:
     """The update the gradients' sets anchor (infer/anchored.py): from its first parameter-sized block
-    (``work``, made after backward's end ``b1``) to its last, or the last free of those -- but not past
-    its last burst of frees where it has them (``update_bursts``): what allocates after that, up to the
-    next pass at ``nxt``, is a forward the loop ran with no backward, unless it is a rollout (``rollout``).
-    h10_dqn_replay's target network's no-grad forward (parameter-sized blocks among its own) was read as
-    the update's."""
+    (``work``, made after backward's end ``b1``) to its last, or the last free of those, but not past its
+    last burst of frees (``update_bursts``) unless what follows up to ``nxt`` is a rollout (``rollout``)."""
     # a parameter of a scalar's size makes every scalar look parameter-sized: the scalars made between
     # backward and the update (40 events a step in h7_capturable_adam, 0.66 -> 0.83) began it
     sized = work[trace.size[work] > SCALAR]

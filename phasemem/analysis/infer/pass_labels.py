@@ -165,13 +165,10 @@ def backward_goes_on(w: Work, top: int, b1: int, nxt: int) -> int:
 
 
 def wrapped_start(labels: np.ndarray, w: Work, lf: np.ndarray, first: int) -> bool:
-    """Whether a training trace starts inside a step (the ring buffer wrapped): BURST or more burst
-    frees, before the first pass, of blocks the trace itself allocated (pre-existing ones freed at the
-    start say nothing of a step) are its optimizer, which ends that step; labelled so. Only in a trace
-    that trains: an inference loop offloading its layers frees their weights in bursts
-    (h13_layer_offload_infer: 564 events of forward read as optimizer). Nor where those blocks are not
-    mostly a parameter's size (a compiled forward's guards free scalars in bursts: h16_compiled_fused,
-    odd_steps.update_sized; forwards that ran out of memory unwind so: h13_oom_retry_halve, other_work.unwound)."""
+    """Whether a training trace starts inside a step (the ring buffer wrapped): BURST or more burst frees,
+    before the first pass, of mostly parameter-sized blocks the trace itself allocated are its optimizer,
+    which ends that step; labelled so. Only in a trace that trains (the traces behind each condition:
+    docs/accuracy.md)."""
     freed_in_burst = np.zeros(len(labels), bool)
     freed_in_burst[lf[w.burst[lf]]] = True
     if freed_in_burst[:first].sum() < BURST or unwound(w.params, w.trace.size[:first][freed_in_burst[:first]]):

@@ -160,15 +160,8 @@ def has_backward(a: np.ndarray, f: np.ndarray, f0: int, top: int, min_saved: int
 
 
 def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """(forward start, top, backward end) of each pass, from the allocations alive across its top.
-
-    What a forward saves for its backward is made after the previous pass's top and freed before
-    the next one's, and alive across its own top, however long it lives: a checkpointed block's
-    input lives through most of the step, so the span limit that found the tops does not apply
-    here. The earliest of them starts the forward; the last freed ends the backward, unless it is
-    freed after the next forward began (logits or a batch the loop holds until it is replaced).
-    Burst frees are left out: zero_grad freeing the previous backward's gradients after this
-    top would otherwise make them look saved.
+    """(forward start, top, backward end) of each pass, from the allocations alive across its top (what a
+    forward saves for its backward, however long it lives); burst frees are left out. Why: docs/accuracy.md.
     """
     n = len(trace)
     life = tl.lifetimes
@@ -214,11 +207,8 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
 
 def forward_start(made: np.ndarray, top: int) -> int:
     """The first of a pass's saved allocations (in event order), less up to TAIL leading ones before a
-    quiet stretch longer than the rest of the forward (LEAD) and GAPS times the usual distance between
-    them: what the
-    previous step's loss made and the loop keeps until this step's loss replaces it is no activation
-    of this forward (pairs/chunked_ce: the accumulated loss, made in step 0's loss, began step 1's
-    forward there and cut step 0's backward short). The mirror of ``backward_end``."""
+    quiet stretch (LEAD, GAPS): what the previous step's loss made and the loop keeps is no activation of
+    this forward (the trace that showed it: docs/accuracy.md). The mirror of ``backward_end``."""
     start = int(made[0])
     # A checkpointed forward saves a few block inputs far apart: nothing there tells a straggler
     # (heldout3_neox_hfckpt_accum2 keeps 8-9, h11_tbptt_lstm's truncated chunks 7).

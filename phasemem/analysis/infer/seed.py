@@ -55,10 +55,8 @@ def candidates(trace: Trace, free_of: np.ndarray) -> tuple[np.ndarray, np.ndarra
 def _chain(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, k: int) -> int:
     """Where the backward seeded at ``allocs[k]`` ends: its seed's free, or, where the very next event
     allocates a scalar again that frees some block made before the first seed (a second ``backward()``
-    at once, through the same forward: h9_multitask_retain_graph, h5_two_losses), that one's, and so
-    on. Not the next allocation: a loss made of scalar ops (heldout3_distill_kl's KL and cross-entropy)
-    frees and allocates scalars in turn; nor a scalar that frees nothing of the forward (h16_siglip's
-    optimizer's first, made as backward ends)."""
+    through the same forward), that one's, and so on (the traces, and scalars that are no seed:
+    docs/accuracy.md)."""
     n = len(trace)
     end = int(free_of[allocs[k]])
     while end + 1 < n and trace.action[end + 1] == A["alloc"] and trace.size[end + 1] <= SEED_SIZE \
@@ -130,11 +128,10 @@ def reseat(trace: Trace, tl: Timeline,
 def _best_seed(la: np.ndarray, lf: np.ndarray, burst: np.ndarray, seeds: np.ndarray, ends: np.ndarray,
                bounds: tuple[int, int, int, int]) -> tuple[int, int, np.ndarray] | None:
     """(seed, its chain's end, the allocations it frees) of the seed made after the previous pass's
-    backward and up to ``last``, whose span holds this pass's top and frees most of what was made
-    since the previous backward and is alive at it (MIN_IN, OUT_MIN, OUT_SHARE); None where none
-    does. ``bounds``: the previous backward's end, this pass's top, ``last``, the next pass's
-    backward end. Blocks freed in bursts (``burst``, per event) are left alive by no seed: the batch a
-    loop frees at a step's end (heldout_embbag_adagrad: 18 blocks of it, beside 22 saved activations)."""
+    backward and up to ``last`` whose span holds this pass's top and frees most of what is alive at it
+    (MIN_IN, OUT_MIN, OUT_SHARE); None where none does. ``bounds``: the previous backward's end, this
+    pass's top, ``last``, the next pass's backward end. Blocks freed in bursts (``burst``, per event)
+    are left alive by no seed (docs/accuracy.md)."""
     prev_end, top, last, nxt_end = bounds
     found, refused = [], []
     k0, k1 = np.searchsorted(seeds, prev_end, "right"), np.searchsorted(seeds, last, "right")
@@ -278,12 +275,10 @@ def seeded_gradients(trace: Trace, allocs: np.ndarray, free_of: np.ndarray, burs
 
 def seeded_loss(trace: Trace, free_of: np.ndarray, f0: int, top: int, seeds: set[int],
                 allocs: np.ndarray) -> tuple[int, int] | None:
-    """The loss of the pass from ``f0`` with top ``top`` by cross-entropy's fingerprint (``loss.loss_span``:
-    the loss's first event, backward's first). Where a seed placed its backward, the fingerprint is
-    searched up to PAST allocations past the seed, and the loss ends at the seed; a fingerprint whose
-    backward would begin before the seed is none (h14_pinn_second_order's forward calls autograd.grad,
-    whose own seed follows a fingerprint 75 events before the loss's; heldout_cnn_bn_nesterov's zero_grad
-    comes between its loss and its seed, the fingerprint 5 allocations after the seed)."""
+    """The loss of the pass from ``f0`` with top ``top`` by cross-entropy's fingerprint (``loss.loss_span``).
+    Where a seed placed its backward, the fingerprint is searched up to PAST allocations past the seed and
+    the loss ends at the seed; one whose backward would begin before the seed is none (the traces:
+    docs/accuracy.md)."""
     seed = top + 1
     if seed not in seeds:
         return loss_span(trace, free_of, f0, top, allocs)

@@ -16,15 +16,10 @@ from .updates import update_end
 
 
 def sharded_passes(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int]] | None:
-    """Labels and step starts with one pass a cross-entropy fingerprint, each saving MIN_SAVED blocks
-    or more for its backward, or fewer where that backward makes gradients (a linear probe's head: 2
-    blocks; none on the device where saved_tensors_hooks move them to the host, h6_save_on_cpu: then
-    the forward starts after the previous update, which ends as ``updates.update_end`` says), which
-    ends where its seed (the fingerprint's scalar) is freed: autograd
-    drops it when the backward is done (the marked end of every backward in fsdp2_plain,
-    fsdp2_instrument, heldout4_gpt_fsdp2_bf16, gpt_foreach, llama_hf, h13_multiscale_seg). Then the
-    optimizer, where what follows allocates the parameters' sizes. None where fewer than two such
-    passes are found."""
+    """Labels and step starts with one pass a cross-entropy fingerprint, each saving MIN_SAVED blocks or
+    more for its backward (fewer where that backward makes gradients), which ends where its seed is freed;
+    then the optimizer. None where fewer than two such passes are found (the traces behind each case:
+    docs/accuracy.md)."""
     n = len(trace)
     loss_at, bwd_at = fingerprints(trace, tl)
     if len(bwd_at) < 2:

@@ -74,14 +74,9 @@ def foreach_temporaries(trace: Trace, made: np.ndarray, free_of: np.ndarray, bur
 def update_end(trace: Trace, made: np.ndarray, params: np.ndarray, start: int, burst: np.ndarray,
                goes_on: bool = True) -> int:
     """The last event an update begun at ``start`` can hold, of the allocations ``made`` after it: before
-    the first allocation of another size than the parameters' that follows its first burst of frees
-    (its temporaries dropped, a foreach step is over: what allocates next is the loop's, a forward's),
-    unless (``goes_on``) under UPDATE_SHARE of what is made from there on has other sizes (the update
-    goes on: h16_siglip's 0.90-0.96 parameter-sized; the gradients' reading, whose tail runs to the next
-    forward's first saved block, does not ask: h6_ppo's rollouts are 0.91); the trace's end where
-    nothing cuts it. h10_dqn_replay's
-    next forward (0.14 parameter-sized in h15_gradcache_contrastive's, 0.14-0.25 in h16_serve_paged's)
-    makes parameter-sized blocks too, and was read as the update. ``burst``: ``bursts.burst_freed``."""
+    the first allocation of another size than the parameters' after its first burst of frees, unless
+    (``goes_on``) under UPDATE_SHARE of what follows has other sizes; the trace's end where nothing cuts
+    it. ``burst``: ``bursts.burst_freed``. The traces behind each case: docs/accuracy.md."""
     burst = np.flatnonzero(burst[start:]) + start
     if not len(burst):
         return len(trace)

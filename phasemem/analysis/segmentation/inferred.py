@@ -82,13 +82,9 @@ def _infer(trace: Trace, timeline, labels: np.ndarray, annotated=()) -> tuple[np
 
 
 def closure_ranges(labels: np.ndarray, inferred: np.ndarray) -> np.ndarray:
-    """Per event: is it an annotated optimizer event inside a run of annotated events (an
-    ``Optimizer.step#`` range with the zero_grad ranges in or beside it) where the inferred labels hold
-    both a forward and a backward: a closure the step evaluated (``optimizer.step(closure)``; Lightning
-    calls zero_grad inside it, between the closure's forward and its backward). Elsewhere the range
-    is the update: inference that read it as forward (h9_moe_dynamic_routing without frames: 2 of 3
-    steps' Adam updates) or backward (h6_sparse_two_opt without frames) does not take it from the
-    annotation."""
+    """Per event: is it an annotated optimizer event inside a run of annotated events where the inferred
+    labels hold both a forward and a backward: a closure the step evaluated (``optimizer.step(closure)``).
+    Elsewhere the range is the update, whatever inference read it as (the traces: docs/accuracy.md)."""
     idx = np.flatnonzero(np.isin(labels, [P["optimizer"], P["zero_grad"]]))
     out = np.zeros(len(labels), bool)
     if not len(idx):
@@ -102,13 +98,9 @@ def closure_ranges(labels: np.ndarray, inferred: np.ndarray) -> np.ndarray:
 
 def find_doubts(trace: Trace, timeline, labels: np.ndarray, steps: list) -> list[str]:
     """Why phases read from lifetimes alone are less sure than usual, on evidence that contradicts them
-    (each lowers the inferred forward and optimizer to DOUBTFUL; the labels stay):
-
-    - a trace read without a backward whose lifetimes show gradients kept past a pass or an
-      optimizer's bursts between passes (h10_shampoo_subclass, h7_capturable_adam, FSDP2): a training
-      loop whose passes were not found;
-    - whole steps that do not follow one order of phases (a GAN's turns, LBFGS's closure evaluated
-      again, an evaluation loop between steps): what a step is, is a guess.
+    (each lowers the inferred forward and optimizer to DOUBTFUL; the labels stay): gradients kept or an
+    optimizer's bursts in a trace read without a backward; steps that follow no one order of phases.
+    The traces: docs/accuracy.md.
     """
     out = []
     if not (labels == P["backward"]).any() and timeline is not None and (

@@ -195,12 +195,9 @@ def loss_intervals(intervals: list[Interval], source: str, t: np.ndarray) -> lis
 
 
 def _computing(loss: list[Interval], labels: np.ndarray, is_alloc: np.ndarray) -> list[Interval]:
-    """The loss intervals that allocate: the loss computes something (cross-entropy's log-softmax, the
-    loss value). Where the model computes its loss inside forward (``model(x, labels=y).loss``), the gap
-    between forward's END and backward's START holds only frees: the model's output dropped once
-    ``.loss`` is read, and from the second step on the previous step's loss value released as the name
-    is bound again (llama_hf: 2 events in step 0, 4 in steps 1-2; heldout_bert_mlm, heldout2_mixtral_moe,
-    qwen_hf_ckpt_fused alike). Such a gap is no phase: its events stay what encloses them (``other``)."""
+    """The loss intervals that allocate. A loss computed inside forward (``model(x, labels=y).loss``)
+    leaves a gap between forward and backward that holds only frees: no phase; its events stay what
+    encloses them (``other``; the traces: docs/accuracy.md)."""
     if not loss:
         return loss
     own = np.concatenate([[0], np.cumsum((labels == P["loss"]) & is_alloc)])

@@ -65,17 +65,9 @@ def steps_from_intervals(trace: Trace, marks: Marks, labels: np.ndarray, lifetim
 
 def _split_skipped(trace: Trace, lifetimes, marks: Marks, labels: np.ndarray, steps: list,
                    ends: list, bounds: list[int]) -> tuple[list, list]:
-    """Split off the iterations that ran no optimizer update.
-
-    ``GradScaler.step`` skips ``optimizer.step()`` while the scaled gradients overflow (the first
-    iterations of a run with a large initial scale): no ``Optimizer.step`` range, but a zero_grad
-    that frees the gradients the skipped iteration's backward made, then another forward and
-    backward. Gradient accumulation has a forward and backward between two updates too, but no
-    zero_grad between them; a zero_grad inside an optimizer's range is a closure's
-    (``optimizer.step(closure)``, LBFGS). The zero_grad must free a block its previous backward pass
-    made: a second optimizer's zero_grad that frees nothing of it (a GAN clearing the generator's
-    gradients between the critic's backward and its own) is not the end of an iteration
-    (h9_scaler_skips_first: 3 steps for 5 iterations, the first holding three, before)."""
+    """Split off the iterations that ran no optimizer update (``GradScaler.step`` skipping
+    ``optimizer.step()`` on overflow): a zero_grad outside an optimizer's range that frees a block its
+    previous backward made ends an iteration. Why each condition, and the trace: docs/accuracy.md."""
     zg = [iv for iv in marks.intervals if iv.phase == "zero_grad" and iv.stop > iv.first]
     zg = [iv for iv, closure in zip(zg, _in_optimizer(zg, marks.optimizer).tolist()) if not closure]
     if not zg:
