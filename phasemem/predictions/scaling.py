@@ -109,14 +109,10 @@ def _not_torch_op(trace: Trace) -> np.ndarray:
 
 def _softmax_runs(trace: Trace, fwd: np.ndarray, alloc: np.ndarray, size: np.ndarray, phase_free: np.ndarray,
                   step: np.ndarray) -> np.ndarray:
-    """Forward's blocks (``fwd`` in allocation order) around a softmax under autocast: a block of 2X
-    kept for backward (the fp32 probabilities: the step's largest per-token forward block) made by no
-    torch function but softmax, X made right
-    after it (their half-precision copy for the next matmul), and before it a temporary of X or 2X
-    freed within forward (the scaled scores, or their fp32 copy); at least MIN_REPEATS times in one
-    step (a layer stack). A half-precision branch added to an fp32 residual stream is followed by a
-    LayerNorm's fp32 output, not by a half-size block; a LayerNorm's fp32 output is freed in forward,
-    not kept (fixtures/pairs/base and every SDPA trace here: no match)."""
+    """Forward's blocks (``fwd`` in allocation order) around a softmax under autocast: a 2X block kept for
+    backward (the fp32 probabilities) made by softmax alone, X right after it (their half-precision copy),
+    a temporary of X or 2X freed within forward before it; MIN_REPEATS times in a step. What else looks
+    so, and why it does not match: docs/what-if.md."""
     s = size[fwd]
     mid = np.arange(1, len(fwd) - 1)
     x = s[mid + 1]

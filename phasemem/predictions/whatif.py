@@ -1,10 +1,6 @@
-"""What a remedy would do to the peak: the trace replayed with the remedy applied.
-
-Each remedy is a transformation of the recorded blocks -- dropped, resized, re-timed, or added --
-after which the memory curve is summed again, event by event. Nothing is guessed from a model's
-config: what a remedy moves is what the trace shows (the shapes' member allocations, the
-categories, the phases). A remedy whose evidence is missing does not apply, and says why, rather
-than predicting a saving of zero. docs/what-if.md compares each prediction with the real run.
+"""What a remedy would do to the peak: the trace replayed with the remedy applied (blocks dropped,
+resized, re-timed or added; nothing guessed from a config), or why it does not apply. docs/what-if.md
+compares each prediction with the real run.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""An optimizer run inside backward, one parameter at a time (post-accumulate-grad hooks).
-
-``optimizer.step()`` per parameter from ``register_post_accumulate_grad_hook`` updates each weight as
-soon as its gradient is ready, and frees that gradient at once (the hook's ``zero_grad``): nothing
-follows the backward, and the update hides inside it. Each hook shows in the lifetimes as a run of
-blocks of the gradient's size (Adam's temporaries, and its state on the first step) made and freed
-right before the gradient itself is freed -- a gradient a backward made and, outside such hooks,
-keeps past its end.
+"""An optimizer run inside backward, one parameter at a time (post-accumulate-grad hooks): each hook
+shows as a run of gradient-sized blocks made and freed right before the gradient itself is freed
+(how it looks in the lifetimes: docs/accuracy.md).
 """
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """Steps of odd shape, read from lifetimes alone: rules for what the passes' reading gets wrong there
-(docs/accuracy.md, "Third round: graph networks, LBFGS, embeddings"). Each is called from one line of
-``lifetimes``, ``gradients``, ``anchored`` or ``passes``.
-
-- ``chunked_gradients``: an embedding's gradient made in chunks after backward's last saved free is
-  backward's (EmbeddingBag).
-- ``earlier_top``: a refused pass's top that fell inside its backward moves back (a graph network).
-- ``scalar``: scalars are no evidence of an optimizer (capturable Adam's step counters).
-- ``held_start``: data held for the whole step does not start the forward (sampled neighbourhoods).
-- ``accumulates``: passes adding to their step's gradients are its micro-batches (GradCache).
-- ``update_sized``: a wrapped start is an optimizer's end only if made of parameter-sized blocks.
+(each rule and the trace that showed it: docs/accuracy.md, "Third round: graph networks, LBFGS,
+embeddings"). Each is called from one line of ``lifetimes``, ``gradients``, ``anchored`` or ``passes``.
 """
 from __future__ import annotations
 

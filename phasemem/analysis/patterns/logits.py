@@ -1,12 +1,6 @@
-"""The LM head's logits block, the softmax spike on top of it, and its release where backward starts.
-
-Shape, not stack frames: a language model's forward ends with one allocation far larger than any
-activation before it (batch × seq × vocab), usually followed by copies of the same size (an fp32
-upcast, log-softmax). A network without an LM head (CNN, MLP) has its largest allocations early
-or evenly spread, so it never satisfies both tests below.
-
-Where the logits are and their numbers come for every step at once (logits_regions.heads, then
-_numbers: segment reductions over the rows, issue 34); a step's detect only builds its patterns.
+"""The LM head's logits block, the softmax spike on top of it, and its release where backward starts,
+found from shapes, not stack frames (why the shape is an LM head's: docs/patterns.md). Where the logits
+are is found for every step at once (``logits_regions.heads``); a step's detect only builds its patterns.
 """
 from __future__ import annotations
 

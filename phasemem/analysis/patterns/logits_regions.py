@@ -99,12 +99,10 @@ def heads(ctx: Context) -> Heads:
 
 def _logits_among(ctx: Context, vocab: np.ndarray, row: np.ndarray, big: np.ndarray, opening: np.ndarray,
                   o_lo: np.ndarray, o_hi: np.ndarray):
-    """The logits among each row's vocabulary-sized blocks (``vocab``, row after row): the first,
-    unless its size is none of the logits' gradient's (the same, or 2x either way: bf16 logits and an
-    fp32 gradient) while a later one's is. A library's workspace can be the first: cuDNN's LSTM makes a
-    124 MB one before the 82 MB logits (h11_tbptt_lstm, where it was "the LM head's output"). ``opening``:
-    the backward runs' sizes (losses_consuming), row k's at o_lo[k]..o_hi[k], where that gradient
-    is: the first of them vocabulary-sized. Returns the logits, and the blocks from them on."""
+    """The logits among each row's vocabulary-sized blocks (``vocab``, row after row): the first, unless
+    its size is none of the logits' gradient's (the same, or 2x either way) while a later one's is (a
+    library's workspace can come first: docs/patterns.md). ``opening``: the backward runs' sizes
+    (losses_consuming), row k's at o_lo[k]..o_hi[k]. Returns the logits, and the blocks from them on."""
     n = len(big)
     o_row = np.repeat(np.arange(n), o_hi - o_lo)  # a handful each (LOSS_GRAD_WITHIN)
     o_size = opening[np.arange(len(o_row)) - np.repeat(np.cumsum(o_hi - o_lo) - o_hi, o_hi - o_lo)]

@@ -136,11 +136,9 @@ class _Capped:
 
     def largest(self, blocks, budget: int, axis: str, hi: float) -> tuple[float, float, Replay | None]:
         """The largest factor (to FACTOR_PRECISION) up to which the replay does not run out of memory,
-        at most ``hi``; the factor just above it that ran out, and that replay (None: none did).
-        Running out is not monotone in the factor (a size that splits the cached blocks worse runs out
-        where a larger one fits), so the factors are walked up from 1, in steps as long as the reserved
-        bytes leave room for (SCAN_STEPS), to the first that runs out; then halved between it and the
-        last that fitted."""
+        at most ``hi``; the factor just above it that ran out, and that replay (None: none did). Running
+        out is not monotone in the factor, so factors are walked up from 1 (SCAN_STEPS), then halved
+        (docs/what-if.md)."""
         def ok(x):
             r = self.run(*blocks, budget, x, axis)
             return r.oom_event is None, r

@@ -39,13 +39,10 @@ def _in_torch_layer(trace) -> np.ndarray:
 
 
 def _weight_copies(f: Facts, candidates: np.ndarray) -> np.ndarray:
-    """Of ``candidates`` (a mask), the weights' copies, which do not grow with the tokens. Of a
-    gradient's own size: in backward, a weight gradient's partial sum (a tied weight's), where made no
-    more often than the gradients of that size (more is per-token: B 2 llama's 2.75 MiB); in forward, a weight's fp32 copy (MAML's fast weights) where more of its op's blocks follow it or the
-    trace has no frames. Of half a gradient's size (a bf16 cast in forward, the bf16 weight gradient in
-    backward): all of them where they are made at most COPIES_PER_WEIGHT times per gradient; where
-    per-token blocks share the size, those of forward followed by more of their op's blocks. Without
-    gradients in the trace, blocks of a pre-existing block's size (the weights and what else was there)."""
+    """Of ``candidates`` (a mask), the weights' copies, which do not grow with the tokens: blocks of a
+    gradient's size or half of it, told from per-token blocks of those sizes by how often they are made
+    (COPIES_PER_WEIGHT) and whether more of their op's blocks follow; without gradients in the trace,
+    blocks of a pre-existing block's size. Each case, and the traces: docs/what-if.md."""
     grads = np.flatnonzero((f.cat == C["gradient"]) & (f.alloc >= 0))
     if not len(grads):
         return candidates & in_sorted(f.size, np.unique(f.an.facts.param_sizes))
