@@ -192,12 +192,9 @@ STRAY_RATIO = 4
 
 def gradient_allocs(ctx: Context, step: int) -> np.ndarray:
     """Allocations made in a backward run of the step that outlive that run and are not freed in a
-    backward (a gradient waits for zero_grad, the optimizer or the next step).
-
-    When the parameters existed before recording, a gradient also has exactly the size of one of
-    them, or the size of a block that some backward made and a zero_grad freed (a flat buffer per
-    group of parameters: FSDP2's reduce-scatter output, contiguous gradient buffers); that drops the
-    autograd thread's own cuBLAS workspace, made lazily in the first backward and kept for good.
+    backward (a gradient waits for zero_grad, the optimizer or the next step); with parameters made
+    before recording, only those of a parameter's or a zero_grad-freed block's size (why:
+    docs/categories.md).
     """
     idx, bounds = ctx.gradients_by_step
     if not 0 <= step < len(bounds) - 1:

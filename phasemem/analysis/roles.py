@@ -156,10 +156,8 @@ def _range_events(trace: Trace):
 def _gradients_of_reduce(life, codes: np.ndarray, labels: np.ndarray, step_of: np.ndarray,
                          backward_end: np.ndarray) -> None:
     """What FSDP2's reduce-scatter makes and keeps past its step's backward until a zero_grad frees it is
-    the sharded gradient (``foreach_reduce`` views its output as ``param.grad``); in the last step, one
-    kept to the end is, where the step before left one of its size to zero_grad. The rest stay buffers:
-    gloo's worker thread makes buffers inside the reduce ranges and may keep them to the end (a 130 KiB
-    and a 258 KiB one on two of 22 CPU ranks, docs/distributed.md)."""
+    the sharded gradient (in the last step, one kept to the end, where the step before left one of its
+    size to zero_grad); the rest stay buffers (gloo's: docs/distributed.md)."""
     mine = np.flatnonzero(codes == R["reduce_scatter_buffers"])
     n, last = len(labels), len(backward_end) - 2  # backward_end ends with the entry for "no step"
     k = step_of[life.alloc_event[mine]]

@@ -1,10 +1,7 @@
-"""The step index of a whole trace (``phasemem.read.columnar.StepIndex``), from the steps its marks
-give, and the cut of the steps ``--steps`` asks for by it (``cut``: the one place a trace is
-sliced). Built by ``phasemem convert`` into the columnar file (``cut`` takes the file's), and by
-``analyze --steps`` for a snapshot read whole. It is exact (slices give the full analysis's
-numbers) only where phases are marked; ``phasemem.read.columnar`` says why. Inference reads the
-whole trace, so an index is only ever built from the marks (``segmentation.segment_marked``),
-never from a whole segmentation.
+"""The step index of a whole trace (``phasemem.read.columnar.StepIndex``), built from the steps its
+marks give (``segmentation.segment_marked``), and the cut of the steps ``--steps`` asks for by it
+(``cut``: the one place a trace is sliced). Where it is built, and why only from marks:
+docs/performance.md.
 """
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Memory over the trace: active bytes after every event, reserved bytes, and allocation lifetimes.
-
-Active memory follows memory_viz: an ``alloc`` adds its size, a ``free_completed`` (or legacy
-``free``) removes it; ``free_requested`` alone does not, because the block is not reusable until the
-free completes. Allocations that were alive before recording began are recovered twice over, as
-memory_viz does: frees whose alloc is not in the trace, and blocks alive in the snapshot's
-segments whose address is not live at the end of the trace.
+"""Memory over the trace: active bytes after every event, reserved bytes, and allocation lifetimes,
+counted as memory_viz counts them (docs/trace.md, "Memory that existed before recording").
 """
 from __future__ import annotations
 

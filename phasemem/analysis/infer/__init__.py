@@ -1,15 +1,7 @@
-"""Steps and phases for snapshots recorded without phasemem's markers.
-
-Two sources of evidence, used in this order:
-
-1. **Stack frames** (``frames.py``; the default ``_record_memory_history`` records them).
-2. **Lifetimes alone** (``lifetimes.py``, built from ``passes.py``, ``loss.py``, ``gradients.py``
-   and ``bursts.py``): snapshots recorded with ``context=None``, or stripped.
-
-Then the rules that hold whatever found the phases (``finish``): zero_grad's frees, the loss
-between a forward and its backward. PyTorch's own ``Optimizer.step#…``/``Optimizer.zero_grad#…``
-annotations, when present, already gave the optimizer and zero_grad phases (and the steps) before
-this package runs. docs/accuracy.md says how accurate each source is.
+"""Steps and phases for snapshots recorded without phasemem's markers: from stack frames
+(``frames.py``), else from lifetimes alone (``lifetimes.py``); then the rules that hold whatever found
+them (``finish``). The order, and what runs before: docs/design.md; how accurate each source is:
+docs/accuracy.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Split a trace into steps and phases: every event's phase code and step.
-
-``segment`` is one line of stages, each a module entered once:
-
-- ``markers.py``: the marks (``find_marks``): phase intervals from ``record_function`` markers
-  (phasemem's and PyTorch's optimizer annotations), the loss between a forward and its backward,
-  painted onto the events; the outermost optimizer and forward ranges;
-- ``inferred.py``: phases inferred (``infer/``) where no marker placed them, and how sure they are;
-- ``steps_from_labels.py`` (no optimizer range: steps cut between the inferred backward passes) or
-  ``steps_from_intervals.py`` (steps that end where an optimizer range ends, or start at each forward);
-- ``partial.py``: steps an out-of-memory error cut short (and, for the step stages, an evaluation
-  after the last step: no step);
-- ``inferred.py`` again: doubts about phases read from lifetimes alone.
-
-``segment_marked`` is the same line for a trace whose forward or backward is marked, without the
-inference: what a step index is built from (``phasemem.analysis.step_index``).
+"""Split a trace into steps and phases: every event's phase code and step. ``segment`` is one line of
+stages, each a module entered once; ``segment_marked`` the same line without the inference, for a
+trace whose forward or backward is marked (the stages: docs/design.md, "`analyze`, one line").
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Phase intervals from ``record_function`` markers: phasemem's own and PyTorch's optimizer annotations;
-and from the labels a program set with ``_set_memory_metadata`` (``phasemem.read.torch_labels``).
-
-Markers become time intervals; an event at time t belongs to an interval [START, END] when
-START <= t <= END. Intervals are painted onto the events in start order, outer before inner, so
-nested phases resolve to the innermost (Lightning runs forward and backward inside
-``optimizer.step(closure)``; the optimizer's own work is what is left). ``find_marks`` is the first
-stage of ``segment``: everything the later stages read of the marks, found once.
+"""Phase intervals from ``record_function`` markers (phasemem's own, PyTorch's optimizer annotations)
+and from ``_set_memory_metadata`` labels, painted onto the events outer before inner, so nested phases
+resolve to the innermost. ``find_marks``, ``segment``'s first stage, finds once all the later stages
+read of the marks (docs/design.md, "Markers").
 """
 from __future__ import annotations
 
