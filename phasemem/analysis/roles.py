@@ -1,12 +1,7 @@
-"""What a distributed wrapper holds in one rank's trace, told apart only by evidence the trace carries:
-FSDP2's unsharded parameters, all-gather and reduce-scatter buffers and sharded gradients, DDP's
-gradient buckets. Pure functions of the trace, its timeline and its steps.
-
-Evidence, strongest first: the allocation's stack frames name the function of
-``torch/distributed/fsdp/_fully_shard/`` or ``torch/nn/parallel/distributed.py`` that made it; where an
-allocation has no frames (the CPU recording path; the autograd thread), FSDP2's own
-``record_function`` ranges around its all-gather, copy-out and reduce. DDP's buckets are only known
-from frames: no range of DDP's holds their allocation. Without either, nothing is claimed.
+"""What a distributed wrapper holds in one rank's trace (FSDP2's unsharded parameters, all-gather and
+reduce-scatter buffers and sharded gradients, DDP's gradient buckets), told apart only by evidence the
+trace carries: stack frames, else FSDP2's own ranges; without either, nothing is claimed
+(docs/distributed.md). Pure functions of the trace, its timeline and its steps.
 
 Example:
     >>> an = report.analysis

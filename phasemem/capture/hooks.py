@@ -1,13 +1,7 @@
 """Phase markers: user-scope profiler ranges named ``phasemem::<phase>`` around the training loop's calls.
 
-Every installer here returns an *undo* callable; ``instrument()`` runs them in reverse on exit.
-An undo never assumes it is the last one to have touched an attribute: when someone wrapped the
-same attribute after us (an LR scheduler wrapping ``optimizer.step``), our wrapper is switched to
-pass-through instead of being pulled out from under theirs.
-
-Installs are shared process-wide: a nested ``instrument()`` on the same model, optimizer or
-``backward`` finds the hooks already there and only takes a reference, so every phase call still
-gets exactly one range; the hooks go when the last run holding them exits.
+Every installer here returns an *undo* callable that never assumes it touched an attribute last;
+installs are shared process-wide, one range per phase call (docs/capture.md, "Markers").
 """
 
 from __future__ import annotations
@@ -161,18 +155,9 @@ def _maybe_uncompiled(fn: Callable, module: torch.nn.Module) -> Callable:
 
 # -- installers ----------------------------------------------------------------------------------
 def hook_forward(module: torch.nn.Module, markers: Markers = MARKERS) -> Undo:
-    """``forward`` range around every call of ``module`` (only this module, not its children).
-
-    The instance's ``forward`` is wrapped (``wrap_method``), which ``Module.__call__`` calls on its
-    fast path: forward hooks would send every call through the slow path, 2-3 times the cost. For a
-    ``torch.compile``d ``OptimizedModule`` pass the wrapper: its ``forward`` (an instance attribute
-    that enters the compiled frame) gets wrapped, in eager, so the range encloses the compiled
-    forward. A module compiled in place (``module.compile()``) runs ``forward`` inside the compiled
-    ``_call_impl``, where a wrapper would be traced: it gets forward hooks kept out of dynamo instead.
-
-    A module that already has forward hooks of its own (FSDP2's ``fully_shard`` all-gathers the
-    root's parameters in a pre-hook and frees them in a post-hook) takes the slow path anyway: it gets
-    hooks too, ours outermost (pre-hook prepended, post-hook last), so the range holds that work.
+    """``forward`` range around every call of ``module`` (only this module, not its children): its
+    ``forward`` wrapped (the fast path), forward hooks where it is compiled in place or has hooks of its
+    own (why each: docs/capture.md, "Markers").
     """
     if (getattr(module, "_compiled_call_impl", None) is not None
             or getattr(module, "_forward_pre_hooks", None) or getattr(module, "_forward_hooks", None)):
@@ -280,14 +265,9 @@ def install_bound(obj: Any, name: str, inner: Any, wrapper: Callable, active: li
 
 
 def hook_optimizer(opt: torch.optim.Optimizer, markers: Markers = MARKERS) -> Undo:
-    """``zero_grad`` and ``optimizer`` ranges -- where PyTorch does not already record them.
-
-    A ``torch.optim.Optimizer`` wraps its class's ``step`` in a ``record_function`` range
-    (``Optimizer.step#AdamW.step``) and its ``zero_grad`` opens one too; with global annotations on,
-    both reach the snapshot on every call, so a second range of ours would only cost time (two
-    ranges and two Python wrappers a step). Other optimizers get ours. ``GradScaler.step`` and
-    Lightning's ``optimizer.step(closure)`` both call ``step``, so they are covered either way; with
-    a closure, forward/zero_grad/backward nest inside the optimizer's range.
+    """``zero_grad`` and ``optimizer`` ranges -- where PyTorch does not already record them (a
+    ``torch.optim.Optimizer``'s own ranges reach the snapshot; a second would only cost time:
+    docs/capture.md, "Markers").
     """
     noop: Undo = lambda: None  # noqa: E731
     torch_marks_step = bool(getattr(type(opt).step, "hooked", False))

@@ -145,15 +145,9 @@ def _head_memo(head: bytes, where: str, trusted: bool) -> dict:
 
 
 def _finish(head: bytes, region: Region, tail: bytes, where: str, trusted: bool, strings: bool):
-    """The whole snapshot, with the events' list as ``region.stand_in``.
-
-    The head is unpickled again, then the memo is given what the events put in it, in their order
-    (MEMOIZE numbers by count, so the tail's references stay right): the list itself, the frame
-    dicts and strings the events created (a later part of the file may refer to them: the empty
-    string is one object in CPython, and annotations use it), the strings read by scan.py (one
-    per event, compile_context's) only with ``strings``, and for every other object one filler.
-    Then the tail, as it is. If the tail refers to a filler (an event dict, a traceback list), the
-    filler ends up inside the snapshot, which its reference count shows: then None."""
+    """The whole snapshot, with the events' list as ``region.stand_in``: the head unpickled again, the
+    memo given what the events put in it, in their order, then the tail; None where the tail refers to a
+    filler (how, and why: docs/performance.md)."""
     filler = _Filler()
     objs = [region.stand_in, filler]
     inject = [_persistent(0) + b"\x94", _persistent(1)]  # the list stays where the head's EMPTY_LIST left it

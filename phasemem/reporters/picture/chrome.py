@@ -25,10 +25,8 @@ _MIN_STEP_LINE_PX, _MIN_STEP_DOTS_PX = 6, 12
 def _shade_phases(ax, lay, view, X, runs, a, b, strip_frac, unsure=frozenset(), raster=False):
     """Each phase occurrence: a light band over the plot, a solid cell in the strip, its name if it
     fits; 'other' (no phase known) a grey cell in the strip only; an unsure phase's cells hatched.
-    ``raster``: the shading and the plain strip cells as images of the canvas' pixels
-    (``pixels.spans``: the polygons' edges snap to whole pixels, so each pixel column takes the cell
-    holding its centre; the same pixels), as a 10M-event trace's 200,000 cells cost matplotlib 2 s;
-    the hatched cells of unsure phases stay polygons."""
+    ``raster``: the shading and the plain strip cells as images of the canvas' pixels (why:
+    docs/picture.md); the hatched cells of unsure phases stay polygons."""
     colors = np.array([mcolors.to_rgba(PHASE_COLORS.get(p, _STRIP_OTHER)) for p in PHASES])
     first, last, code = runs.first, runs.last, runs.code
     x0, x1 = X[np.maximum(first, a)], X[np.minimum(last + 1, b)]
