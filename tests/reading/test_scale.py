@@ -300,7 +300,7 @@ def test_slices_of_a_long_trace_equal_the_full_analysis(tmp_path):
         assert_slice_matches(full, phasemem.analyze(npz, steps=spec))
     # only those events are read: the file's event columns are mapped, and the cut copies out its steps'
     got = read(npz, steps="11-13")
-    assert all(isinstance(getattr(getattr(got.analysis.trace, name).base, "obj", None), mmap.mmap) for name in EVENTS)
+    assert all(isinstance(getattr(getattr(got.trace, name).base, "obj", None), mmap.mmap) for name in EVENTS)
     part = cut(got).trace
     assert all(getattr(part, name).flags.owndata for name in EVENTS)
     assert len(part) == full.steps[13].end_event + 1 - full.steps[11].start_event
