@@ -119,7 +119,7 @@ def replicate_steps(snap: dict, copies: int, *, first: int = 1, last: int = 2, p
 def _optional_parts(repeat, trace, tl, seg) -> dict:
     """Stages that exist only in newer versions of the pipeline (patterns, categories)."""
     try:
-        from phasemem.analysis.categories import CategoryCurves
+        from phasemem.analysis.category_curves import CategoryCurves
         from phasemem.analysis.patterns import detect
         from phasemem.analysis.patterns.context import Context
     except ImportError:

@@ -115,6 +115,12 @@ def _accumulated(ctx: Context, pre_cat, size, free, workspace) -> tuple[dict, li
     if not state_ok:
         name[rank >= 2 * nz] = C["other"]
     pre_cat[idx] = name
+    return counts, _accumulated_readings(name, srt, k0)
+
+
+def _accumulated_readings(name: np.ndarray, srt: np.ndarray, k0: int) -> list[Reading]:
+    """_accumulated's readings from the codes it gave the blocks (``name``, their sizes ``srt``) and the
+    number of states per weight ``k0``."""
     readings = []
     how = ("kept all along, a weight and its gradient per pair of blocks of one size: each backward pass makes and "
            "frees one block per pair (autograd adding the new gradient into the kept one: no zero_grad, or "
@@ -129,7 +135,7 @@ def _accumulated(ctx: Context, pre_cat, size, free, workspace) -> tuple[dict, li
                                 CONFIDENCE["gradients_accumulated"],
                                 f"{k0} more blocks of each pair's size, kept all along beside an optimizer step: "
                                 f"its state, updated in place"))
-    return counts, readings
+    return readings
 
 
 def _rebound(ctx: Context, pre_cat, cat, size, free, workspace, counts: dict) -> list[Reading]:

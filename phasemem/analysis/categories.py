@@ -17,10 +17,9 @@ from .facts import Context
 from .inputs import batch_blocks
 from .infer.frames import weight_moves, weight_sources
 from .spans import run_of_events
-from ..units import format_bytes
-from ..vocab import CATEGORIES, CATEGORY_NAMES, C, P, PHASES
+from ..vocab import CATEGORIES, C, P
 
-__all__ = ["CATEGORIES", "C", "CategoryCurves", "Reading", "classify"]  # the vocabulary lives in vocab.py
+__all__ = ["CATEGORIES", "C", "Reading", "classify"]  # the vocabulary lives in vocab.py
 
 
 def classify(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +44,7 @@ def classify_with_readings(ctx: Context) -> tuple[np.ndarray, np.ndarray, list[R
         made = (cat == C["optimizer_state"]) & (ctx.free >= ctx.n) & (ctx.step_at_alloc < len(ctx.seg.steps) - 1)
         if grads and int(ctx.size[made].sum()) >= STATE_MADE * grads:
             pre_cat[state] = C["other"]
-    readings = name_before(ctx, pre_cat, cat, workspace, _gradient_sizes(ctx), _trains(ctx))
+    readings = name_before(ctx, pre_cat, cat, workspace, _gradient_sizes(ctx), shows_training(ctx))
     return pre_cat, cat, readings
 
 
@@ -100,7 +99,7 @@ def _own(ctx: Context) -> np.ndarray:
     # keeps is no weight (wild/silmont_mem_snapshot: an attention output and its 4-byte sum were).
     first_fwd = fwd_starts[0] if len(fwd_starts) else -1
     made = other & (f >= n) & (a < first_fwd) & (s_at <= 0)
-    if not _trains(ctx):
+    if not shows_training(ctx):
         # in inference nothing pairs them with a gradient: only a stack that makes weights says so
         # (h12_static_kv_decode: an 80 MiB KV cache made by the script was "parameters")
         made &= weight_sources(ctx.trace)[ctx.trace.stack[a]]
@@ -145,7 +144,7 @@ def _preexisting_alive(ctx: Context, sizes: np.ndarray, alive: np.ndarray) -> np
         # Inference: the weights. A trace that trains but shows no gradient (a CUDA graph's pool
         # makes them, h8_compile_reduce_overhead: 384 MiB of weights beside 768 MiB of AdamW
         # state, all from before recording) cannot tell weights from state: neither is claimed.
-        if _trains(ctx):
+        if shows_training(ctx):
             cat[:] = C["other"]
         else:
             cat[_one_block_pool(sizes, alive)] = C["other"]
@@ -212,7 +211,7 @@ STATE_PER_GRADIENT = 0.9
 STATE_SIZE_SHARE = 0.01
 
 
-def _trains(ctx: Context) -> bool:
+def shows_training(ctx: Context) -> bool:
     """Whether the trace shows training: a backward or an optimizer step (one that made no event too)."""
     labels = ctx.seg.labels
     return bool((labels == P["backward"]).any() or (labels == P["optimizer"]).any()
@@ -271,149 +270,3 @@ def _sizes_from_state(ctx: Context, gsizes: np.ndarray) -> np.ndarray:
     extra = np.repeat(su, np.maximum(sc // k - have, 0))
     return np.concatenate([gsizes, extra])
 
-
-#: Up to this many points are answered by sorting the blocks between them (a (points x categories)
-#: table); more (a curve over every event) by one cumsum over the events per category.
-MAX_BUCKETED = 1 << 16
-#: Sums of block sizes in float64 are exact below 2**53 bytes; a trace that allocated more in all
-#: (9 PB) takes the integer path.
-EXACT_FLOAT = 1 << 53
-
-
-class CategoryCurves:
-    """Bytes live per category, evaluated at any events, without an n × categories matrix."""
-
-    def __init__(self, ctx: Context):
-        life = ctx.timeline.lifetimes
-        pre_cat, cat, self.readings = classify_with_readings(ctx)
-        self.codes = np.concatenate([pre_cat, cat])
-        self.alloc = life.alloc_event
-        self.free = life.free_event
-        self.size = life.size
-        self.n = ctx.n
-
-    def at(self, points) -> np.ndarray:
-        """(len(points), len(CATEGORIES)) bytes alive at each point; point k is the moment just
-        before event k, so point e + 1 is just after event e."""
-        pts = np.asarray(points, dtype=np.int64)
-        if len(pts) > MAX_BUCKETED or int(self.size.sum()) >= EXACT_FLOAT:
-            return self._at_by_cumsum(pts)
-        # Each block sorted into the gap between the asked points where it starts and where it ends,
-        # then summed per gap and category: O(blocks log points), not a cumsum over every event per
-        # category (12 of them on a 10M-event trace: 0.9 s).
-        order = np.argsort(pts, kind="stable")
-        sp, m, k = pts[order], len(pts), len(CATEGORIES)
-        codes = self.codes.astype(np.int64)
-
-        def reached(events):  # bytes of the blocks whose event is before each sorted point
-            gap = np.searchsorted(sp, events + 1, "left")
-            w = np.bincount(gap * k + codes, weights=self.size, minlength=(m + 1) * k)
-            return np.cumsum(w.reshape(m + 1, k), axis=0)[:m].astype(np.int64)
-
-        out = np.empty((m, k), np.int64)
-        out[order] = reached(self.alloc) - reached(self.free)
-        return out
-
-    def _at_by_cumsum(self, pts: np.ndarray) -> np.ndarray:
-        out = np.zeros((len(pts), len(CATEGORIES)), np.int64)
-        for c in range(len(CATEGORIES)):
-            m = self.codes == c
-            if not m.any():
-                continue
-            d = np.zeros(self.n + 2, np.int64)
-            np.add.at(d, self.alloc[m] + 1, self.size[m])  # pre-existing (alloc -1) land at point 0
-            np.add.at(d, self.free[m] + 1, -self.size[m])
-            out[:, c] = np.cumsum(d)[pts]
-        return out
-
-    def at_level(self, events, timeline) -> np.ndarray:
-        """Bytes per category at the level each event reaches (after an alloc, before a free),
-        so that each row sums to ``Timeline.level`` there."""
-        ev = np.asarray(events, dtype=np.int64)
-        return self.at(np.where(timeline.change_at(ev) < 0, ev, ev + 1))
-
-
-#: The note on what 'other' holds is written where it is more than this share of the peak (issue 40:
-#: wild/bcrafton_cs336 80 %, wedsonlin_medium512_train 27 %, cranberrii_ftcourse 19 %,
-#: silmont_mem_snapshot 17 % before the rules for blocks made before the recording).
-OTHER_NOTE_SHARE = 0.10
-#: Sizes of the cuBLAS workspace torch makes once per handle and stream, when no stack says so: 8 MiB +
-#: 128 KiB (the default ``CUBLAS_WORKSPACE_CONFIG`` ":4096:2:16:8", the wild CS336 snapshots' two) and
-#: 32 MiB (on Hopper: our H100/H200 fixtures' ``at::cuda::getNewWorkspace`` blocks). Named in the note
-#: only, where such a block is never freed: the category stays 'other'.
-WORKSPACE_SIZES = (8519680, 33554432)
-#: The note names at most this many groups of blocks, the largest first.
-OTHER_GROUPS = 4
-
-
-def other_groups(ctx: Context, codes: np.ndarray, event: int) -> list[tuple[str, int, int]]:
-    """What the 'other' bytes alive at the level ``event`` reaches are, grouped by where the blocks were
-    made and where they end: (words, blocks, bytes), the most bytes first."""
-    life, tl, n = ctx.timeline.lifetimes, ctx.timeline, ctx.n
-    q = event if tl.active_after[event] < tl.active_before[event] else event + 1
-    idx = np.flatnonzero((life.alloc_event < q) & (life.free_event >= q) & (codes == C["other"]))
-    if not len(idx):
-        return []
-    a, f, size = life.alloc_event[idx], life.free_event[idx], life.size[idx]
-    pre, kept = a < 0, f >= n
-    by_stack = np.isin(life.addr[idx], ctx.trace.live_workspaces)
-    by_stack[~pre] = ctx.made_by_workspace_getter(a[~pre])
-    by_stack &= kept
-    by_size = kept & ~by_stack & np.isin(size, WORKSPACE_SIZES)
-    # one key per group: its kind, the phase that made it and the one that freed it (len(PHASES): kept)
-    labels, k = ctx.seg.labels, len(PHASES) + 1
-    made_in = np.where(pre, 0, labels[np.maximum(a, 0)])
-    freed_in = np.where(kept, len(PHASES), labels[np.minimum(f, n - 1)])
-    kind = np.select([by_stack, by_size, pre & kept, pre], [0, 1, 2, 3], 4)
-    key = (kind * k + made_in) * k + freed_in
-    keys, inverse = np.unique(key, return_inverse=True)
-    blocks = np.bincount(inverse, minlength=len(keys))
-    total = np.bincount(inverse, weights=size, minlength=len(keys)).astype(np.int64)
-    trains = _trains(ctx)
-
-    def where(code):
-        return "outside every phase" if code == P["other"] else f"in {PHASES[code]}"
-
-    def words(key):
-        kind, made, freed = key // (k * k), key // k % k, key % k
-        fate = "kept to the end" if freed == len(PHASES) else f"freed {where(freed)}"
-        return ("made by a math library's workspace getter (its stack says so) and kept",
-                "kept, each of a cuBLAS workspace's size (no stack says what made it)",
-                "made before the recording and kept to the end"
-                + (", pairing with no gradient (frozen weights, buffers, a copy of the weights, a cache)" if trains else ""),
-                f"made before the recording and {fate}",
-                f"made {where(made)} and {fate}")[kind]
-
-    out: dict[str, list[int]] = {}  # the few groups' words (two keys can read alike: a workspace made in any phase)
-    for key, c, b in zip(keys.tolist(), blocks.tolist(), total.tolist()):
-        g = out.setdefault(words(key), [0, 0])
-        g[0] += c
-        g[1] += b
-    return sorted(((w, c, b) for w, (c, b) in out.items()), key=lambda g: -g[2])
-
-
-def other_note(ctx: Context, curves: "CategoryCurves", event: int, peak_bytes: int) -> list[str]:
-    """The note on what 'other' still holds at the peak, where it is more than OTHER_NOTE_SHARE of it."""
-    groups = other_groups(ctx, curves.codes, event)
-    total = sum(g[2] for g in groups)
-    if not peak_bytes or total <= OTHER_NOTE_SHARE * peak_bytes:
-        return []
-    parts = [f"{format_bytes(b)} in {c} block{'s' if c > 1 else ''} {w}" for w, c, b in groups[:OTHER_GROUPS]]
-    rest = groups[OTHER_GROUPS:]
-    if rest:
-        parts.append(f"{format_bytes(sum(g[2] for g in rest))} in {sum(g[1] for g in rest)} more")
-    return [f"other holds {100 * total / peak_bytes:.0f} % of the peak ({format_bytes(total)}): " + "; ".join(parts)]
-
-
-def readings_note(curves: "CategoryCurves") -> list[str]:
-    """What the rules for blocks made before the recording named, and how sure each is: one sentence per
-    rule (a rule that named several categories gives their figures together)."""
-    by_rule: dict[str, list] = {}
-    for r in curves.readings:
-        by_rule.setdefault(r.rule, []).append(r)
-    parts = []
-    for rs in by_rule.values():
-        what = " and ".join(f"{CATEGORY_NAMES[r.category]} {format_bytes(r.bytes)} ({r.blocks} blocks)" for r in rs)
-        why = "; ".join(dict.fromkeys(r.evidence for r in rs))
-        parts.append(f"{what}, confidence {rs[0].confidence:.2f}: {why}")
-    return ["made before the recording, named by what the trace shows happening to them: " + "; ".join(parts)] if parts else []

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .categories import CategoryCurves
+from .category_curves import CategoryCurves
 from .facts import Context
 from .segmentation import Segmentation, segment
 from .timeline import Timeline

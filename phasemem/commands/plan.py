@@ -57,7 +57,7 @@ def register(sub) -> None:
 
 def parse_ranks(text: str) -> tuple[int, ...]:
     """``"1,2,4,8"`` -> (1, 2, 4, 8), sorted, each once; a one-line error otherwise."""
-    from ..reporters.picture.plans import MAX_RANK_COUNTS
+    from ..reporters.picture.plan_data import MAX_RANK_COUNTS
 
     try:
         ranks = sorted({int(t) for t in str(text).split(",")})
@@ -111,7 +111,8 @@ def run(args) -> int:
     from .. import progress
     from ..report.pipeline import analyze
     from ..predictions.plans import dtype_bytes
-    from ..reporters.picture.plans import PlanPicture, picture_writer
+    from ..reporters.picture.plan_data import PlanPicture
+    from ..reporters.picture.plans import picture_writer
     from ..units import parse_size
 
     # Everything the user typed is checked before the (possibly long) analysis.

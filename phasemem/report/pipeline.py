@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.core import Analysis
-from ..analysis.categories import other_note, readings_note
+from ..analysis.category_notes import other_note, readings_note
 from ..analysis.measure import aggregate, measure
 from ..model import DeviceSummary, OutOfMemory, Step
 from ..analysis.patterns import detect as detect_patterns

@@ -5,7 +5,7 @@ With ``reshard_after_forward``, backward gathers each layer's parameters again, 
 gathered block, then each parameter's block copied out of it. Without stack frames those sizes repeated
 forward's 13+ allocations in a row, and ``checkpoint_recompute`` was claimed from sizes in every step of
 fsdp2 and fsdp2_bf16 (all four families but llama in fp32). The copy-outs are told from sizes and
-lifetimes alone (``recompute.gathered``) and are no evidence.
+lifetimes alone (``recompute_gathers.gathered``) and are no evidence.
 
 Every truth here comes from the raw entries: FSDP2's own frames (``alloc_all_gather_outputs``,
 ``foreach_all_gather``), the recording's meta, checkpoint's frames.
@@ -135,7 +135,7 @@ def test_backward_gathers_again_what_forward_freed(name):
 def test_copy_outs_are_told_from_sizes_alone(name):
     """Every backward copy-out is found without frames or annotations, and nothing found is not FSDP2's."""
     from phasemem.analysis.core import Analysis
-    from phasemem.analysis.patterns.recompute import gathered
+    from phasemem.analysis.patterns.recompute_gathers import gathered
     from phasemem.read import read
 
     snap = _load(PLANS / f"{name}.pkl.xz")
@@ -161,7 +161,7 @@ def test_no_copy_out_without_fsdp(rel):
     """Checkpointed programs (whose recompute must stay told), and hf_compile_accum, whose backward makes
     4 blocks adding up to one freed right after (of one size, and held 287 allocations): nothing found."""
     from phasemem.analysis.core import Analysis
-    from phasemem.analysis.patterns.recompute import gathered
+    from phasemem.analysis.patterns.recompute_gathers import gathered
     from phasemem.read import read
 
     snap = _load(FIXTURES / rel)

@@ -101,7 +101,8 @@ def test_settings_reach_the_plans_that_take_them(tmp_path, gpt, capsys):
 
 @pytest.fixture(scope="module")
 def drawn(gpt):
-    from phasemem.reporters.picture.plans import PlanPicture, plot_plans
+    from phasemem.reporters.picture.plan_data import PlanPicture
+    from phasemem.reporters.picture.plans import plot_plans
 
     pic = PlanPicture.of(gpt, 24 << 30, batch=4, param_dtype="bf16")
     return pic, plot_plans(pic)
@@ -155,7 +156,8 @@ def test_the_trace_bar_is_its_peak_and_the_labels_are_the_fits(drawn, gpt):
 
 
 def test_the_budget_line(gpt):
-    from phasemem.reporters.picture.plans import PlanPicture, plot_plans
+    from phasemem.reporters.picture.plan_data import PlanPicture
+    from phasemem.reporters.picture.plans import plot_plans
 
     def lines_at(ax, y):
         return [ln for ln in ax.get_lines() if len(set(ln.get_ydata())) == 1 and ln.get_ydata()[0] == pytest.approx(y)]
@@ -175,7 +177,8 @@ def test_the_budget_line(gpt):
 
 
 def test_a_plan_that_does_not_apply_is_an_empty_slot_with_its_reason(tmp_path, capsys):
-    from phasemem.reporters.picture.plans import PlanPicture, plot_plans
+    from phasemem.reporters.picture.plan_data import PlanPicture
+    from phasemem.reporters.picture.plans import plot_plans
 
     report = phasemem.analyze(str(INFERENCE))
     pic = PlanPicture.of(report, 24 << 30, batch=8)

@@ -23,7 +23,7 @@ And where the trace has stack frames, a recompute shows them (checkpoint's own, 
 RNG replays): a backward run with neither holds no recompute, whatever its sizes (issue 40's DPO step).
 
 FSDP2 (reshard_after_forward) gathers each layer's parameters again in backward, in forward's order: those
-copy-outs (``gathered``: a block, then blocks adding up to it) are taken out before the runs are read.
+copy-outs (recompute_gathers.py: a block, then blocks adding up to it) are taken out before the runs are read.
 
 Which evidence was used goes into ``details["evidence"]``: "frames" where torch.utils.checkpoint's own
 frames made the members, "sizes" where only sizes and lifetimes did; a claim from sizes alone is less
@@ -46,6 +46,7 @@ from ...units import format_bytes
 from ...vocab import P
 from .recompute_frames import (MIN_RUNS, checkpoint_positions, from_frames, from_rng_replays,
                                recompute_calls, replay_positions, ripples, runs, span)
+from .recompute_gathers import gathered
 
 K = 4  # consecutive sizes that must match
 MIN_RUN = 2 * K  # allocations in one recompute run
@@ -83,28 +84,6 @@ MIN_REPLAYED = 2 * K
 #: the own-forward and freed-in-backward rules, sizes alone were right on 9 of the 11 frameless fixtures
 #: where they claimed (h9_char_gpt_math_attention and heldout3_clip_infonce were wrong): 0.8.
 SIZES_CONFIDENCE = 0.8
-#: FSDP2 (fully_shard) gathers a layer's parameters into one block and copies each parameter out of it
-#: into a block of its own, in forward and again in backward, in the same order: the copy-out's
-#: allocations add up to the gathered block. Bytes off in all 336 backward copy-outs of the 16 fsdp2 and
-#: fsdp2_bf16 plans traces: 0 (a trace's sizes are the bytes asked for, and FSDP2 pads each parameter's
-#: block as it pads the gathered one), so none are allowed.
-GATHER_SLACK = 0
-#: A copy-out holds at least this many parameters: 9-16 per layer in the plans traces, 3-10 for the root
-#: (llama's 3: embedding, final norm, head).
-MIN_PIECES = 3
-#: The gathered block is made at most this many allocations before the copy-out's first one: backward
-#: gathers the next layer while it differentiates this one (at most 73 between them: llama__fsdp2_bf16).
-GATHER_LOOKBACK = 256
-#: In backward the gathered block is freed as soon as its parameters are copied out: at most this many
-#: allocations after the copy-out's last (1 in every backward copy-out of the plans traces: the copy's
-#: small temporary; forward keeps it longer, 17-58).
-GATHER_FREED_WITHIN = 2
-#: A layer's parameters live until its backward is done, then go together: at least this many allocations
-#: are made between the copy-out's last and their frees (33-471 in every backward copy-out of the plans
-#: traces), and none between their frees. Look-alikes in backward on every fixture with frames (a split's
-#: gradients, q, k and v, adding up to the block they are concatenated into) were freed within 2, all but
-#: one (hf_compile_accum: 287), and were all of one size, which a layer's parameters never are.
-GATHER_HELD = 8
 
 
 def _kgrams(sizes: np.ndarray, k: int) -> np.ndarray:
@@ -172,46 +151,6 @@ def _replays(fwd_sizes: np.ndarray, bwd_sizes: np.ndarray, starts: np.ndarray, s
     hits = np.concatenate([[0], np.cumsum(in_sorted(hb, np.unique(_kgrams(fwd_sizes, MIN_REPLAYED))))])
     first = np.minimum(starts, len(hb))
     return hits[np.clip(stops - MIN_REPLAYED + 1, first, len(hb))] > hits[first]
-
-
-@per_trace
-def _alloc_size_csum(ctx: Context) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(ctx.size, dtype=np.int64)])
-
-
-def gathered(ctx: Context, at: np.ndarray) -> np.ndarray:
-    """The allocations (sorted indices) of FSDP2's backward copy-outs that begin at any of the allocations
-    ``at``: a gathered block, then at least MIN_PIECES consecutive allocations of more than one size, made
-    while it lives, that add up to it (GATHER_SLACK); the gathered block freed right after them
-    (GATHER_FREED_WITHIN), and they together, once the layer's backward is done with them (GATHER_HELD).
-    Backward gathers each layer's parameters again in forward's order, which a recompute's sizes would
-    repeat too; a recompute makes the block's activations instead."""
-    if not len(at):
-        return np.zeros(0, np.int64)
-    csum = _alloc_size_csum(ctx)
-    i = np.repeat(at.astype(np.int64), GATHER_LOOKBACK)
-    j = i - np.tile(np.arange(1, GATHER_LOOKBACK + 1), len(at))
-    keep = j >= 0
-    i, j = i[keep], j[keep]
-    keep = (ctx.size[j] > 0) & (ctx.free[j] > ctx.alloc[i])  # the gathered block, alive at the first piece
-    i, j = i[keep], j[keep]
-    want = csum[i] + ctx.size[j]
-    k = np.searchsorted(csum, want, "right") - 1  # the longest run of allocations from i adding up to at most it
-    ok = (csum[k] >= want - GATHER_SLACK) & (k - i >= MIN_PIECES)
-    i, j, k = i[ok], j[ok], k[ok]
-    # alive while the last piece is copied out of it, and let go right after
-    ok = (ctx.free[j] > ctx.alloc[k - 1]) & (ctx.alloc.searchsorted(ctx.free[j]) - k <= GATHER_FREED_WITHIN)
-    i, j, k = i[ok], j[ok], k[ok]
-    if not len(i):
-        return np.zeros(0, np.int64)
-    w, idx = concat_ranges(i, k)
-    at0 = np.concatenate([[0], np.cumsum(k - i)[:-1]])
-    first, last = np.minimum.reduceat(ctx.free[idx], at0), np.maximum.reduceat(ctx.free[idx], at0)
-    held = ctx.alloc.searchsorted(first)
-    ok = ((held == ctx.alloc.searchsorted(last)) & (held - k >= GATHER_HELD)
-          & (np.minimum.reduceat(ctx.size[idx], at0) < np.maximum.reduceat(ctx.size[idx], at0)))
-    w, idx = concat_ranges(i[ok], k[ok])
-    return np.unique(np.concatenate([idx, j[ok]]))
 
 
 @per_trace

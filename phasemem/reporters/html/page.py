@@ -75,7 +75,8 @@ def plans_section(report) -> str:
         '<h2 id=pm-plans-h>Across GPUs:'
     """
     from ...errors import PhasememError
-    from ..picture.plans import PlanPicture, svg_text
+    from ..picture.plan_data import PlanPicture
+    from ..picture.plans import svg_text
 
     if report.live is not None or report.analysis is None:
         return ""

@@ -154,6 +154,12 @@ def widen(a_px: np.ndarray, b_px: np.ndarray, code: np.ndarray, i0: int, i1: int
         changed = True
     if not changed:
         return None
+    return _cells_of_columns(owner, n, i0)
+
+
+def _cells_of_columns(owner: np.ndarray, n: int, i0: int):
+    """widen's (a, b) per cell from each pixel column's owner (-1: none) among the ``n`` cells, columns
+    counted from ``i0``."""
     cols = np.flatnonzero(owner >= 0)
     # each cell's first and last column (contiguous: a column changes hands only at a gap's edge)
     lo = np.full(n, len(owner), np.int64)
