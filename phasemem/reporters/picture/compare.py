@@ -69,9 +69,9 @@ def plot_comparison(c, size=(1600, 900), dpi=100) -> Figure:
     bottom = lay.px(TICK_PT) * 2.0 + lay.px(LABEL_PT) * 1.8 + 8 + lay.px(LEGEND_PT) * 1.9
     right_edge = CURVES_SHARE * width
     plot_h = height - top - bottom - 2 * strip_h - 6
-    box = [left / width, bottom / height, (right_edge - left) / width, plot_h / height]
+    box = (left / width, bottom / height, (right_edge - left) / width, plot_h / height)
     ax = fig.add_axes(box)
-    strips = fig.add_axes([box[0], (bottom + plot_h + 4) / height, box[2], 2 * strip_h / height])
+    strips = fig.add_axes((box[0], (bottom + plot_h + 4) / height, box[2], 2 * strip_h / height))
     n = max(len(c.slots), 1)
     cols = max(int((right_edge - left) / n), 2)
     xs, ya, yb, places = _curves(c, cols)
@@ -82,7 +82,8 @@ def plot_comparison(c, size=(1600, 900), dpi=100) -> Figure:
     ax.set_ylabel(f"allocated ({unit})", fontsize=LABEL_PT)
     ax.set_xlabel("phase-aligned: each phase run stretched to the same width", fontsize=LABEL_PT)
     _strips(strips, lay, c, (right_edge - left) / n)
-    fig.phasemem_callouts = _callouts(ax, lay, c, places, div, (right_edge - left), plot_h, top_bytes / div * 1.42)
+    callouts = _callouts(ax, lay, c, places, div, (right_edge - left), plot_h, top_bytes / div * 1.42)
+    fig.phasemem_callouts = callouts  # type: ignore[attr-defined]  # phasemem's own attribute
     _peak_marks(ax, c, places, div)
     _legend(fig, box)
     _causes(fig, lay, c, top, bottom, width, height)
@@ -117,8 +118,9 @@ def _level(report) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _curves(c, cols: int):
     """Both sides sampled on one grid (``cols`` columns per slot, each its highest event), and where
     every drawn event of each side lies on it: {side: (events first..last, x)} per slot."""
-    xs, out = [], {"a": [], "b": []}
-    places = {"a": [], "b": []}
+    xs: list[np.ndarray] = []
+    out: dict[str, list[np.ndarray]] = {"a": [], "b": []}
+    places: dict[str, list[tuple[int, int, int]]] = {"a": [], "b": []}
     curves = {s: _level(getattr(c, f"{s}_report")) for s in "ab"}
     carry = {s: _first_before(c, s, curves[s][1]) for s in "ab"}
     for i, slot in enumerate(c.slots):
