@@ -121,6 +121,7 @@ def choose_steps(ra: Report, rb: Report, spec, names=("A", "B")) -> tuple[Step |
         return None, None, why
     if want == "steady":
         a, b = steady_step(ra), steady_step(rb)
+        assert a is not None and b is not None  # both reports have steps
         return a, b, [f"steady steps compared: {names[0]} step {a.number}, {names[1]} step {b.number}"]
     picked = []
     for r, n, k in zip((ra, rb), names, want):
@@ -204,7 +205,7 @@ def phase_deltas(ra: Report, rb: Report, pa: Step | None, pb: Step | None) -> di
         b_peak = y.peak_bytes if y is not None else None
         cats = {c: int(y.by_category.get(c, 0)) - int(x.by_category.get(c, 0)) for c in CATEGORIES} if (
             x is not None and y is not None and x.by_category and y.by_category) else {}
-        out[name] = PhaseDelta(name, a_peak, b_peak, None if x is None or y is None else b_peak - a_peak,
+        out[name] = PhaseDelta(name, a_peak, b_peak, None if a_peak is None or b_peak is None else b_peak - a_peak,
                                x.peak_event if x else None, y.peak_event if y else None, cats)
     return out
 
