@@ -118,8 +118,8 @@ def _phases_that_ran(an: Analysis) -> list[Phase]:
     source = [seg.sources.get(name, "markers") if name != "other" else "none" for name in PHASES]
     conf = [(seg.confidence or {}).get(name, 1.0) for name in PHASES]
     # by_category is filled in by measure(), from the categories at every peak found at once
-    return [Phase(PHASES[code], s, m, b0, b1, f, l, p, c, source[code], tops.get(g, []), conf[code], {}, float(f))
-            for g, s, code, f, l, m, p, c, b0, b1 in zip(
+    return [Phase(PHASES[code], s, m, b0, b1, f, end, p, c, source[code], tops.get(g, []), conf[code], {}, float(f))
+            for g, s, code, f, end, m, p, c, b0, b1 in zip(
                 k_sorted[starts].tolist(), *map(np.ndarray.tolist, divmod(k_sorted[starts], nph)), first.tolist(),
                 last.tolist(), gmax.tolist(), peak_event.tolist(), counts.tolist(), tl.active_before[first].tolist(),
                 tl.active_after[last].tolist())]

@@ -297,13 +297,13 @@ def _span(slots: list[Slot], side: str, other: str) -> None:
             j += 1
         if j == i + 1 or j == len(slots) or getattr(slots[j], other) is not None or getattr(slots[j], side) is None:
             continue
-        (f, l), (a0, a1), (b0, b1) = getattr(s, other), getattr(s, side), getattr(slots[j], side)
-        n = l - f + 1
+        (f, last), (a0, a1), (b0, b1) = getattr(s, other), getattr(s, side), getattr(slots[j], side)
+        n = last - f + 1
         if n < 2:
             continue
         k = min(max(round(n * (a1 - a0 + 1) / (a1 - a0 + b1 - b0 + 2)), 1), n - 1)
         setattr(s, other, (f, f + k - 1))
-        setattr(slots[j], other, (f + k, l))
+        setattr(slots[j], other, (f + k, last))
 
 
 def _lcs(x: list[str], y: list[str]) -> list[tuple[int, int]]:

@@ -327,7 +327,7 @@ class VM:
             if pos + 2 > limit:
                 raise _Short
             nxt = pos + 2 + buf[pos + 1]
-            fn = (lambda: int.from_bytes(buf[pos + 2:nxt], "little", signed=True))
+            fn = (lambda: int.from_bytes(buf[pos + 2:nxt], "little", signed=True))  # noqa: E731
         if nxt > limit:
             raise _Short
         stack.append(fn())

@@ -131,12 +131,12 @@ def _curves(c, cols: int):
             if run is None:
                 out[s].append(np.full(cols, carry[s], dtype=float))
                 continue
-            f, l = run
-            k = l - f + 1
+            f, last = run
+            k = last - f + 1
             starts = f + (np.arange(cols) * k) // cols
-            out[s].append(np.maximum.reduceat(level[f:l + 1], starts - f).astype(float))
-            places[s].append((f, l, i))
-            carry[s] = float(after[l])
+            out[s].append(np.maximum.reduceat(level[f:last + 1], starts - f).astype(float))
+            places[s].append((f, last, i))
+            carry[s] = float(after[last])
     if not xs:
         return np.zeros(0), np.zeros(0), np.zeros(0), places
     return np.concatenate(xs), np.concatenate(out["a"]), np.concatenate(out["b"]), places
@@ -148,9 +148,9 @@ def _first_before(c, s: str, before: np.ndarray) -> float:
 
 
 def _x_of(places, side: str, event: int | None) -> float | None:
-    for f, l, i in places[side]:
-        if event is not None and f <= event <= l:
-            return i + (event - f + 0.5) / (l - f + 1)
+    for f, last, i in places[side]:
+        if event is not None and f <= event <= last:
+            return i + (event - f + 0.5) / (last - f + 1)
     return None
 
 
