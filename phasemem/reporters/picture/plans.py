@@ -111,7 +111,7 @@ class PlanPicture:
             return "?"
         if self.batch is not None:
             n = self.largest_batch(factor)
-            return str(n) if n >= 1 else "none"
+            return str(n) if n is not None and n >= 1 else "none"
         return f"{times}{factor:.3g}"
 
     def to_dict(self) -> dict:
@@ -142,7 +142,7 @@ class PlanPicture:
                     row.append("n/a")
                     off.setdefault(p.why[0] if p.why else "unknown", []).append(f"{name}:{p.ranks}")
                     continue
-                peak = format_bytes(p.predicted_peak_bytes)
+                peak = format_bytes(p.predicted_peak_bytes)  # type: ignore[arg-type]  # applies: it has one
                 if p.predicted_peak_bytes_low is not None:
                     low = format_bytes(p.predicted_peak_bytes_low)
                     same = low.split()[-1] == peak.split()[-1]  # one unit: said once
@@ -243,7 +243,7 @@ def plot_plans(pic: PlanPicture, size=(1600, 900), dpi=100) -> Figure:
     if plot_h < 80:
         raise PhasememError(f"size={size!r}: too small for the plan picture; give a larger size (640x360 or more)")
 
-    tallest = max([pic.peak_bytes] + [b.plan.predicted_peak_bytes for b in pic.bars if b.plan.applies])
+    tallest: int = max([pic.peak_bytes] + [b.plan.predicted_peak_bytes for b in pic.bars if b.plan.applies])  # type: ignore[type-var, assignment]  # those that apply have one
     broken = pic.budget_bytes > BREAK_RATIO * tallest
     div, unit = axis_unit(max(tallest, pic.budget_bytes if not broken else 0, 1))
     main_h = plot_h * (1 - BREAK_SHARE) - 10 if broken else plot_h
@@ -251,7 +251,7 @@ def plot_plans(pic: PlanPicture, size=(1600, 900), dpi=100) -> Figure:
     y_top = tallest / div * main_h / max(main_h - label_px, 1)
     if not broken:
         y_top = max(y_top, pic.budget_bytes / div * 1.06)
-    ax = fig.add_axes([left / width, bottom / height, plot_w / width, main_h / height])
+    ax = fig.add_axes((left / width, bottom / height, plot_w / width, main_h / height))
     ax.set_xlim(-0.6, n_slots)
     ax.set_ylim(0, y_top)
     ax.set_xticks([])
@@ -265,10 +265,11 @@ def plot_plans(pic: PlanPicture, size=(1600, 900), dpi=100) -> Figure:
     ax.set_ylabel(ylabel, fontsize=LABEL_PT, color=_INK)
     ax.axvspan(-0.5, 0.5, color=_REF, lw=0, zorder=0)
     slot_px = plot_w / (n_slots + 0.6)
-    fig.phasemem_unit = div
-    fig.phasemem_axes = ax
-    fig.phasemem_broken = broken
-    fig.phasemem_bars = []
+    fig.phasemem_unit = div  # type: ignore[attr-defined]  # phasemem's own attribute
+    fig.phasemem_axes = ax  # type: ignore[attr-defined]  # phasemem's own attribute
+    fig.phasemem_broken = broken  # type: ignore[attr-defined]  # phasemem's own attribute
+    fig.phasemem_bars = []  # type: ignore[attr-defined]  # phasemem's own attribute
+    wrapper: dict[str, int]
     for x, kind, item in slots:
         if kind == "trace":
             cats, wrapper, peak, low = pic.by_category, {}, pic.peak_bytes, None
@@ -280,6 +281,7 @@ def plot_plans(pic: PlanPicture, size=(1600, 900), dpi=100) -> Figure:
                 r[2].set_edgecolor("white")
             ax.add_patch(Rectangle((x - BAR_WIDTH / 2, 0), BAR_WIDTH, peak / div, fill=False, ec=_INK, lw=1.1, zorder=4))
         else:
+            assert item is not None  # a plan's slot has its bar
             p = item.plan
             if not p.applies:
                 drawn = {"plan": p.plan, "ranks": p.ranks, "x": x, "segments": [], "low": None, "label": None,
@@ -289,7 +291,7 @@ def plot_plans(pic: PlanPicture, size=(1600, 900), dpi=100) -> Figure:
                 drawn.update(plan=p.plan, ranks=p.ranks, x=x)
                 drawn["peak"], drawn["label"] = _over(ax, lay, x, p.predicted_peak_bytes, p.predicted_peak_bytes_low,
                                                       div, pic.fit_label(item.largest_factor), slot_px, pic)
-        fig.phasemem_bars.append(drawn)
+        fig.phasemem_bars.append(drawn)  # type: ignore[attr-defined]  # phasemem's own attribute
     _not_applying(fig, ax, lay, pic, slots, slot_px, main_h)
     _budget(fig, ax, lay, pic, broken, div, left, bottom, main_h, plot_w, plot_h, width, height, tallest)
     _x_labels(fig, ax, lay, pic, slots, bottom, height, slot_px)
@@ -506,7 +508,7 @@ def _title(fig, lay, pic: PlanPicture) -> float:
 
 
 def _legend_entries(pic, cats: list[str], roles: list[str]) -> list[tuple[dict, str]]:
-    out = [(dict(facecolor=CATEGORY_COLORS[c], edgecolor="white"), CATEGORY_NAMES.get(c, c)) for c in cats]
+    out: list[tuple[dict, str]] = [(dict(facecolor=CATEGORY_COLORS[c], edgecolor="white"), CATEGORY_NAMES.get(c, c)) for c in cats]
     for r in roles:
         cat = ROLE_CATEGORY[r]
         out.append((dict(facecolor=CATEGORY_COLORS[cat], edgecolor="white", hatch=ROLE_HATCHES[r]),
@@ -523,6 +525,7 @@ def _swatch_px(lay) -> tuple[float, float]:
 
 def _legend_rows(lay, entries, room: float) -> list[list[int]]:
     sw, _ = _swatch_px(lay)
+    cur: list[int]
     rows, cur, used = [], [], 0.0
     for k, (_, label) in enumerate(entries):
         w = sw + 6 + lay.text_size(label, LEGEND_PT)[0] + 18
