@@ -3,6 +3,7 @@ steps slicer and the picture; one message for a range that names nothing. No mat
 from __future__ import annotations
 
 import re
+from typing import overload
 
 from .errors import PhasememError
 
@@ -11,6 +12,10 @@ class StepsError(PhasememError, ValueError):
     """A ``steps`` range or ``events`` window that names nothing this report has."""
 
 
+@overload
+def parse_steps(spec: None) -> None: ...
+@overload
+def parse_steps(spec: str | int) -> tuple[int | None, int | None]: ...
 def parse_steps(spec) -> tuple[int | None, int | None] | None:
     """A ``--steps`` text as (first, last) step numbers, either end open (None); bad text raises.
 

@@ -40,7 +40,7 @@ def _format(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def axis_unit(top: int) -> tuple[float, str]:
+def axis_unit(top: float) -> tuple[float, str]:
     """The binary unit an axis reaching ``top`` bytes is labelled in: (divisor, name)."""
     for div, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if top >= div:

@@ -94,9 +94,9 @@ class Context:
         """(step, phase code) -> the (first, last) events of its runs, in event order: grouped once,
         as every detector asks for every step and a mask per call is steps x runs. Shared: not to be changed."""
         out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for f, l, p, s in zip(self.run_first.tolist(), self.run_last.tolist(), self.run_phase.tolist(),
+        for f, last, p, s in zip(self.run_first.tolist(), self.run_last.tolist(), self.run_phase.tolist(),
                               self.run_step.tolist()):
-            out.setdefault((s, p), []).append((f, l))
+            out.setdefault((s, p), []).append((f, last))
         return {k: tuple(v) for k, v in out.items()}
 
     def runs_of(self, step: int, phase: str) -> tuple[tuple[int, int], ...]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import heapq
 from itertools import islice
+from typing import Any
 
 import numpy as np
 
@@ -31,13 +32,14 @@ def measure(an: Analysis) -> list[Step]:
     for ph in phases:
         if ph.peak_event is not None:
             ph.by_category = dict(zip(CATEGORIES, next(rows)))
-    by_step: dict[int, list[Phase]] = {}
+    by_step: dict[int | None, list[Phase]] = {}
     for ph in phases:
         by_step.setdefault(ph.step, []).append(ph)
     every = [name for name in PHASES if any(ph.name == name for ph in phases)]
     steps = []
     for s, ((a, b, complete), (p, peak, start_b, end_b)) in enumerate(zip(seg.steps, step_specs)):
-        mine = {ph.name: ph for ph in sorted(by_step.get(s, []), key=lambda ph: ph.at_event)}
+        mine = {ph.name: ph for ph in sorted(by_step.get(s, []),  # every measured phase has its at_event
+                                             key=lambda ph: ph.at_event)}  # type: ignore[arg-type, return-value]
         mine.update((name, _not_run(name, s)) for name in every if name not in mine)
         steps.append(Step(index=s, number=seg.step_numbers[s], start_event=a, end_event=b - 1, complete=complete,
                           peak_bytes=peak, peak_event=p, start_bytes=start_b, end_bytes=end_b,
@@ -54,7 +56,7 @@ def _not_run(name: str, step: int) -> Phase:
 
 def aggregate(steps: list[Step], an: Analysis) -> dict[str, Phase]:
     """One Phase per name over all steps that ran it: highest peak, first start, last end."""
-    specs = []
+    specs: list[dict[str, Any]] = []
     for name in PHASES:
         occ = [ph for s in steps if (ph := s.phases.get(name)) is not None and ph.ran]
         if not occ:
@@ -116,8 +118,8 @@ def _phases_that_ran(an: Analysis) -> list[Phase]:
     source = [seg.sources.get(name, "markers") if name != "other" else "none" for name in PHASES]
     conf = [(seg.confidence or {}).get(name, 1.0) for name in PHASES]
     # by_category is filled in by measure(), from the categories at every peak found at once
-    return [Phase(PHASES[code], s, m, b0, b1, f, l, p, c, source[code], tops.get(g, []), conf[code], {}, float(f))
-            for g, s, code, f, l, m, p, c, b0, b1 in zip(
+    return [Phase(PHASES[code], s, m, b0, b1, f, end, p, c, source[code], tops.get(g, []), conf[code], {}, float(f))
+            for g, s, code, f, end, m, p, c, b0, b1 in zip(
                 k_sorted[starts].tolist(), *map(np.ndarray.tolist, divmod(k_sorted[starts], nph)), first.tolist(),
                 last.tolist(), gmax.tolist(), peak_event.tolist(), counts.tolist(), tl.active_before[first].tolist(),
                 tl.active_after[last].tolist())]

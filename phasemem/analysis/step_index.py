@@ -53,7 +53,7 @@ def cut(got: Reading) -> Reading:
     if not (index.exact and b > a):
         return replace(got, trace=whole(), steps=None, index=None)
     # events [a, b) of the trace: a copy where the columns are mapped from a file (read-only)
-    columns = {name: np.require(getattr(trace, name)[a:b], requirements="AW") for name in EVENTS}
+    columns = {name: np.require(getattr(trace, name)[a:b], requirements=["A", "W"]) for name in EVENTS}
     alive = index.cross[(index.cross[:, 0] < a) & (index.cross[:, 1] >= b)]
     m = trace.markers
     keep = int(np.searchsorted(m.time_us, index.t_end[k1], "right"))

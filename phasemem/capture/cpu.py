@@ -99,13 +99,15 @@ def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> 
     distinct CPU storage becomes a one-block segment, which the trace loader counts as memory that
     pre-existed the recording when the trace never allocated its address.
     """
-    from torch._C._profiler import _EventType
+    from torch._C._profiler import _EventType, _ExtraFields_Allocation
 
     alloc_type, op_type = _EventType.Allocation, _EventType.TorchOp
     trace: list[tuple[int, int, dict]] = []
     marks: list[tuple[int, int, int, dict]] = []
 
     # The one per-event pass: a depth-first walk of the event tree (every thread's roots).
+    # a stopped profiler holds its results
+    assert prof.profiler is not None and prof.profiler.kineto_results is not None
     roots = prof.profiler.kineto_results.experimental_event_tree()
     stack = [(node, 0) for node in reversed(roots)]
     seq = 0
@@ -113,6 +115,7 @@ def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> 
         node, depth = stack.pop()
         kind, fields = node.typed
         if kind == alloc_type:
+            assert isinstance(fields, _ExtraFields_Allocation)  # the kind says which fields
             size = fields.alloc_size
             if size and fields.device.type == "cpu":
                 t = node.start_time_ns

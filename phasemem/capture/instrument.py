@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 
@@ -86,7 +86,7 @@ class Recording:
         self.start()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         recording = self._state == "running"  # an OOM outside a step window left nothing to dump
         self.stop(failed=exc_type is not None)
         if self.oom_dump and recording and isinstance(exc, torch.OutOfMemoryError):
@@ -96,6 +96,7 @@ class Recording:
     def _dump_oom(self) -> None:
         """Write the snapshot to ``oom_dump`` and what ``_dump_beside`` adds beside it; the OOM is
         re-raised by the caller whatever happens here, so a failure to dump is only a warning."""
+        assert self.oom_dump is not None  # __exit__ calls this only with oom_dump set
         try:
             # Beside the file save() wrote: on one rank of several that name carries the rank, so the
             # ranks' reports and pictures do not overwrite each other either.
@@ -146,6 +147,7 @@ class Recording:
     def stop(self, failed: bool = False) -> None:
         """End the recording; ``failed`` says the block raised, so cleanup errors must not mask it."""
         if self._state == "waiting":
+            assert self._window is not None  # only a step window waits
             self._window.block_ended(self)
         if self._state != "running":
             return
@@ -210,6 +212,7 @@ class Recording:
         self._prof = cpu.start_profiler()
 
     def _finish(self) -> dict:
+        assert self.device is not None and self.source is not None  # _install set both before recording
         if self.source == "cuda":
             try:
                 torch.cuda.synchronize(self.device)

@@ -53,13 +53,14 @@ def lost(snapshot: dict, calls: dict[tuple[str, int], int], home: int, source: s
     annotations = snapshot.get("external_annotations") or []
     starts = Counter(TORCH_STEP if a["name"].startswith(TORCH_STEP) else a["name"]
                      for a in annotations if a.get("stage") == "START")
-    total, off = Counter(), Counter()
+    total: Counter[str] = Counter()
+    off: Counter[str] = Counter()
     for (name, thread), n in calls.items():
         total[name] += n
         if thread != home:
             off[name] += n
     trace = _device_trace(snapshot)
-    wrapped = bool(max_entries) and source == "cuda" and len(trace) >= max_entries
+    wrapped = max_entries is not None and bool(max_entries) and source == "cuda" and len(trace) >= max_entries
     # A CUDA recording without a single range may be one whose settings record none (not measured for
     # every torch and context): ranges are then no evidence either way. The CPU profiler always records
     # its own thread's.

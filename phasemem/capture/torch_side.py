@@ -4,7 +4,7 @@ when recording starts, and switching the CUDA allocator's history on and off acr
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import torch
 
@@ -33,7 +33,7 @@ def history_enabled() -> bool | None:
     return bool(probe()) if probe is not None else None
 
 
-def record_memory_history(enabled: str | None, **kwargs: Any) -> None:
+def record_memory_history(enabled: Literal["state", "all"] | None, **kwargs: Any) -> None:
     mem = torch.cuda.memory
     # Since torch 2.x the public function is ``(enabled, *args, **kwargs)`` dispatching to
     # ``_record_memory_history_impl``; the impl's signature says which keywords this torch knows

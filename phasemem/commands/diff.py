@@ -52,7 +52,7 @@ def run(args) -> int:
     broken = check_comparison(budgets, c)  # a budget that cannot be checked fails before any output
     outputs = [(args.output, c.picture_writer(args.output, size=args.size, dpi=args.dpi))]
     if args.json:
-        said = [{"budget": b.text, "broken": (check_comparison([b], c) or [None])[0]} for b in budgets]
+        said = [{"budget": b.text, "broken": next(iter(check_comparison([b], c)), None)} for b in budgets]
         outputs.append((args.json, c.json_writer({"budgets": said})))
     print(c)
     write_all(outputs)  # all of them or none

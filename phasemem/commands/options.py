@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import overload
 
 from ..errors import PhasememError
 from ..output import MAX_PICTURE, MIN_PICTURE, PICTURE_SIZES
@@ -58,6 +59,10 @@ def device_choice(text: str):
     return v
 
 
+@overload
+def per_device(path: str, device: str) -> str: ...
+@overload
+def per_device(path: None, device: str) -> None: ...
 def per_device(path: str | None, device: str) -> str | None:
     """memory.png → memory.cuda1.png: one file per device with --device all."""
     if path is None:

@@ -25,7 +25,7 @@ def rank_files(sources) -> list[str]:
     """
     items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     found: list[str] = []
-    for item in map(os.fspath, items):
+    for item in (os.fspath(s) for s in items):
         if os.path.isdir(item):
             inside = [os.path.join(item, f) for f in os.listdir(item)
                       if f.lower().endswith(SNAPSHOT_SUFFIXES) and not f.startswith(OOM_PREFIX)]

@@ -62,6 +62,12 @@ class RankSummary:
     lanes: list[tuple[int, str, int, list[int]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def number(self) -> int:
+        # the rank, once _number gave every summary of a run one
+        assert self.rank is not None
+        return self.rank
+
 
 def summarize(report: Report, rank: int | None = None, name: str | None = None) -> RankSummary:
     """A rank's ``Report`` as a ``RankSummary``; ``rank`` defaults to the one its snapshot recorded.
@@ -89,6 +95,7 @@ def summarize(report: Report, rank: int | None = None, name: str | None = None) 
 
 
 def _lanes(report: Report) -> list[tuple[int, str, int, list[int]]]:
+    assert report.analysis is not None  # summarize() asks only with the trace's analysis
     level = report.analysis.timeline.level
     out = []
     for a, b, phase, k in report.label_runs():
@@ -108,12 +115,13 @@ def parallel_parts(report: Report) -> tuple[str | None, str, dict, dict]:
         ('fsdp2', 'stack frames and FSDP2's ranges')
     """
     an = report.analysis
+    assert an is not None, "a snapshot without history has no parallel roles"
     found = roles(an.trace, an.timeline, an.labels, an.step_of, backward_ends(report.steps, report.n_events))
     if found.wrapper is None:
         return None, "none", {}, {}
-    at, most = role_bytes(an.timeline, found.codes, report.peak_event)
+    counted = role_bytes(an.timeline, found.codes, report.peak_event)
     wanted, known = (FSDP2_ROLES if found.wrapper == "fsdp2" else DDP_ROLES), found.known()
-    at, most = ({r: (d[r] if known else None) for r in wanted} for d in (at, most))
+    at, most = ({r: (d[r] if known else None) for r in wanted} for d in counted)
     if found.wrapper == "fsdp2":  # fully_shard made the shards before the block: the parameters' bytes
         at["sharded_parameters"] = most["sharded_parameters"] = sharded_parameters(report)
     return found.wrapper, found.evidence, at, most
@@ -214,9 +222,9 @@ class RunReport(Written):
         steps, more = _common_steps(ranks)
         notes += more
         order = [p for p in PHASES if any(p in s.phases for s in ranks)]
-        rows = [Row(n, p, {s.rank: s.steps[n]["phases"][p] for s in ranks})
+        rows = [Row(n, p, {s.number: s.steps[n]["phases"][p] for s in ranks})
                 for n in steps for p in order if all(p in s.steps[n]["phases"] for s in ranks)]
-        phases = [Row(None, p, {s.rank: s.phases[p] for s in ranks}) for p in order if all(p in s.phases for s in ranks)]
+        phases = [Row(None, p, {s.number: s.phases[p] for s in ranks}) for p in order if all(p in s.phases for s in ranks)]
         return cls(ranks, steps, rows, phases, _run_peak(ranks), notes)
 
     def to_dict(self) -> dict:
@@ -253,14 +261,14 @@ def _number(summaries: list[RankSummary]) -> tuple[list[RankSummary], list[str]]
             notes.append(f"{s.name} does not say its rank; numbered {s.rank} by its place in the list")
     seen: dict[int, str] = {}
     for s in summaries:
-        if s.rank in seen:
-            raise PhasememError(f"{seen[s.rank]} and {s.name} are both rank {s.rank}; give one snapshot per rank")
-        seen[s.rank] = s.name
+        if s.number in seen:
+            raise PhasememError(f"{seen[s.number]} and {s.name} are both rank {s.rank}; give one snapshot per rank")
+        seen[s.number] = s.name
     world = max((s.world_size or 0 for s in summaries), default=0)
     if world > len(summaries):
         missing = sorted(set(range(world)) - set(seen))
         notes.append(f"the job had {world} ranks; no snapshot of rank(s) {_list(missing)}")
-    return sorted(summaries, key=lambda s: s.rank), notes
+    return sorted(summaries, key=lambda s: s.number), notes
 
 
 def _common_steps(ranks: list[RankSummary]) -> tuple[list[int], list[str]]:
@@ -277,14 +285,14 @@ def _common_steps(ranks: list[RankSummary]) -> tuple[list[int], list[str]]:
 
 
 def _run_peak(ranks: list[RankSummary]) -> RunPeak:
-    top = max(ranks, key=lambda s: (s.peak_bytes, -s.rank))
+    top = max(ranks, key=lambda s: (s.peak_bytes, -s.number))
     others = [s for s in ranks if s is not top]
     excess = {c: v - (int(np.median([o.by_category.get(c, 0) for o in others])) if others else 0)
               for c, v in top.by_category.items()}
-    cat = max(excess, key=excess.get) if excess else None
+    cat = max(excess, key=lambda c: excess[c]) if excess else None
     if cat is not None and excess[cat] < MIN_EXCESS_SHARE * top.peak_bytes:
         cat = None
-    return RunPeak(top.rank, top.peak_bytes, top.peak_step, top.peak_phase, top.peak_shape, cat,
+    return RunPeak(top.number, top.peak_bytes, top.peak_step, top.peak_phase, top.peak_shape, cat,
                    int(excess[cat]) if cat else 0)
 
 

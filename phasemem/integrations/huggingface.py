@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 from typing import Any
 
 from . import require
@@ -31,7 +32,7 @@ transformers = require("transformers", "hf", "phasemem.integrations.huggingface"
 TRAINER_FRAMES = 8
 
 
-class PhasememCallback(transformers.TrainerCallback):
+class PhasememCallback(transformers.TrainerCallback):  # type: ignore[name-defined]  # imported by require()
     """Record ``steps`` of ``Trainer.train()`` and write the snapshot, picture and JSON per rank.
 
     ``steps``: "10-12", "10" or "10-" (to the end), counted from 0 like ``state.global_step``
@@ -80,7 +81,7 @@ class PhasememCallback(transformers.TrainerCallback):
 def _calling_trainer() -> Any:
     # A TrainerCallback is handed the model, optimizer and data, never the Trainer; its log() is what
     # sends numbers to every report_to logger, so the Trainer is found among the callers' frames.
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(TRAINER_FRAMES):
         if frame is None:
             break

@@ -37,7 +37,7 @@ def _callback_base() -> type:
             raise missing from None
 
 
-class PhasememCallback(_callback_base()):
+class PhasememCallback(_callback_base()):  # type: ignore[misc]  # lightning's Callback, found at import
     """Record ``steps`` of ``Trainer.fit()`` and write the snapshot, picture and JSON per rank.
 
     ``steps``: "10-12", "10" or "10-" (to the end), counted from 0 like ``trainer.global_step``

@@ -108,7 +108,7 @@ class _Recording:
                     outer.inner.append(run)
                 return original(run)
 
-            Recording.start = start
+            Recording.start = start  # type: ignore[method-assign]  # until _restore()
             self._restore = lambda: setattr(Recording, "start", original)
         return self
 

@@ -86,8 +86,8 @@ class Recorder:
         self.stem = STEM.format(rank=int(rank))
         self.window = StepWindow(self.steps, count=False, hooks=hooks)
         self.window.done = int(done)
-        oom = OOM_STEM.format(rank=int(rank)) + SUFFIXES["snapshot"]
-        oom = os.path.join(self.folder, oom) if self.oom_dump else None
+        oom_name = OOM_STEM.format(rank=int(rank)) + SUFFIXES["snapshot"]
+        oom = os.path.join(self.folder, oom_name) if self.oom_dump else None
         try:
             os.makedirs(self.folder, exist_ok=True)  # every rank may make it; exist_ok: no race
             self.run = Run(model, list(optimizers), steps=self.window, oom_dump=oom, max_entries=self.max_entries,
@@ -159,6 +159,7 @@ class Recorder:
         return self.metrics
 
     def _outputs(self, report: Any) -> list:
+        assert self.folder is not None  # begin() chose it
         path = {f: os.path.join(self.folder, self.stem + SUFFIXES[f]) for f in self.formats}
         outputs = []
         if "snapshot" in path:

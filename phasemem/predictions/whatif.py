@@ -20,7 +20,7 @@ def replays(an: Analysis, patterns: list[Pattern]) -> list[tuple[str, Replayed |
     life = an.timeline.lifetimes
     n = len(an.trace)
     facts = Facts(an, patterns)
-    out = []
+    out: list[tuple[str, Replayed | str]] = []
     base = None
     ooms = sorted(an.trace.oom_device_free)
     for name, remedy in {**REMEDIES, **SCALINGS}.items():

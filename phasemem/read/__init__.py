@@ -87,6 +87,7 @@ def read(source: Any, device: int | None = None, *, trusted: bool = False, steps
         mem, n_events, meta = load_live(source, device, trusted=trusted)
         return Reading(None, got.prefix, live=mem, live_events=n_events, meta=meta)
     got.device = other
+    assert got.trace is not None  # without history: NoHistory was raised, or the live reading returned
     progress.stage(f"analysing {len(got.trace):,} events")  # what follows a read
     return got
 
@@ -134,7 +135,9 @@ def trace(source: Any, device: int | None = None, *, trusted: bool = False) -> T
             return Trace.from_snapshot(load_snapshot(source, trusted=trusted), device)
     progress.stage(f"reading {os.path.basename(os.fspath(source))}")
     if is_columnar(source):
-        return _read_columnar(os.fspath(source), device, None, None).trace
+        got = _read_columnar(os.fspath(source), device, None, None)
+        assert got.trace is not None  # an .npz always holds its events
+        return got.trace
     return _read_pickle(os.fspath(source), device, trusted)
 
 

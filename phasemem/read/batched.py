@@ -10,6 +10,7 @@ import io
 import pickle
 import pickletools
 from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -109,7 +110,8 @@ class _Events:
 class _StreamUnpickler(_SnapshotUnpickler):
     def __init__(self, f, where: str, trusted: bool):
         super().__init__(f)
-        self.where, self.trusted, self.events = where, trusted, None
+        self.where, self.trusted = where, trusted
+        self.events: _Events | None = None
 
     def find_class(self, module: str, name: str):
         if (module, name) == _SENTINEL and self.events is None:
@@ -165,11 +167,13 @@ def _find_events(f) -> tuple[bytearray, int, tuple[int, int] | None] | None:
     """Walk to the first device list with events: (bytes walked, its EMPTY_LIST's position, the
     protocol-4 frame around it as (position, length)); None when the layout is not the expected one."""
     tee = _Tee(f)
-    frame = framed = None
-    state, where = "key", None
-    for k, (op, arg, pos) in enumerate(pickletools.genops(tee)):
+    frame: tuple[int, Any] | None = None
+    framed: tuple[int, Any] | None = None
+    state, where = "key", 0
+    for k, (op, arg, pos) in enumerate(pickletools.genops(tee)):  # type: ignore[arg-type]  # file-like enough
         if k > MAX_WALK:
             return None
+        assert pos is not None  # _Tee has tell()
         name = op.name
         if name == "FRAME":
             frame = (pos, arg)

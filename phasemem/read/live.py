@@ -79,7 +79,9 @@ def live_memory(snapshot: Any, device: int | None = None) -> LiveMemory:
         # Ties (two empty devices) go to the lower index: cuda:0 is what a user expects by default.
         device = max(sorted(devices), key=lambda d: devices[d], default=0)
     mine = [s for s in segments if s["device"] == device]
-    blocks, cached_free, seen = [], 0, {}
+    blocks: list[LiveBlock] = []
+    seen: dict = {}
+    cached_free = 0
     for seg in mine:
         for b in _blocks(seg, seen):
             if isinstance(b, LiveBlock):

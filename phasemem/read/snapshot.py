@@ -15,7 +15,7 @@ import lzma
 import os
 import pickle
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -52,6 +52,8 @@ _SAFE_GLOBALS = {
 
 
 class _SnapshotUnpickler(pickle.Unpickler):
+    where: str  # the file's name for errors, set before load()
+
     def find_class(self, module: str, name: str) -> Any:
         try:
             return _SAFE_GLOBALS[(module, name)]
@@ -62,7 +64,7 @@ class _SnapshotUnpickler(pickle.Unpickler):
             ) from None
 
 
-_MAGIC = {b"\x1f\x8b": lambda f: gzip.GzipFile(fileobj=f), b"\xfd7zXZ\x00": lzma.LZMAFile, b"BZh": bz2.BZ2File}
+_MAGIC: dict[bytes, Callable[[Any], io.BufferedIOBase]] = {b"\x1f\x8b": lambda f: gzip.GzipFile(fileobj=f), b"\xfd7zXZ\x00": lzma.LZMAFile, b"BZh": bz2.BZ2File}
 
 
 class _Decompressed(io.RawIOBase):
@@ -214,5 +216,6 @@ def load_live(source: Any, device: int | None, *, trusted: bool = False) -> tupl
                             "memory snapshot? copy it again or re-record it") from None
     traces = snap.get("device_traces") or []
     mine = traces[live.device] if live.device < len(traces) else None
-    meta = snap.get("phasemem") if isinstance(snap.get("phasemem"), dict) else {}
+    meta = snap.get("phasemem")
+    meta = meta if isinstance(meta, dict) else {}
     return live, len(mine) if isinstance(mine, list) else 0, meta

@@ -16,7 +16,7 @@ def stack_summary(trace: Trace, stack_id: int) -> str | None:
     frames = ([f for f in frames if f[0].endswith(".py")]
               or [f for f in frames if not any(s in f[2] for s in _MACHINERY)] or frames)
     # C++ names carry their whole signature; the qualified name is enough to read
-    frames = [(f, l, n if f.endswith(".py") else n.split("(")[0]) for f, l, n in frames]
+    frames = [(f, ln, n if f.endswith(".py") else n.split("(")[0]) for f, ln, n in frames]
     fn, line, name = frames[0]
     text = f"{name} ({short_path(fn)}:{line})"
     for fn2, line2, name2 in frames[1:]:

@@ -350,7 +350,8 @@ def _stack_table(by_content: dict) -> tuple[list[tuple[int, ...]], list[tuple]]:
 def _layout(snapshot: dict, device: int) -> tuple[np.ndarray | None, np.ndarray | None]:
     """This device's segments and their blocks (``Trace.segments``, ``Trace.segment_blocks``); None
     where a segment lacks its address or size."""
-    segs, blocks = [], []
+    segs: list[tuple[int, int, int, int]] = []
+    blocks: list[tuple[int, int, int]] = []
     for seg in snapshot.get("segments") or []:
         if not isinstance(seg, dict) or seg.get("device", device) != device:
             continue

@@ -35,6 +35,7 @@ def composition(report: Report, step: Step | None = None) -> tuple[int, Cells]:
         raise PhasememError("this report holds no trace to decompose (a snapshot without allocation history)")
     event = report.peak_event if step is None else step.peak_event
     if event is None:  # a step that allocated and freed nothing: its level is where it ran
+        assert step is not None  # the report's own peak is an event
         event = max(step.start_event, 0)
     patterns = report.patterns if step is None else [p for p in report.patterns if p.step == step.index]
     alive = alive_at(an, int(event))

@@ -121,6 +121,7 @@ def choose_steps(ra: Report, rb: Report, spec, names=("A", "B")) -> tuple[Step |
         return None, None, why
     if want == "steady":
         a, b = steady_step(ra), steady_step(rb)
+        assert a is not None and b is not None  # both reports have steps
         return a, b, [f"steady steps compared: {names[0]} step {a.number}, {names[1]} step {b.number}"]
     picked = []
     for r, n, k in zip((ra, rb), names, want):
@@ -204,7 +205,7 @@ def phase_deltas(ra: Report, rb: Report, pa: Step | None, pb: Step | None) -> di
         b_peak = y.peak_bytes if y is not None else None
         cats = {c: int(y.by_category.get(c, 0)) - int(x.by_category.get(c, 0)) for c in CATEGORIES} if (
             x is not None and y is not None and x.by_category and y.by_category) else {}
-        out[name] = PhaseDelta(name, a_peak, b_peak, None if x is None or y is None else b_peak - a_peak,
+        out[name] = PhaseDelta(name, a_peak, b_peak, None if a_peak is None or b_peak is None else b_peak - a_peak,
                                x.peak_event if x else None, y.peak_event if y else None, cats)
     return out
 
@@ -296,13 +297,13 @@ def _span(slots: list[Slot], side: str, other: str) -> None:
             j += 1
         if j == i + 1 or j == len(slots) or getattr(slots[j], other) is not None or getattr(slots[j], side) is None:
             continue
-        (f, l), (a0, a1), (b0, b1) = getattr(s, other), getattr(s, side), getattr(slots[j], side)
-        n = l - f + 1
+        (f, last), (a0, a1), (b0, b1) = getattr(s, other), getattr(s, side), getattr(slots[j], side)
+        n = last - f + 1
         if n < 2:
             continue
         k = min(max(round(n * (a1 - a0 + 1) / (a1 - a0 + b1 - b0 + 2)), 1), n - 1)
         setattr(s, other, (f, f + k - 1))
-        setattr(slots[j], other, (f + k, l))
+        setattr(slots[j], other, (f + k, last))
 
 
 def _lcs(x: list[str], y: list[str]) -> list[tuple[int, int]]:

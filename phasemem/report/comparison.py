@@ -174,7 +174,7 @@ class Comparison(Written):
         if not ran:
             return None
         # ties (forward and the batch before it, both without last step's gradients): the higher phase
-        ph = max(ran, key=lambda p: (abs(p.delta), max(p.a_peak or 0, p.b_peak or 0)))
+        ph = max(ran, key=lambda p: (abs(p.delta or 0), max(p.a_peak or 0, p.b_peak or 0)))
         top = max((s for s in self.shapes if s.phase == ph.name and s.change != "same"),
                   key=lambda s: abs(s.delta), default=None)
         if top is not None:

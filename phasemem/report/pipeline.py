@@ -54,13 +54,14 @@ def analyze(snapshot: Any, device: int | None = None, *, trusted: bool = False,
         report = _report(got, what_ifs)
         # An out-of-memory on another device is the first thing to say, with its step and phase there.
         theirs = [o for other in report.other_devices if other.ooms
-                  for o in _report(got.device(other.index), what_ifs).ooms]
+                  for o in _report(got.device(other.index), what_ifs).ooms]  # type: ignore[misc]  # read() sets it
     return replace(report, ooms=report.ooms + theirs) if theirs else report
 
 
 def _live_report(got: Reading) -> Report:
     """The report of a snapshot without history: what was alive when it was taken."""
     live = got.live
+    assert live is not None  # a reading without a trace has its live memory
     meta = got.meta or {}
     name = str(meta.get("device") or "") if live.device < 0 else ""  # a CPU recording is not "cuda:-1"
     return Report(device=name or f"cuda:{live.device}", n_events=got.live_events, peak_bytes=live.allocated_bytes,
@@ -75,6 +76,7 @@ def _report(got: Reading, what_ifs: bool = True) -> Report:
     if got.trace is None:  # no allocation history: what was alive when it was taken
         return _live_report(got)
     if got.window is not None:
+        assert got.whole is not None  # a window comes with the whole
         report = _sliced(got.trace, *got.window, got.prefix, what_ifs)
         return report if report is not None else analyze_trace(got.whole(), marker_prefix=got.prefix, what_ifs=what_ifs)
     report = analyze_trace(got.trace, marker_prefix=got.prefix, what_ifs=what_ifs)

@@ -27,11 +27,16 @@ class Reporter(Protocol):
         ('json', ('.json',), '{')
     """
 
-    name: str
-    suffixes: tuple[str, ...]
-    takes: tuple[type, ...]
+    # read-only: each reporter's are class constants
+    @property
+    def name(self) -> str: ...
+    @property
+    def suffixes(self) -> tuple[str, ...]: ...
+    @property
+    def takes(self) -> tuple[type, ...]: ...
 
-    def render(self, report: Any, **options: Any) -> str | bytes: ...
+    # each reporter takes its own options (``full=``, ``extra=``, ``size=``...)
+    def render(self, report: Any, *args: Any, **options: Any) -> str | bytes: ...
 
     def writer(self, report: Any, path: str | os.PathLike | None, **options: Any) -> Writer: ...
 
@@ -88,7 +93,7 @@ class Written:
     """
 
     def __str__(self) -> str:
-        return reporter("text", self).render(self)
+        return reporter("text", self).render(self)  # type: ignore[return-value]  # text renders str
 
     def json_writer(self, extra: dict | None = None) -> Writer:
         """A function writing ``to_dict()`` (and ``extra`` keys) as JSON to the path it is given (for

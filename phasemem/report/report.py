@@ -104,7 +104,9 @@ class Report(Written):
     def label_runs(self) -> list[tuple[int, int, str, int]]:
         """``labels`` run-length encoded: (first event, last event, phase, step position or -1)."""
         an = self.analysis
-        first, last, code, step = phase_runs(an.labels if an else None, an.step_of if an else None)
+        if an is None:  # no trace, no runs
+            return []
+        first, last, code, step = phase_runs(an.labels, an.step_of)
         return [(a, b, PHASES[c], s) for a, b, c, s in zip(first.tolist(), last.tolist(), code.tolist(), step.tolist())]
 
     def to_dict(self) -> dict:
@@ -135,6 +137,7 @@ class Report(Written):
         e = self.peak_event if event is None else int(event)
         if not 0 <= e < self.n_events:
             raise IndexError(f"event {e} is outside the trace (0..{self.n_events - 1})")
+        assert self.analysis is not None, "a snapshot without history has no categories over time"
         row = self.analysis.categories.at_level([e], self.analysis.timeline)[0]
         return dict(zip(CATEGORIES, row.tolist()))
 
@@ -142,6 +145,7 @@ class Report(Written):
         """Bytes per category at up to ``points`` evenly spaced events (and the overall peak)."""
         ev = np.unique(np.concatenate([np.linspace(0, self.n_events - 1, min(points, self.n_events)).astype(np.int64),
                                        [self.peak_event]]))
+        assert self.analysis is not None, "a snapshot without history has no categories over time"
         m = self.analysis.categories.at_level(ev, self.analysis.timeline)
         return {"event": ev.tolist(), **{c: m[:, k].tolist() for k, c in enumerate(CATEGORIES)}}
 
@@ -194,7 +198,7 @@ class Report(Written):
         Example:
             >>> print(report.text(full=True))
         """
-        return reporter("text", self).render(self, full=full)
+        return reporter("text", self).render(self, full=full)  # type: ignore[return-value]  # text renders str
 
     def shape_bytes_at_peak(self) -> list[int]:
         """Per pattern, the bytes of its blocks alive at the peak that count for its kind (each block

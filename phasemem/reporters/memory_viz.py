@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -212,8 +213,8 @@ def _plain(obj, converted: dict, memo: dict):
         new = {k: _plain(v, converted, memo) for k, v in obj.items()}
         res = obj if all(new[k] is v for k, v in obj.items()) else new
     elif type(obj) in (list, tuple):
-        new = [_plain(v, converted, memo) for v in obj]
-        res = obj if all(a is b for a, b in zip(new, obj)) else type(obj)(new)
+        items = [_plain(v, converted, memo) for v in obj]
+        res = obj if all(a is b for a, b in zip(items, obj)) else type(obj)(items)
     else:
         res = _plainer(obj, converted, memo)
     memo[key] = res
@@ -221,6 +222,7 @@ def _plain(obj, converted: dict, memo: dict):
 
 
 def _plainer(obj, converted: dict, memo: dict):
+    res: Any
     if isinstance(obj, str):
         res = str(obj)
     elif isinstance(obj, float):

@@ -70,8 +70,8 @@ def test_microbatches_of_every_step_are_each_steps_regions(contexts):
 
     for name, ctx in contexts:
         first, last, bwd, step = all_microbatches(ctx)
-        got = [(int(s), int(f), int(l), tuple(b.tolist()) if b[0] >= 0 else None)
-               for f, l, b, s in zip(first, last, bwd, step)]
+        got = [(int(s), int(f), int(end), tuple(b.tolist()) if b[0] >= 0 else None)
+               for f, end, b, s in zip(first, last, bwd, step)]
         want = []
         for s in range(len(ctx.seg.steps)):
             fwd, back = _runs(ctx, s, "forward"), _runs(ctx, s, "backward")
@@ -153,7 +153,7 @@ def test_losses_consuming_are_each_backward_runs_opening(contexts):
 
     seen = 0
     for name, ctx in contexts:
-        rows = [(f, l) for s in range(len(ctx.seg.steps)) for f, l in _runs(ctx, s, "backward")]
+        rows = [(f, end) for s in range(len(ctx.seg.steps)) for f, end in _runs(ctx, s, "backward")]
         if not rows:
             continue
         # the largest block made before each run: a vocabulary-sized output's threshold to test against

@@ -263,7 +263,7 @@ def test_zoom_to_a_step_then_a_phase_and_back(browser, page):
     step = report.steps[1]
     browser.open(page.as_uri())
     whole = browser.screenshot()
-    view = lambda: [float(v) for v in browser.js("document.getElementById('pm-svg').dataset.view").split()]
+    view = lambda: [float(v) for v in browser.js("document.getElementById('pm-svg').dataset.view").split()]  # noqa: E731
     assert view() == [0, report.n_events]
     link = browser.js("(() => { const r = document.querySelector('#pm-nav a[href=\"#zoom=s1\"]').getBoundingClientRect();"
                       " return [r.left + r.width / 2, r.top + r.height / 2]; })()")

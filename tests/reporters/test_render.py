@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 import phasemem
-from phasemem.reporters.picture import colours as picture_colours, draw as render
+from phasemem.reporters.picture import colours as picture_colours
 from phasemem.analysis.categories import CATEGORIES
 from phasemem.errors import PhasememError
 from phasemem.reporters.picture import bands

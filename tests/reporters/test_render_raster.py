@@ -168,7 +168,7 @@ def test_another_dpi_resamples_the_image(tmp_path):
     assert img.shape[:2] == (900, 1600)
     small = _pixels(fig)
     # the bands' colours are in both: a category colour (activation blue, #4c72b0, and its shades) covers a share of each
-    band_px = lambda px: (np.abs(px[..., :3].astype(float) - [76, 114, 176]).max(axis=-1) < 60).mean()
+    band_px = lambda px: (np.abs(px[..., :3].astype(float) - [76, 114, 176]).max(axis=-1) < 60).mean()  # noqa: E731
     assert band_px(small) > 0.01 and band_px((img[..., :3] * 255).round()) > 0.01
 
 

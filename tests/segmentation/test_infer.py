@@ -144,7 +144,7 @@ def test_confidence_is_the_measured_precision(frames):
     # than DOUBTFUL says, give or take the fit's spread.
     if doubted:
         named = [ph for ph in P if ph != "other"]
-        share = lambda pool: sum(pool.get(ph, (0, 0))[0] for ph in named) / max(sum(pool.get(ph, (0, 0))[1] for ph in named), 1)
+        share = lambda pool: sum(pool.get(ph, (0, 0))[0] for ph in named) / max(sum(pool.get(ph, (0, 0))[1] for ph in named), 1)  # noqa: E731
         assert share(doubted) < share(hits) - 0.1
         h, t = doubted.get("forward", (0, 0))
         assert not t or h / t <= DOUBTFUL["forward"] + 0.15

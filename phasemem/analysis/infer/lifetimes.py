@@ -51,7 +51,7 @@ def anchored_over_passes(trace: Trace, tl: Timeline) -> bool:
     number of steps: the passes held more or fewer backward runs a step than the gradients' sets (h6_ppo's
     epochs: 7 steps read, 16 anchored), so what a step is, is a guess."""
     _, starts, anchored, overruled = _read(trace, tl)
-    return overruled and len(anchored[1]) != len(starts)
+    return overruled and anchored is not None and len(anchored[1]) != len(starts)
 
 
 def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | None, bool]:
@@ -79,7 +79,7 @@ def _read(trace: Trace, tl: Timeline) -> tuple[np.ndarray, list[int], tuple | No
         # them in its pool, without events (h6_save_on_cpu: its forward saves to the host, so no pass
         # shows, but each backward's gradients anchor it; infer/anchored.py)
         anchored = anchored_passes(trace, tl) if graphed is not None else None
-        if anchored is not None:
+        if graphed is not None and anchored is not None:  # anchored is read only where graphed is
             return *graphed, anchored, False
         if graphed is not None:
             return *graphed, None, False

@@ -170,11 +170,11 @@ def passes(trace: Trace, tl: Timeline, mts: list[tuple[int, int, int]]) -> list[
     # Burst frees are zero_grad's or the optimizer's, not backward's -- except inside the backward
     # the activation mountain already shows (the embedding's backward freeing several at once), of
     # what no backward made (gradients kept across micro-batches are made by the first backward).
-    in_bwd = np.zeros(n + 1, np.int64)
+    depth = np.zeros(n + 1, np.int64)
     for _, top, b1 in mts:
-        in_bwd[top + 1] += 1
-        in_bwd[b1 + 1] -= 1
-    in_bwd = np.cumsum(in_bwd) > 0
+        depth[top + 1] += 1
+        depth[b1 + 1] -= 1
+    in_bwd = np.cumsum(depth) > 0
     burst = burst_freed(trace)[f]
     keep = ~burst | (in_bwd[f] & ~in_bwd[a])
     size = life.size[born][keep]

@@ -33,7 +33,7 @@ def discover(package: str = __name__) -> tuple[ShapeKind, ...]:
         ['workspace', 'leak']
     """
     pkg = importlib.import_module(package)
-    found = []
+    found: list[ShapeKind] = []
     for info in pkgutil.iter_modules(pkg.__path__):
         found += getattr(importlib.import_module(f"{package}.{info.name}"), "KINDS", ())
     return tuple(sorted(found, key=lambda k: k.order))
@@ -46,7 +46,8 @@ BY_NAME = {k.name: k for k in KINDS}
 #: Which shape an allocation in several patterns counts for: the most specific first (the logits block
 #: is also among what the logits' release frees; gradients kept past a leak's step are gradients).
 #: Kinds without a priority (a count of scalars) claim no bytes.
-SHAPE_PRIORITY = tuple(k.name for k in sorted((k for k in KINDS if k.priority is not None), key=lambda k: k.priority))
+SHAPE_PRIORITY = tuple(k.name for k in sorted((k for k in KINDS if k.priority is not None),
+                                               key=lambda k: k.priority))  # type: ignore[arg-type, return-value]  # each has one
 
 
 def shape_size_label(kind: str, details: dict | None = None) -> str:

@@ -174,7 +174,7 @@ def _passes(fwd, bwd) -> list[list[tuple[int, int]]]:
 
 
 def _accumulation(ctx: Context, step: int, grads) -> list[Pattern]:
-    out = []
+    out: list[Pattern] = []
     bwd = ctx.runs_of(step, "backward")
     if len(bwd) < 2:
         return out  # each pass holds a backward run: fewer than two passes (most steps)

@@ -71,7 +71,7 @@ def _logits_numbers(ctx: Context, h: Heads, cand: np.ndarray) -> dict:
     end = np.minimum(ctx.free[lg], ctx.n - 1)
     # each row's step peak: one argmax a step (peaks_in would copy the whole trace: ten times slower)
     s0, s1 = (np.array([s[i] for s in ctx.seg.steps], np.int64)[h.step] for i in (0, 1))
-    p = np.fromiter((ctx.peak_in(f, l - 1) for f, l in zip(s0.tolist(), s1.tolist())), np.int64, n)
+    p = np.fromiter((ctx.peak_in(f, stop - 1) for f, stop in zip(s0.tolist(), s1.tolist())), np.int64, n)
     # Every vocabulary-sized tensor alive at the step's peak: logits, their copies, their gradients.
     k, i = _within(cand, ctx.alloc.searchsorted(s0), ctx.alloc.searchsorted(p, "right"))  # made by the peak
     live = (ctx.size[i] >= VOCAB_SHARE * h.big[k]) & (ctx.free[i] > p[k])

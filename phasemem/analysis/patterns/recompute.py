@@ -200,7 +200,7 @@ def own_forward(fwd_runs, bwd_runs, b0: int) -> list[tuple[int, int]]:
 
 def detect(ctx: Context, step: int) -> list[Pattern]:
     """The ripples in each of the step's backward runs: checkpointing's recompute, or forward run again."""
-    out = []
+    out: list[Pattern] = []
     fwd_runs = ctx.runs_of(step, "forward")
     bwd_runs = ctx.runs_of(step, "backward")
     echoing = echoing_runs(ctx)
@@ -220,9 +220,9 @@ def detect(ctx: Context, step: int) -> list[Pattern]:
                 continue  # no allocation of checkpoint's or of a replay anywhere: neither can tell a run
             # A recompute too short to repeat K sizes in a row (a selective policy saves the matmuls,
             # a checkpointed loss chunk makes two blocks) is still told by checkpoint's own frames.
-            framed = from_frames(ctx, step, bwd, b1) or from_rng_replays(ctx, step, bwd, b1)
-            if framed is not None:
-                out.append(framed)
+            found = from_frames(ctx, step, bwd, b1) or from_rng_replays(ctx, step, bwd, b1)
+            if found is not None:
+                out.append(found)
             continue
         members = np.concatenate([kept[a:b] for a, b in good])
         if float(np.mean(_offloaded(ctx)[ctx.alloc[members]])) >= OFFLOADED:
@@ -308,8 +308,8 @@ def _step_grams(ctx: Context, fwd_runs, bwd_runs) -> tuple[int, np.ndarray]:
 
 def _echoed(ctx: Context, fwd_runs, bwd_runs, bwd: np.ndarray, b0: int, b1: int, step_grams) -> list[tuple[int, int]]:
     """_size_runs of the backward run b0..b1 (its allocations ``bwd``) against its own forward."""
-    fwd = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
-    fwd = np.concatenate(fwd) if fwd else np.zeros(0, np.int64)
+    runs = [ctx.allocs_between(a, b) for a, b in own_forward(fwd_runs, bwd_runs, b0)]
+    fwd = np.concatenate(runs) if runs else np.zeros(0, np.int64)
     return _size_runs(ctx, fwd, bwd, b0, b1, step_grams)
 
 

@@ -35,7 +35,7 @@ class Segmentation:
     step_t1: np.ndarray  # int64 µs: the time each step ends (its optimizer's END); max int64 when open-ended
     intervals: list[Interval]
     sources: dict[str, str]  # phase → where its boundaries came from
-    confidence: dict[str, float] = None  # phase → how sure (1 for markers and annotations)
+    confidence: dict[str, float] = None  # type: ignore[assignment]  # phase → how sure (1 for markers and annotations)
     # µs: moments up to here belong to steps the ring buffer lost (a phase that ran then is not reported)
     t_lost: int = int(np.iinfo(np.int64).min)
     inferred_by: str | None = None  # "frames" or "lifetimes" where phases were inferred, else None
@@ -67,7 +67,7 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
         labels, how, starts = infer_phases(trace, timeline, labels, sources, confidence)
     if not marks.marked and n and not marks.optimizer:
         steps, numbers, ends = steps_from_labels(trace, labels, starts, lifetimes, inside=how == "frames")
-        skipped = []  # no optimizer range: none was skipped
+        skipped: list[int] = []  # no optimizer range: none was skipped
     else:
         # only labels from markers or frames place a backward well enough to see an update inside it
         steps, numbers, ends, skipped = steps_from_intervals(trace, marks, labels, lifetimes,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -165,7 +166,7 @@ def locate(intervals: list[Interval], t: np.ndarray) -> None:
         iv.first, iv.stop = a, b
 
 
-def _search(t: np.ndarray, times: list[int], side: str) -> list[int]:
+def _search(t: np.ndarray, times: list[int], side: Literal["left", "right"]) -> list[int]:
     """``np.searchsorted(t, time, side)`` of each time, as ints."""
     return np.searchsorted(t, np.array(times, dtype=np.int64), side).tolist()
 

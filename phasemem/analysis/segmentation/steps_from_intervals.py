@@ -147,8 +147,8 @@ def _one_per_step(opt: list[Interval], labels: np.ndarray, inside: bool = True) 
     sig_first, sig_last, sig_code = first[sig], last[sig], code[sig]
 
     def has(ph, a, b):  # any event labelled ph in a..b-1
-        f, l = at[ph]
-        k = int(np.searchsorted(l, a, "left"))
+        f, last = at[ph]
+        k = int(np.searchsorted(last, a, "left"))
         return a < b and k < len(f) and int(f[k]) < b
 
     other_first, other_last = first[code == P["other"]], last[code == P["other"]]

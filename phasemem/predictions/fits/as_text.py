@@ -26,6 +26,7 @@ def format_fits(fx: Fits) -> str:
             lines.append(f"      larger sizes fit again from x{fit.fits_again[0]:g} up to x{fit.fits_again[1]:g}: the "
                          f"cached blocks split better there (not every size between is replayed)")
         if fit.next_factor is not None:
+            assert fit.predicted_peak_bytes_next is not None  # replayed with the next factor
             need = (f"fits with {' + '.join(fit.next_fits_with)} (up to x{fit.largest_factor_with:g})"
                     if fit.next_fits_with else "no remedy phasemem knows makes it fit")
             lines.append(f"      x{fit.next_factor:g} would peak at {format_bytes(fit.predicted_peak_bytes_next)}: {need}")

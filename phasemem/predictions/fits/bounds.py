@@ -62,7 +62,7 @@ def _blocks(f: Facts, changes: list[Change]) -> tuple[np.ndarray, np.ndarray, np
     trace's blocks first, in Lifetimes order."""
     size = f.size.astype(np.float64)
     free = f.free.copy()
-    adds = [(np.zeros(0, np.int64),) * 3 + (np.zeros(0, np.int8),)]
+    adds: list[tuple[np.ndarray, ...]] = [(np.zeros(0, np.int64),) * 3 + (np.zeros(0, np.int8),)]
     for ch in changes:
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(f.size > 0, ch.size / np.maximum(f.size, 1), 1.0)
@@ -83,7 +83,9 @@ def _parts(f: Facts, changes: list[Change]) -> tuple[np.ndarray, np.ndarray, np.
     """The replayed points of the constant, linear and quadratic blocks once ``changes`` (remedies)
     are applied together."""
     alloc, free, size, kind = _blocks(f, changes)
-    return tuple(points(f.n, alloc, free, np.where(kind == k, size, 0)) for k in (CONSTANT, LINEAR, QUADRATIC))
+    constant, linear, quadratic = (points(f.n, alloc, free, np.where(kind == k, size, 0))
+                                   for k in (CONSTANT, LINEAR, QUADRATIC))
+    return constant, linear, quadratic
 
 
 def _largest(c: np.ndarray, lin: np.ndarray, quad: np.ndarray, room: float) -> float:

@@ -170,7 +170,8 @@ class _Capped:
                 hi, failed = mid, r
         return lo, hi, failed
 
-    def beyond(self, blocks, budget: int, axis: str, failed: float, hi: float) -> tuple[float, float] | None:
+    def beyond(self, blocks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], budget: int, axis: str,
+               failed: float, hi: float) -> tuple[float, float] | None:
         """Above a factor that ran out (``failed``), up to ``hi``: the first factor that fits again
         and the largest one of that run of fitting ones (the gap's end and the next limit), walked
         in the smallest steps; None where nothing above fits."""

@@ -35,14 +35,14 @@ def _applicable(f: Facts) -> dict[str, Change]:
 
 def _solve(f: Facts, axis: str, budget: int, reserve: float, frag: float, remedies: dict[str, Change],
            base: list[Change], capped, blocks) -> Fit:
-    def curve(changes):
+    def curve(changes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         c, lin, quad = _parts(f, base + changes)
         return (c, lin + quad, np.zeros_like(quad)) if axis == "batch" else (c, lin, quad)
 
     plain = curve([])
     loose = _largest(*plain, budget)
-    fit = Fit(axis, True, largest_factor_fragmented=round(_largest(*plain, budget / frag), 3),
-              largest_factor_allocated=round(loose, 3))
+    fragmented = round(_largest(*plain, budget / frag), 3)
+    fit = Fit(axis, True, largest_factor_fragmented=fragmented, largest_factor_allocated=round(loose, 3))
     if isinstance(capped, _Capped):
         best, above, failed = capped.largest(blocks, budget, axis, loose)
         if failed is not None:
@@ -78,13 +78,14 @@ def _solve(f: Facts, axis: str, budget: int, reserve: float, frag: float, remedi
         found = _remedies_for(fits_with, remedies, nxt)
         if found is not None:
             fit.next_fits_with, fit.largest_factor_with = found[0], round(found[1], 3)
-    fit.confidence, fit.why = _confidence(f, axis, reserve, frag, best, fit.largest_factor_fragmented, loose, capped)
+    fit.confidence, fit.why = _confidence(f, axis, reserve, frag, best, fragmented, loose, capped)
     return fit
 
 
 def _failure(f: Facts, r: Replay, factor: float) -> dict:
     """Where the replay just above the answer ran out of memory: the factor, the event, its phase and
     the segment the allocator asked for (what torch's error says it "tried to allocate")."""
+    assert r.oom_event is not None  # the replay that ran out
     e = int(r.oom_event)
     phase = PHASES[int(f.an.labels[e])] if 0 <= e < f.n else "unknown"
     return {"factor": round(factor, 4), "event": e, "phase": phase, "request_bytes": int(r.oom_size)}

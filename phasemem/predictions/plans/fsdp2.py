@@ -22,6 +22,7 @@ from .precision import half_compute
 def _group_ends(f: Facts, s: StepBlocks) -> dict[int, int]:
     """Backward: the event at which each layer's gradients are reduced (the first gradient of the
     next layer backward reaches, or backward's end), by layer in backward order (0: the last layer)."""
+    assert s.backward is not None  # fsdp2() passes only steps that ran backward
     ends = {}
     g, grp = s.grads, s.grad_group
     for k in np.unique(grp[grp >= 0]):
@@ -54,6 +55,7 @@ def _root_backward_start(f: Facts, s: StepBlocks, step: int) -> int:
     """Where FSDP2 gathers the root's parameters again in backward: when backward reaches the root
     module's output. With the loss outside the model (a loss phase of its own), after the loss's
     backward: just before the first gradient (the head's); else at backward's start."""
+    assert s.backward is not None  # fsdp2() passes only steps that ran backward
     loss, _ = f.runs(step, "loss")
     if len(loss) and len(s.grads):
         return max(int(f.alloc[s.grads[0]]) - 1, s.backward[0])
@@ -131,6 +133,7 @@ def _gathered(f: Facts, s: StepBlocks, step: int, layers: _Layers, order: list[i
     Forward: the root's for the whole forward, each layer's while it runs, a layer's all-gather buffer
     until the next layer's gather is issued. Backward (reshard_after_forward): the root's again from where
     backward reaches the model's output, each layer's prefetched while the one after it runs."""
+    assert s.backward is not None  # fsdp2() passes only steps that ran backward
     L = layers.count
     unsh = lambda b: int(round_block(int(round(b * ratio))))  # noqa: E731
     found = _forward_windows(f, s, L)
@@ -158,6 +161,7 @@ def _gathered(f: Facts, s: StepBlocks, step: int, layers: _Layers, order: list[i
 def _reduced(f: Facts, s: StepBlocks, layers: _Layers, order: list[int], ratio: float, ch, add) -> None:
     """One step's gradients: each layer's reduced (and freed) when backward leaves the layer, the rank's
     shard of them kept in one block until they are released, the reduce-scatter input until the next."""
+    assert s.backward is not None  # fsdp2() passes only steps that ran backward
     L, bw1 = layers.count, s.backward[1]
     g, grp = s.grads, s.grad_group
     if ratio != 1.0:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 
@@ -78,6 +80,7 @@ def format_plan(p: Plan) -> str:
         head += " (" + ", ".join(f"{k}={v}" for k, v in p.settings.items()) + ")"
     if not p.applies:
         return f"{head}: cannot tell: {'; '.join(p.why)}"
+    assert p.predicted_peak_bytes is not None  # a plan that applies has its peak
     peak = format_bytes(p.predicted_peak_bytes)
     if p.predicted_peak_bytes_low is not None:
         peak = f"{format_bytes(p.predicted_peak_bytes_low)} to {peak}"
@@ -92,7 +95,7 @@ def format_plan(p: Plan) -> str:
 
 
 # -- the changes -----------------------------------------------------------------------------------
-BUILDERS = {"ddp": ddp, "zero1": lambda *a: zero(*a, stage=1), "zero2": lambda *a: zero(*a, stage=2),
+BUILDERS: dict[str, Callable[..., list[str] | str]] = {"ddp": ddp, "zero1": partial(zero, stage=1), "zero2": partial(zero, stage=2),
             "fsdp2": fsdp2}
 
 
@@ -118,7 +121,7 @@ def plan_change(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1
     params = params_of(an, f, steps)
     if isinstance(params, str):
         return params
-    st = {"param_dtype": param_dtype, "reshard_after_forward": reshard_after_forward, "bucket_view": bucket_view,
+    st: dict[str, Any] = {"param_dtype": param_dtype, "reshard_after_forward": reshard_after_forward, "bucket_view": bucket_view,
           "rebuild_buckets": rebuild_buckets}
     ch, add = f.change(""), Added()
     notes = BUILDERS[name](f, steps, params, int(ranks), int(rank), st, ch, add)
@@ -140,7 +143,7 @@ def plan(an: Analysis, patterns: list[Pattern], name: str, ranks: int = 1, rank:
     Example:
         >>> plan(report.analysis, report.patterns, "zero1", ranks=4).predicted_peak_bytes
     """
-    settings = {"param_dtype": param_dtype, "reshard_after_forward": reshard_after_forward, "bucket_view": bucket_view,
+    settings: dict[str, Any] = {"param_dtype": param_dtype, "reshard_after_forward": reshard_after_forward, "bucket_view": bucket_view,
                 "rebuild_buckets": rebuild_buckets}
     out = Plan(name, int(ranks), int(rank), False,
                settings={k: v for k, v in settings.items() if k in _SETTINGS.get(name, ()) and v is not None})

@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 from functools import partial
+from typing import Any, Callable
 
 from ..scaling import BATCH_FACTORS, SEQ_FACTORS
 from .checkpointing import _activation_checkpointing
@@ -17,7 +18,7 @@ from .optimizer_step import _fused_optimizer, _smaller_optimizer_state, _zero_gr
 from .per_token import _scale
 
 #: The remedies, by name (what ``--what-if`` prints and the JSON's "remedy" says).
-REMEDIES = {
+REMEDIES: dict[str, Callable[..., Any]] = {
     "fused_optimizer": _fused_optimizer,
     "chunked_cross_entropy": _chunked_cross_entropy,
     "bf16_logits": _bf16_logits,
@@ -26,5 +27,5 @@ REMEDIES = {
     "smaller_optimizer_state": _smaller_optimizer_state,
 }
 #: The scalings, replayed as the remedies are (issue 30): batch_x0.5 ... seq_x4.
-SCALINGS = {**{f"batch_x{b:g}": partial(_scale, batch=b) for b in BATCH_FACTORS},
+SCALINGS: dict[str, Callable[..., Any]] = {**{f"batch_x{b:g}": partial(_scale, batch=b) for b in BATCH_FACTORS},
             **{f"seq_x{q:g}": partial(_scale, seq=q) for q in SEQ_FACTORS}}

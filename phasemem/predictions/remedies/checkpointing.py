@@ -69,7 +69,10 @@ def _activation_checkpointing(f: Facts, every: int = CKPT_EVERY):
                   "common size",
                   "backward makes a checkpointed block's tensors again just before it frees the first of them, "
                   "and frees each where the trace freed it (the ripples)")
-    added, kinds, steps, periods = ([], [], []), [], 0, {}
+    added: tuple[list, list, list] = ([], [], [])
+    kinds: list = []
+    periods: dict = {}
+    steps = 0
     for s, (a, b, _) in enumerate(f.an.segmentation.steps):
         idx = f.made_in(a, b)
         idx = idx[saved[idx]]

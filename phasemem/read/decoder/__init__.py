@@ -131,6 +131,8 @@ def _decode(f, where: str, device: int | None, trusted: bool, always: bool) -> T
 class _Trusting(pickle.Unpickler):
     """Any global, for files the user trusts (a subclass: it takes the ``where`` attribute)."""
 
+    where: str
+
 
 def _unpickler(trusted: bool):
     return _Trusting if trusted else _SnapshotUnpickler
@@ -156,7 +158,7 @@ def _finish(head: bytes, region: Region, tail: bytes, where: str, trusted: bool,
     base = _unpickler(trusted)
     given = iter(range(len(objs)))
 
-    class Finish(base):
+    class Finish(base):  # type: ignore[valid-type, misc]  # the base is chosen at run time
         def persistent_load(self, pid):
             # only the ids injected here, in order: a BINPERSID of the file's own is refused as usual
             if pid != next(given, None):
@@ -181,7 +183,8 @@ def _memo_fill(memo, objs: list, strings: bool) -> list[bytes]:
     """The opcodes that give the unpickler's memo, from the list's index on, what the events put
     there: MEMOIZE of the filler on top of the stack, or for a kept object its first occurrence
     by persistent id (then MEMOIZE, POP) and later ones by reference to that (LONG_BINGET, MEMOIZE, POP)."""
-    out, first_of = [], {}
+    out: list[bytes] = []
+    first_of: dict = {}
     lo, hi = memo.list_idx + 1, memo.m
     for a in range(lo, hi, FILL_PIECE):
         z = min(hi, a + FILL_PIECE)
@@ -246,7 +249,9 @@ class Region:
 
     def __init__(self, memo: Memo, always: bool = False):
         self.memo, self.stand_in, self.always = memo, Columns(memo), always
-        self.vm, self.template, self.lists = VM(memo, self.stand_in), None, {}
+        self.vm = VM(memo, self.stand_in)
+        self.template: Template | None = None
+        self.lists: dict = {}
         self.vm.on_first = self._first
         self.vm.stop = True
 
@@ -278,6 +283,7 @@ class Region:
         while True:
             if ci + 1 < len(starts) and starts[ci] == pos:
                 hi = min(len(starts), ci + window + 1)
+                assert self.template is not None  # no candidates without it
                 t, out = scan(b, w, data, c[ci:hi], self.template, self.memo, self.lists)
                 if t:
                     commit(t, out, self.memo, self.stand_in)

@@ -120,6 +120,7 @@ def find_event_list(data: bytes) -> tuple[int, int] | None:
                 elif name in ("APPEND", "APPENDS"):
                     raise Unsupported("every device list is empty")
                 else:
+                    assert where is not None  # set on entering "list"
                     return where, m_where
             if name == "STOP":
                 raise Unsupported("no device_traces")

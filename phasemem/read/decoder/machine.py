@@ -12,6 +12,8 @@ from __future__ import annotations
 import array
 import struct
 
+from typing import Any, Callable
+
 import numpy as np
 
 from .memo import ListRef, Memo
@@ -167,7 +169,8 @@ class VM:
     (the buffer ends inside an event; the position is the last boundary, nothing after it counted)."""
 
     def __init__(self, memo: Memo, cols: Columns):
-        self.memo, self.cols, self.in_batch, self.on_first = memo, cols, False, None
+        self.memo, self.cols, self.in_batch = memo, cols, False
+        self.on_first: Callable[[dict], None] | None = None
         self.stop = False  # stop at the next boundary whatever follows (the decoder has no template yet)
 
     def start(self, buf: bytes) -> int:
@@ -180,7 +183,8 @@ class VM:
         return 2
 
     def run(self, buf: bytes, pos: int, limit: int, starts: list, ci: int) -> tuple[int, int, str]:
-        stack, marks, new = [None], ([1] if self.in_batch else []), []
+        new: list = []
+        stack, marks = [None], ([1] if self.in_batch else [])
         boundary, in_batch, done = pos, self.in_batch, 0
         try:
             while True:
@@ -323,7 +327,7 @@ class VM:
             if pos + 2 > limit:
                 raise _Short
             nxt = pos + 2 + buf[pos + 1]
-            fn = (lambda: int.from_bytes(buf[pos + 2:nxt], "little", signed=True))
+            fn = (lambda: int.from_bytes(buf[pos + 2:nxt], "little", signed=True))  # noqa: E731
         if nxt > limit:
             raise _Short
         stack.append(fn())
@@ -331,4 +335,4 @@ class VM:
 
 
 _INTS = {0x4B, 0x4D, 0x4A, 0x47, 0x8A}
-_CONSTS = {0x4E: None, 0x88: True, 0x89: False, 0x7D: dict, 0x5D: list, 0x29: ()}
+_CONSTS: dict[int, Any] = {0x4E: None, 0x88: True, 0x89: False, 0x7D: dict, 0x5D: list, 0x29: ()}

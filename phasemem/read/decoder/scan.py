@@ -271,5 +271,5 @@ def commit(t: int, out: dict, memo: Memo, cols: Columns) -> None:
         if (f >= base[get]).any() or (memo.kind[f] != LIST).any():
             raise Unsupported("frames that are not a list the memo holds")
         cids[get] = memo.pay[f]
-    cols.add(codes, *(out[k][sl] for k in ("addr", "size", "stream", "time_us")), cids,
+    cols.add(codes, out["addr"][sl], out["size"][sl], out["stream"][sl], out["time_us"][sl], cids,
              out["device_free"][sl] if "device_free" in out else None, labels)

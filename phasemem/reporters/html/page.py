@@ -56,6 +56,7 @@ def page_text(report, fig, **options) -> str:
         >>> page_text(report, figure(report, "html", steps="1-2"), steps="1-2")[:15]
         '<!DOCTYPE html>'
     """
+    data: dict
     if report.live is not None:  # no history: the live picture, the text
         svg, data = _svg_text(fig, {}, None), {"views": {}}
     else:

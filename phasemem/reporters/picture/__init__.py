@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Callable
 
 from ...distributed.run_report import RunReport
 from ...output import Writer
@@ -36,6 +37,7 @@ class Picture:
         return plot(report, **options)
 
     def writer(self, report, path, **options) -> Writer:
+        picture_writer: Callable[..., Writer]  # each kind of report takes its own options
         if isinstance(report, Report):
             from .draw import picture_writer  # matplotlib only when a picture is asked for
         elif isinstance(report, Comparison):

@@ -91,8 +91,8 @@ class Stack:
     split: bool = False
     # ``folded`` split by the same keys as the base (category codes, say), bottom to top: where the
     # bands run out (thousands of steps) the summed band still says what the bytes are.
-    folded_keys: np.ndarray = None  # (F,)
-    folded_parts: np.ndarray = None  # (F, S) int64; sums to ``folded``
+    folded_keys: np.ndarray = None  # type: ignore[assignment]  # (F,); stack() always gives it
+    folded_parts: np.ndarray = None  # type: ignore[assignment]  # (F, S) int64; sums to ``folded``
 
     def cells(self) -> tuple[np.ndarray, np.ndarray]:
         """(band, column) of every offset: which band is alive in which column, band by band."""

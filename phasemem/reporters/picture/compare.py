@@ -69,9 +69,9 @@ def plot_comparison(c, size=(1600, 900), dpi=100) -> Figure:
     bottom = lay.px(TICK_PT) * 2.0 + lay.px(LABEL_PT) * 1.8 + 8 + lay.px(LEGEND_PT) * 1.9
     right_edge = CURVES_SHARE * width
     plot_h = height - top - bottom - 2 * strip_h - 6
-    box = [left / width, bottom / height, (right_edge - left) / width, plot_h / height]
+    box = (left / width, bottom / height, (right_edge - left) / width, plot_h / height)
     ax = fig.add_axes(box)
-    strips = fig.add_axes([box[0], (bottom + plot_h + 4) / height, box[2], 2 * strip_h / height])
+    strips = fig.add_axes((box[0], (bottom + plot_h + 4) / height, box[2], 2 * strip_h / height))
     n = max(len(c.slots), 1)
     cols = max(int((right_edge - left) / n), 2)
     xs, ya, yb, places = _curves(c, cols)
@@ -82,7 +82,8 @@ def plot_comparison(c, size=(1600, 900), dpi=100) -> Figure:
     ax.set_ylabel(f"allocated ({unit})", fontsize=LABEL_PT)
     ax.set_xlabel("phase-aligned: each phase run stretched to the same width", fontsize=LABEL_PT)
     _strips(strips, lay, c, (right_edge - left) / n)
-    fig.phasemem_callouts = _callouts(ax, lay, c, places, div, (right_edge - left), plot_h, top_bytes / div * 1.42)
+    callouts = _callouts(ax, lay, c, places, div, (right_edge - left), plot_h, top_bytes / div * 1.42)
+    fig.phasemem_callouts = callouts  # type: ignore[attr-defined]  # phasemem's own attribute
     _peak_marks(ax, c, places, div)
     _legend(fig, box)
     _causes(fig, lay, c, top, bottom, width, height)
@@ -117,8 +118,9 @@ def _level(report) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _curves(c, cols: int):
     """Both sides sampled on one grid (``cols`` columns per slot, each its highest event), and where
     every drawn event of each side lies on it: {side: (events first..last, x)} per slot."""
-    xs, out = [], {"a": [], "b": []}
-    places = {"a": [], "b": []}
+    xs: list[np.ndarray] = []
+    out: dict[str, list[np.ndarray]] = {"a": [], "b": []}
+    places: dict[str, list[tuple[int, int, int]]] = {"a": [], "b": []}
     curves = {s: _level(getattr(c, f"{s}_report")) for s in "ab"}
     carry = {s: _first_before(c, s, curves[s][1]) for s in "ab"}
     for i, slot in enumerate(c.slots):
@@ -129,12 +131,12 @@ def _curves(c, cols: int):
             if run is None:
                 out[s].append(np.full(cols, carry[s], dtype=float))
                 continue
-            f, l = run
-            k = l - f + 1
+            f, last = run
+            k = last - f + 1
             starts = f + (np.arange(cols) * k) // cols
-            out[s].append(np.maximum.reduceat(level[f:l + 1], starts - f).astype(float))
-            places[s].append((f, l, i))
-            carry[s] = float(after[l])
+            out[s].append(np.maximum.reduceat(level[f:last + 1], starts - f).astype(float))
+            places[s].append((f, last, i))
+            carry[s] = float(after[last])
     if not xs:
         return np.zeros(0), np.zeros(0), np.zeros(0), places
     return np.concatenate(xs), np.concatenate(out["a"]), np.concatenate(out["b"]), places
@@ -146,9 +148,9 @@ def _first_before(c, s: str, before: np.ndarray) -> float:
 
 
 def _x_of(places, side: str, event: int | None) -> float | None:
-    for f, l, i in places[side]:
-        if event is not None and f <= event <= l:
-            return i + (event - f + 0.5) / (l - f + 1)
+    for f, last, i in places[side]:
+        if event is not None and f <= event <= last:
+            return i + (event - f + 0.5) / (last - f + 1)
     return None
 
 

@@ -81,12 +81,14 @@ def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=No
     ax = fig.add_axes(ax_box)
     if bands == "auto":
         bands = "vector" if _bands.vertex_count(sc.st) <= VECTOR_BANDS_CAP else "raster"
-    fig.phasemem_callouts, y_top = _draw(ax, lay, report, sc, ax_box, bands)
-    fig.phasemem_peakbar = _peakbar.draw(fig, lay, report, ax_box, y_top, sc.unit_div, bar_px) if bar_px else []
+    callouts, y_top = _draw(ax, lay, report, sc, ax_box, bands)
+    fig.phasemem_callouts = callouts  # type: ignore[attr-defined]  # phasemem's own attribute
+    peakbar = _peakbar.draw(fig, lay, report, ax_box, y_top, sc.unit_div, bar_px) if bar_px else []
+    fig.phasemem_peakbar = peakbar  # type: ignore[attr-defined]  # phasemem's own attribute
     _axes_style(ax, by, sc.unit, sc.X[b] - sc.X[a], ax_box[2] * width, ax_box[3] * height)
     _title(fig, lay, report, shown, width, height)
     _legends(fig, lay, sc.groups, rows, height)
-    fig.phasemem_stack = sc.st
+    fig.phasemem_stack = sc.st  # type: ignore[attr-defined]  # phasemem's own attribute
     return fig
 
 
@@ -97,8 +99,8 @@ class _Scene:
     a: int
     b: int
     shown: list
-    cols: object  # bands.Columns
-    st: object  # bands.Stack
+    cols: _bands.Columns
+    st: _bands.Stack
     fills: list
     groups: list  # legend groups: bands, then phases and marks
     patterns: PatternTable
@@ -127,7 +129,7 @@ def _scene(report, lay, X, a, b, shown, max_bands: int, color: str) -> _Scene:
     return _Scene(X, a, b, shown, cols, st, fills, groups, patterns, ticks, top, unit_div, unit, show_reserved)
 
 
-def _draw(ax, lay, report, sc: _Scene, ax_box, bands="raster") -> object:
+def _draw(ax, lay, report, sc: _Scene, ax_box, bands="raster") -> tuple[_labels.Callouts, float]:
     """Every layer, bottom to top: phase shading, bands, lines, marks, then the labels, which are
     placed only where they overlap nothing drawn before them. Returns what the callouts named, and
     the y axis' top (in axis units)."""

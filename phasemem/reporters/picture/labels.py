@@ -62,7 +62,7 @@ class Layout:
         """The room under the axes for the x axis' ticks and label (the legends go under it)."""
         return self.px(TICK_PT) * 2.0 + self.px(LABEL_PT) * 1.8 + 6
 
-    def axes_box(self, groups, right_px: float = 0.0) -> tuple[list[float], list[int]]:
+    def axes_box(self, groups, right_px: float = 0.0) -> tuple[tuple[float, float, float, float], list[int]]:
         """The axes rectangle in figure fractions, and how many rows each legend group below it needs;
         ``right_px`` more pixels are kept free right of it (the peak's bar)."""
         W, H = self.width, self.height
@@ -84,7 +84,7 @@ class Layout:
         bottom = axis + sum(rows) * self.px(LEGEND_PT) * 1.9
         w = max(W - left - right, 16)
         h = max(H - top - bottom, 16)
-        return [left / W, bottom / H, w / W, h / H], rows
+        return (left / W, bottom / H, w / W, h / H), rows
 
 
 def legend_width(item, rows) -> float:

@@ -10,6 +10,7 @@ rather than drawn on top of each other.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -63,10 +64,10 @@ def plot_live(live: LiveMemory, size=(1600, 900), dpi=100) -> Figure:
     bottom = lay.px(TICK_PT) * 2.0 + lay.px(LABEL_PT) * 1.8 + 8 + legend_rows * lay.px(LEGEND_PT) * 1.9
     fit = max(int((height - top - bottom) // (lay.px(TICK_PT) * 1.6)), 1)
     rows = _rows(live, min(TOP_SITES + 1, fit))
-    fig.phasemem_rows = rows
+    fig.phasemem_rows = rows  # type: ignore[attr-defined]  # phasemem's own attribute
     labels, values, left, right = _margins(lay, rows, width)
-    ax = fig.add_axes([left / width, bottom / height, max(width - left - right, 16) / width,
-                       max(height - top - bottom, 16) / height])
+    ax = fig.add_axes((left / width, bottom / height, max(width - left - right, 16) / width,
+                       max(height - top - bottom, 16) / height))
     if rows:
         _bars(ax, rows, labels, values, width - left - right, height - top - bottom)
     else:
@@ -105,7 +106,7 @@ def _rows(live: LiveMemory, n: int) -> list:
         key_of = lambda b: b.address  # noqa: E731
     shown = keys if len(keys) <= n else keys[:n - 1]
     index = {k: i for i, k in enumerate(shown)}
-    rows = [[_label(k, live.has_frames), 0, 0, {}] for k in shown]
+    rows: list[list[Any]] = [[_label(k, live.has_frames), 0, 0, {}] for k in shown]
     if len(shown) < len(keys):
         rows.append([f"other sites ({len(keys) - len(shown):,})" if live.has_frames
                      else f"other blocks ({len(keys) - len(shown):,})", 0, 0, {}])

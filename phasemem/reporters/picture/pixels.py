@@ -43,7 +43,7 @@ class PixelImage(AxesImage):
     resampling, which gives the same pixels, took ~50 ms of a 1600×900 picture); any other canvas
     (another dpi, a vector format's own resolution) resamples it as any image."""
 
-    pixels_at = None  # (left, bottom, canvas width, canvas height) in pixels
+    pixels_at: tuple[int, int, int, int] | None = None  # (left, bottom, canvas width, canvas height) in pixels
 
     def make_image(self, renderer, magnification=1.0, unsampled=False):
         x, y, w, h = self.pixels_at

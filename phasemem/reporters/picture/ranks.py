@@ -73,10 +73,10 @@ def plot_ranks(run, size=(1600, 900), dpi=100, heat: bool | None = None) -> Figu
     if heat is None:
         heat = len(run.ranks) >= HEAT_RANKS or room / max(len(run.ranks), 1) < MIN_LANE_PX
     plot_w = width - left - (16 + lay.px(TICK_PT) * 9 if heat else 16)  # the heat strip's colour bar
-    strip = fig.add_axes([left / width, (bottom + room + 4) / height, plot_w / width, strip_h / height])
+    strip = fig.add_axes((left / width, (bottom + room + 4) / height, plot_w / width, strip_h / height))
     _strip(strip, lay, run, slots, plot_w)
     box = [left / width, bottom / height, plot_w / width, room / height]
-    fig.phasemem_mode = "heat" if heat else "lanes"
+    fig.phasemem_mode = "heat" if heat else "lanes"  # type: ignore[attr-defined]  # phasemem's own attribute
     (_heat if heat else _lanes)(fig, lay, run, slots, box, room)
     fig.text(box[0], lay.px(LABEL_PT) * 0.9 / height, "phase-aligned: the steps every rank has, each phase run "
              "stretched to the same width on every rank", fontsize=LABEL_PT, color="#555555")
@@ -86,12 +86,13 @@ def plot_ranks(run, size=(1600, 900), dpi=100, heat: bool | None = None) -> Figu
 def slots_of(run) -> list[tuple[int, str, dict[int, list[int]]]]:
     """``(step, phase, {rank: highest level per column})`` per slot: a phase run where every rank ran
     the same phases in the step, else the whole step (phase ``"step"``) with each rank's runs joined."""
-    out, by_step = [], {s.rank: {} for s in run.ranks}
+    out: list[tuple[int, str, dict[int, list[int]]]] = []
+    by_step: dict[int, dict[int, list]] = {s.number: {} for s in run.ranks}
     for s in run.ranks:  # each rank's runs by step, in one pass (a scan per step was 3.7M at 16 x 217 steps)
         for k, ph, _, env in s.lanes:
-            by_step[s.rank].setdefault(k, []).append((ph, env))
+            by_step[s.number].setdefault(k, []).append((ph, env))
     for n in run.steps:
-        per = {s.rank: by_step[s.rank].get(n, []) for s in run.ranks}
+        per = {s.number: by_step[s.number].get(n, []) for s in run.ranks}
         seqs = {tuple(ph for ph, _ in runs) for runs in per.values()}
         if len(seqs) == 1:
             out += [(n, ph, {r: per[r][i][1] for r in per}) for i, ph in enumerate(next(iter(seqs)))]
@@ -144,7 +145,8 @@ def _strip(ax, lay, run, slots, plot_w: float) -> None:
     # One collection of the slots' rectangles (a patch each was 1,000 artists a picture at 217 steps).
     x = np.arange(len(slots), dtype=float)[:, None] + np.array([0.01, 0.99, 0.99, 0.01])
     y = np.broadcast_to(np.array([0.06, 0.06, 0.94, 0.94]), x.shape)
-    ax.add_collection(PolyCollection(np.stack([x, y], 2), facecolors=[PHASE_COLORS.get(p, _OTHER) for _, p, _ in slots],
+    ax.add_collection(PolyCollection(np.stack([x, y], 2),  # type: ignore[arg-type]  # (N, 4, 2): N polygons
+                                     facecolors=[PHASE_COLORS.get(p, _OTHER) for _, p, _ in slots],
                                      linewidths=0), autolim=False)
     for i, (step, phase, _) in enumerate(slots):
         for name in (phase, phase[:4]):
@@ -200,7 +202,7 @@ def _grid(ax, n: int) -> LineCollection:
     steps); x in data, y in axes fractions, as axvline draws them."""
     x = np.arange(1, n, dtype=float)
     segments = np.stack([np.stack([x, np.zeros_like(x)], 1), np.stack([x, np.ones_like(x)], 1)], 1)
-    return LineCollection(segments, colors=_GRID, linewidths=0.6, zorder=0, capstyle="projecting",
+    return LineCollection(segments, colors=_GRID,  # type: ignore[arg-type]  # (N, 2, 2): N segments linewidths=0.6, zorder=0, capstyle="projecting",
                           transform=ax.get_xaxis_transform())
 
 

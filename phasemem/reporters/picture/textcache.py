@@ -9,7 +9,7 @@ from matplotlib.font_manager import fontManager, get_font
 try:
     # matplotlib's own cache of text sizes, per renderer: a text measured here to place it is not laid
     # out again when it is drawn (the title, callouts, legend entries: ~60 of a picture's ~100).
-    from matplotlib.text import _get_text_metrics_with_cache as metrics
+    from matplotlib.text import _get_text_metrics_with_cache as metrics  # type: ignore[attr-defined]  # private
 except ImportError:  # private to matplotlib: where it is gone, measure without it
     def metrics(renderer, s, font, ismath, dpi):
         return renderer.get_text_width_height_descent(s, font, ismath=ismath)

@@ -153,6 +153,7 @@ def format_what_if(r: Report) -> str:
     lines = [f"what-if (the trace replayed with each remedy; peak now {format_bytes(r.peak_bytes)}):"]
     for w in r.what_if:
         if w.applies:
+            assert w.saves_bytes is not None and w.predicted_peak_bytes is not None  # a remedy that applies has both
             verb = "saves" if w.saves_bytes >= 0 else "adds "  # a larger batch or sequence adds
             lines.append(f"  {w.remedy:<26} peak {format_bytes(w.predicted_peak_bytes):>11}  {verb} "
                          f"{format_bytes(abs(w.saves_bytes)):>11}  peak then in {w.new_peak_phase}")
@@ -202,6 +203,7 @@ def _before(r: Report) -> str:
 
 def format_live(r: Report) -> str:
     live = r.live
+    assert live is not None  # asked only of a report without history
     lines = [f"phasemem report — {r.device}: this snapshot holds no allocation history"]
     lost = [f"note: {n}" for n in r.notes if n.startswith(INCOMPLETE_NOTE)]  # why it holds none, when known
     lines += lost or ["  (recorded with _record_memory_history(enabled=\"state\"), or taken with "

@@ -33,7 +33,7 @@ def format_run(run: RunReport) -> str:
                      f"{CATEGORY_NAMES.get(p.category, p.category)} at its peak than the median other rank at its own")
     lines += [f"note: {n}" for n in run.notes]
     lines += ["", "what the distributed wrapper holds at each rank's peak:"] + [_parallel_line(s) for s in ranks]
-    shown = [s.rank for s in ranks] if len(ranks) <= TABLE_RANKS else []
+    shown = [s.number for s in ranks] if len(ranks) <= TABLE_RANKS else []
     head = f"{'step':>5} {'phase':<10}" + "".join(f"{'rank ' + str(r):>11}" for r in shown) + \
         f"{'max':>11}{'min':>11}{'spread':>11}{'max at':>8}"
     lines += ["", head, "-" * len(head)]
