@@ -51,6 +51,7 @@ def used_parts(pic) -> tuple[list[str], list[str]]:
 def draw_bars(ax, lay, pic, slots, div: float, slot_px: float) -> list[dict]:
     """Every slot's bar, the trace's outlined, with what is written over it: ``fig.phasemem_bars``'s entries."""
     out = []
+    wrapper: dict[str, int]
     for x, kind, item in slots:
         if kind == "trace":
             cats, wrapper, peak, low = pic.by_category, {}, pic.peak_bytes, None

@@ -69,7 +69,7 @@ class PlanPicture:
             return "?"
         if self.batch is not None:
             n = self.largest_batch(factor)
-            return str(n) if n >= 1 else "none"
+            return str(n) if n is not None and n >= 1 else "none"
         return f"{times}{factor:.3g}"
 
     def to_dict(self) -> dict:
@@ -100,7 +100,7 @@ class PlanPicture:
                     row.append("n/a")
                     off.setdefault(p.why[0] if p.why else "unknown", []).append(f"{name}:{p.ranks}")
                     continue
-                peak = format_bytes(p.predicted_peak_bytes)
+                peak = format_bytes(p.predicted_peak_bytes)  # type: ignore[arg-type]  # applies: it has one
                 if p.predicted_peak_bytes_low is not None:
                     low = format_bytes(p.predicted_peak_bytes_low)
                     same = low.split()[-1] == peak.split()[-1]  # one unit: said once

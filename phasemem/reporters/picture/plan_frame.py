@@ -121,7 +121,7 @@ def draw_title(fig, lay, pic) -> float:
 
 
 def legend_entries(pic, cats: list[str], roles: list[str]) -> list[tuple[dict, str]]:
-    out = [(dict(facecolor=CATEGORY_COLORS[c], edgecolor="white"), CATEGORY_NAMES.get(c, c)) for c in cats]
+    out: list[tuple[dict, str]] = [(dict(facecolor=CATEGORY_COLORS[c], edgecolor="white"), CATEGORY_NAMES.get(c, c)) for c in cats]
     for r in roles:
         cat = ROLE_CATEGORY[r]
         out.append((dict(facecolor=CATEGORY_COLORS[cat], edgecolor="white", hatch=ROLE_HATCHES[r]),
@@ -138,6 +138,7 @@ def _swatch_px(lay) -> tuple[float, float]:
 
 def fit_legend_rows(lay, entries, room: float) -> list[list[int]]:
     sw, _ = _swatch_px(lay)
+    cur: list[int]
     rows, cur, used = [], [], 0.0
     for k, (_, label) in enumerate(entries):
         w = sw + 6 + lay.text_size(label, LEGEND_PT)[0] + 18

@@ -83,7 +83,7 @@ def plot_plans(pic: PlanPicture, size=(1600, 900), dpi=100) -> Figure:
     if plot_h < 80:
         raise PhasememError(f"size={size!r}: too small for the plan picture; give a larger size (640x360 or more)")
 
-    tallest = max([pic.peak_bytes] + [b.plan.predicted_peak_bytes for b in pic.bars if b.plan.applies])
+    tallest: int = max([pic.peak_bytes] + [b.plan.predicted_peak_bytes for b in pic.bars if b.plan.applies])  # type: ignore[type-var, assignment]  # those that apply have one
     broken = pic.budget_bytes > BREAK_RATIO * tallest
     div, unit = axis_unit(max(tallest, pic.budget_bytes if not broken else 0, 1))
     main_h = plot_h * (1 - BREAK_SHARE) - 10 if broken else plot_h
@@ -94,10 +94,10 @@ def plot_plans(pic: PlanPicture, size=(1600, 900), dpi=100) -> Figure:
     ax = _axes(fig, lay, [left / width, bottom / height, plot_w / width, main_h / height], n_slots, y_top, unit,
                main_h)
     slot_px = plot_w / (n_slots + 0.6)
-    fig.phasemem_unit = div
-    fig.phasemem_axes = ax
-    fig.phasemem_broken = broken
-    fig.phasemem_bars = draw_bars(ax, lay, pic, slots, div, slot_px)
+    fig.phasemem_unit = div  # type: ignore[attr-defined]  # phasemem's own attribute
+    fig.phasemem_axes = ax  # type: ignore[attr-defined]  # phasemem's own attribute
+    fig.phasemem_broken = broken  # type: ignore[attr-defined]  # phasemem's own attribute
+    fig.phasemem_bars = draw_bars(ax, lay, pic, slots, div, slot_px)  # type: ignore[attr-defined]  # phasemem's own attribute
     mark_not_applying(fig, ax, lay, pic, slots, slot_px, main_h)
     draw_budget(fig, ax, lay, pic, broken, div, left, bottom, main_h, plot_w, plot_h, width, height, tallest)
     draw_x_labels(fig, ax, lay, pic, slots, bottom, height, slot_px)
