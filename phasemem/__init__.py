@@ -12,15 +12,15 @@ Example:
     >>> report.save_png("memory.png")
     >>> report.phases["optimizer"].peak_bytes
 """
-from .report.pipeline import analyze
-from .report.compare import compare
-from .report.comparison import Comparison
-from .errors import PhasememError
+from . import reporters  # noqa: F401 - registers the text, JSON, picture and page the report types write through
 from .distributed.pool import analyze_ranks
 from .distributed.run_report import RunReport
+from .errors import PhasememError
 from .model import Allocation, OutOfMemory, Pattern, PeakBreakdown, Phase, Step, WhatIf
+from .report.compare import compare
+from .report.comparison import Comparison
+from .report.pipeline import analyze
 from .report.report import Report
-from . import reporters  # noqa: F401 - registers the text, JSON, picture and page the report types write through
 
 __all__ = ["analyze", "analyze_ranks", "compare", "instrument",
            "Report", "Comparison", "RunReport",

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..vocab import CATEGORIES, C, P
 from .facts import Context
 from .spans import backward_resumed, run_of_events
-from ..vocab import CATEGORIES, C, P
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..vocab import CATEGORIES, C, P
 from .before_recording import Reading, name_before
 from .facts import Context
-from .inputs import batch_blocks
 from .infer.frames import weight_moves, weight_sources
+from .inputs import batch_blocks
 from .spans import run_of_events
-from ..vocab import CATEGORIES, C, P
 
 __all__ = ["CATEGORIES", "C", "Reading", "classify"]  # the vocabulary lives in vocab.py
 

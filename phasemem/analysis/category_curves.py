@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..vocab import CATEGORIES
 from .categories import classify_with_readings
 from .facts import Context
-from ..vocab import CATEGORIES
-
 
 #: Up to this many points are answered by sorting the blocks between them (a (points x categories)
 #: table); more (a curve over every event) by one cumsum over the events per category.

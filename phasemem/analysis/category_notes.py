@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..units import format_bytes
+from ..vocab import CATEGORY_NAMES, PHASES, C, P
 from .categories import shows_training
 from .category_curves import CategoryCurves
 from .facts import Context
-from ..units import format_bytes
-from ..vocab import C, CATEGORY_NAMES, P, PHASES
-
 
 #: The note on what 'other' holds is written where it is more than this share of the peak (issue 40:
 #: wild/bcrafton_cs336 80 %, wedsonlin_medium512_train 27 %, cranberrii_ftcourse 19 %,

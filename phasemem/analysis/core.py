@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..read.trace import Trace
+from ..vocab import MARKER_PREFIX
 from .category_curves import CategoryCurves
 from .facts import Context
 from .segmentation import Segmentation, segment
 from .timeline import Timeline
-from ..read.trace import Trace
-from ..vocab import MARKER_PREFIX
 
 
 @dataclass(frozen=True)

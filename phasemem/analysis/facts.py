@@ -10,13 +10,13 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
+from ..read.trace import Trace
+from ..vocab import PHASES, P
 from .infer.frames import loss_seeds, workspace_stacks
 from .segmentation import Segmentation
 from .sizes import in_sorted
 from .spans import backward_resumed, concat_ranges, phase_runs
 from .timeline import Timeline
-from ..read.trace import Trace
-from ..vocab import P, PHASES
 
 T = TypeVar("T")
 

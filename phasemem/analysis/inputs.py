@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..vocab import P
 from .facts import Context
 from .infer.frames import copies
-from ..vocab import P
 
 
 def batch_blocks(ctx: Context, other: np.ndarray, fwd_starts: np.ndarray) -> np.ndarray:

@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .core import Analysis
 from ..read.torch_labels import phase_runs
 from ..vocab import CATEGORIES, PHASES
+from .core import Analysis
 
 
 @dataclass(frozen=True)

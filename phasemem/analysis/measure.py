@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from .core import Analysis
 from ..model import Allocation, Phase, Step
-from .segmentation import Segmentation, step_at_time
 from ..read.stacks import stack_summary
-from ..vocab import CATEGORIES, PHASES
-from .timeline import Timeline
 from ..read.trace import A, Trace
+from ..vocab import CATEGORIES, PHASES
+from .core import Analysis
+from .segmentation import Segmentation, step_at_time
+from .timeline import Timeline
 
 TOP_K = 5
 #: Block sizes below 2**SIZE_BITS bytes (16 TiB) share one sort key with their (step, phase).

@@ -11,10 +11,10 @@ from itertools import chain
 
 import numpy as np
 
-from .core import Analysis
 from ..model import Pattern, PeakBreakdown, Step
-from .patterns import SHAPE_PRIORITY
 from ..vocab import CATEGORIES, PHASES
+from .core import Analysis
+from .patterns import SHAPE_PRIORITY
 
 
 def shape_codes(an: Analysis, patterns: list[Pattern]) -> np.ndarray:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Step
-from .timeline import Timeline
 from ..read.trace import Trace
 from ..vocab import P
+from .timeline import Timeline
 
 #: What distributed wrappers hold (the codes are positions here; -1: none of them); their names for
 #: people: vocab.ROLE_NAMES.

@@ -11,10 +11,10 @@ import numpy as np
 
 from ..read import Reading
 from ..read.columnar import EVENTS, StepIndex
-from .segmentation import segment_marked
-from ..steps import StepsError, parse_steps
-from .timeline import Timeline, lifetimes_of, reserved_curve
 from ..read.trace import A, Markers, Trace
+from ..steps import StepsError, parse_steps
+from .segmentation import segment_marked
+from .timeline import Timeline, lifetimes_of, reserved_curve
 
 _INFERRED = "phases are inferred from the whole trace (no forward/backward markers)"
 

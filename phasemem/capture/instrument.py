@@ -19,8 +19,15 @@ import torch
 from ..errors import PhasememError
 from . import cpu, lost, ranks
 from .hooks import MARKERS, PREFIX, hook_forward, hook_optimizer, patch_backward, wrap_method
-from .torch_side import (history_enabled, live_tensors, real_optimizers, record_memory_history, resolve_device,
-                         tensor_bytes, parameter_table)
+from .torch_side import (
+    history_enabled,
+    live_tensors,
+    parameter_table,
+    real_optimizers,
+    record_memory_history,
+    resolve_device,
+    tensor_bytes,
+)
 from .window import StepWindow
 
 

@@ -8,6 +8,7 @@ from ..output import write_all
 from .diff import EXIT_OVER_BUDGET
 from .options import check_outputs, device_choice, per_device, picture_file, picture_kwargs, picture_options
 
+
 def register(sub) -> None:
     a = sub.add_parser(
         "analyze", help="analyse a snapshot pickle: print the report, draw the picture",
@@ -77,8 +78,8 @@ def _workers(text: str) -> int:
 
 
 def run(args) -> int:
-    from ..report.pipeline import analyze
     from ..report.budgets import parse_budgets
+    from ..report.pipeline import analyze
     from ..reporters.picture.draw import visible_range
     from ..steps import parse_steps
 
@@ -207,10 +208,10 @@ def _load_picture() -> None:
 
 def _run_ranks(args, budgets) -> int:
     """A distributed run: every rank analysed, one report over them, the lanes picture (phasemem.distributed.run_report)."""
-    from ..errors import PhasememError
     from ..distributed.pool import rank_summaries
     from ..distributed.rank_files import rank_files
     from ..distributed.run_report import RunReport
+    from ..errors import PhasememError
 
     if args.device == "all" or args.what_if or args.fits is not None:
         flag = "--device all" if args.device == "all" else "--what-if" if args.what_if else "--fits"

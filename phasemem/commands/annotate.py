@@ -33,10 +33,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..report.pipeline import analyze
-    from ..reporters.memory_viz import annotate, memoryviz_pickle, summary
     from ..errors import NoHistory
     from ..read.snapshot import read_snapshot_file
+    from ..report.pipeline import analyze
+    from ..reporters.memory_viz import annotate, memoryviz_pickle, summary
 
     _check_paths(args.snapshot, args.output)
     try:

@@ -6,6 +6,7 @@ from ..errors import PhasememError
 from ..vocab import MARKER_PREFIX
 from .options import check_outputs
 
+
 def register(sub) -> None:
     v = sub.add_parser(
         "convert", help="save a snapshot's trace in phasemem's columnar form, to analyse it again fast",
@@ -24,9 +25,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..analysis.step_index import build_index
     from ..read import trace as read_trace
     from ..read.columnar import save_trace
-    from ..analysis.step_index import build_index
     from ..read.trace import no_gc
 
     if not args.output.endswith(".npz"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..output import write_all
 from .options import check_outputs, picture_file, picture_kwargs, picture_options, step_count
 
+
 def register(sub) -> None:
     d = sub.add_parser(
         "demo", help="train a small GPT-like model for a few steps under instrument() and analyse it",

@@ -109,8 +109,8 @@ def _device(text: str | None) -> int | None:
 
 def run(args) -> int:
     from .. import progress
-    from ..report.pipeline import analyze
     from ..predictions.plans import dtype_bytes
+    from ..report.pipeline import analyze
     from ..reporters.picture.plan_data import PlanPicture
     from ..reporters.picture.plans import picture_writer
     from ..units import parse_size

@@ -73,8 +73,8 @@ def marker_budgets(marker) -> list:
         >>> [b.text for b in marker_budgets(pytest.mark.phasemem_limit("peak>2GiB", backward="1 GiB").mark)]
         ['peak>2GiB', 'backward=1 GiB']
     """
-    from ..report.budgets import budget_for, parse_budgets
     from ..errors import PhasememError
+    from ..report.budgets import budget_for, parse_budgets
 
     budgets = parse_budgets(marker.args, absolute=True) + [budget_for(k, v) for k, v in marker.kwargs.items()]
     if not budgets:
@@ -126,9 +126,9 @@ class _Recording:
 
 
 def _check(item, budgets, snapshot, note: str) -> None:
-    from ..report.pipeline import analyze
-    from ..report.budgets import check_report
     from ..errors import PhasememError
+    from ..report.budgets import check_report
+    from ..report.pipeline import analyze
 
     if snapshot is None:
         raise pytest.fail.Exception(f"{MARKER}: the recording could not be finished, so no budget was checked",

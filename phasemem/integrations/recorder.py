@@ -16,10 +16,10 @@ from typing import Any, Iterable
 
 import torch
 
-from ..run import Run
 from ..capture.window import StepWindow
 from ..errors import PhasememError
 from ..output import write_all
+from ..run import Run
 from ..vocab import MARKED
 
 #: The steps recorded when none are named: past warm-up, where step 0 creates the optimizer's state

@@ -9,8 +9,8 @@ import numpy as np
 
 from ..analysis.core import Analysis
 from ..model import Pattern
-from .scaling import Growth
 from ..vocab import P
+from .scaling import Growth
 
 
 @dataclass

@@ -8,11 +8,11 @@ import numpy as np
 
 from ..analysis.core import Analysis
 from ..model import Pattern, WhatIf
+from ..vocab import PHASES, P
+from .blocks import Facts
 from .remedies import REMEDIES, SCALINGS
 from .remedies.cross_entropy import CE_CHUNKS, CHUNK_WORKING_SET
-from .blocks import Facts
 from .replay import Replayed, changed_points, points, replay
-from ..vocab import P, PHASES
 
 
 def replays(an: Analysis, patterns: list[Pattern]) -> list[tuple[str, Replayed | str]]:

@@ -23,16 +23,15 @@ from typing import Any, Callable
 
 from .. import progress
 from ..errors import NoHistory, PhasememError
-from .live import LiveMemory
-from .trace import Trace, no_gc
 from ..vocab import MARKER_PREFIX
-from . import columnar
+from . import columnar, decoder
 from .batched import read_batched
-from . import decoder
 from .columnar import StepIndex
 from .decoder import decode_trace
 from .decoder.layout import Unprofitable
+from .live import LiveMemory
 from .snapshot import has_history, load_live, load_snapshot, read_snapshot_file
+from .trace import Trace, no_gc
 
 _ZIP = b"PK\x03\x04"  # the .npz save_trace writes is a zip, never a pickle
 

@@ -17,8 +17,8 @@ import numpy as np
 from .. import progress
 from ..errors import PhasememError
 from .snapshot import UNPICKLE_ERRORS, _SnapshotUnpickler, open_snapshot
-from .trace import A, Trace, _CODES, _frame_key, _stack_table, from_stand_in, no_gc
 from .torch_labels import Interner, from_codes
+from .trace import _CODES, A, Trace, _frame_key, _stack_table, from_stand_in, no_gc
 
 _SENTINEL = ("phasemem.read.batched", "_Events")
 _SUBSTITUTE = b"c" + "\n".join(_SENTINEL).encode() + b"\n)R"  # GLOBAL module\nname\n, EMPTY_TUPLE, REDUCE

@@ -17,13 +17,13 @@ import math
 import re
 from dataclasses import dataclass, replace
 
+from ..analysis.patterns import KIND_NAMES
+from ..errors import PhasememError
+from ..units import SIZE_VALUE, format_bytes, parse_size, unit_bytes  # noqa: F401 - parse_size stays importable from here
+from ..vocab import CATEGORIES, PHASES
 from .breakdown import peak_breakdown, shape_at, step_at
 from .comparison import Comparison, pct, signed
-from ..errors import PhasememError
 from .report import Report
-from ..units import SIZE_VALUE, format_bytes, parse_size, unit_bytes  # noqa: F401 - parse_size stays importable from here
-from ..analysis.patterns import KIND_NAMES
-from ..vocab import CATEGORIES, PHASES
 
 _EXPR = re.compile(r"\s*([A-Za-z_]+)(?:\.([A-Za-z_]+))?\s*(>=|<=|>|<)\s*(.*?)\s*")
 _SYNTAX = ("write NAME>LIMIT: peak>20GiB, backward.peak>+512MiB, peak>+5%, activation>3GiB, logits>1GiB "

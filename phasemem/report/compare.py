@@ -16,14 +16,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .pipeline import analyze
-from .breakdown import Cells, composition, peak_breakdown, phase_at, shape_at, step_at
-from .comparison import Cause, Comparison, PhaseDelta, ShapeDelta, Side, Slot, named_floor
+from ..analysis.patterns import KIND_NAMES
 from ..errors import RECORD_HINT, PhasememError
 from ..model import Step
-from .report import Report
-from ..analysis.patterns import KIND_NAMES
 from ..vocab import CATEGORIES, PHASES
+from .breakdown import Cells, composition, peak_breakdown, phase_at, shape_at, step_at
+from .comparison import Cause, Comparison, PhaseDelta, ShapeDelta, Side, Slot, named_floor
+from .pipeline import analyze
+from .report import Report
 
 #: Two occurrences of a shape are "the same" when their sizes differ by at most this share of the
 #: larger: identical H200 runs (gpt_foreach steps 1 and 2) give identical bytes, and a change of

@@ -7,22 +7,22 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.core import Analysis
 from ..analysis.category_notes import other_note, readings_note
+from ..analysis.core import Analysis
 from ..analysis.measure import aggregate, measure
-from ..model import DeviceSummary, OutOfMemory, Step
 from ..analysis.patterns import detect as detect_patterns
 from ..analysis.peak import breakdown
-from .report import INCOMPLETE_NOTE, Report
-from ..read import Reading, read
-from ..read.columnar import StepIndex
 from ..analysis.segmentation import Segmentation
 from ..analysis.spans import backward_resumed
 from ..analysis.step_index import cut
-from ..read.trace import A, Trace, no_gc
+from ..model import DeviceSummary, OutOfMemory, Step
 from ..predictions.whatif import oom_fits, replays, upcast_source, what_if
+from ..read import Reading, read
+from ..read.columnar import StepIndex
+from ..read.trace import A, Trace, no_gc
 from ..units import format_bytes
-from ..vocab import CATEGORIES, MARKER_PREFIX, C, P, PHASES
+from ..vocab import CATEGORIES, MARKER_PREFIX, PHASES, C, P
+from .report import INCOMPLETE_NOTE, Report
 
 PARTIAL_NOTE = "some steps are partial (the trace starts or ends inside them)"
 

@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")  # what this file records runs on torch: wi
 import torch.nn.functional as F  # noqa: E402
 
 import phasemem  # noqa: E402
-from phasemem.run import Run, instrument  # noqa: E402
+from helpers.paths import FIXTURES  # noqa: E402
 from phasemem.capture import cpu as capture_cpu  # noqa: E402
 from phasemem.capture import hooks  # noqa: E402
-from helpers.paths import FIXTURES  # noqa: E402
+from phasemem.run import Run, instrument  # noqa: E402
 
 VOCAB, DIM, BATCH, SEQ = 2000, 32, 4, 16
 PHASES = ("forward", "zero_grad", "backward", "optimizer")

@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")  # what this file records runs on torch: wi
 import torch.nn.functional as F  # noqa: E402
 
 import phasemem  # noqa: E402
-from phasemem.capture import hooks  # noqa: E402
 from phasemem.capture import cpu as capture_cpu  # noqa: E402
+from phasemem.capture import hooks  # noqa: E402
 
 NSTEPS, STEPS, FIRST, LAST = 8, "3-5", 3, 5
 MIB = 2 ** 20

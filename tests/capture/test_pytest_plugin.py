@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
 from importlib.metadata import entry_points
 
 import pytest
+import tomllib
 
 from helpers.paths import ROOT
 

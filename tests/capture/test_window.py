@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")  # what this file records runs on torch: wi
 import torch.nn.functional as F  # noqa: E402
 
 import phasemem  # noqa: E402
+from phasemem.capture import cpu as capture_cpu  # noqa: E402
 from phasemem.capture import hooks  # noqa: E402
 from phasemem.run import instrument  # noqa: E402
-from phasemem.capture import cpu as capture_cpu  # noqa: E402
 
 VOCAB, DIM = 2000, 32
 NSTEPS = 6

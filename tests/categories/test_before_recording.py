@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import phasemem
+from helpers.paths import ROOT
 from phasemem.units import format_bytes
 from phasemem.vocab import CATEGORIES
-from helpers.paths import ROOT
 
 WILD = ROOT.parent / "shared" / "wild"
 BEFORE = ROOT / "fixtures" / "before"

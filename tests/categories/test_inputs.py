@@ -19,7 +19,6 @@ from helpers.paths import FIXTURES
 from helpers.raw import line_of, made_at
 from helpers.snapshots import as_handed_over, heldout
 
-
 SCRIPT5 = FIXTURES / "record_heldout5.py"  # the heldout5 programs' source: its lines are the truth
 
 

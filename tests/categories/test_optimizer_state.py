@@ -14,7 +14,6 @@ from helpers.paths import FIXTURES
 from helpers.raw import line_of, made_at, optimizer_ends, param_bytes
 from helpers.snapshots import heldout
 
-
 SCRIPT5 = FIXTURES / "record_heldout5.py"  # the heldout5 programs' source: its lines are the truth
 
 

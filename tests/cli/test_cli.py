@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.commands.cli import main
 from helpers.paths import FIXTURES, ROOT, SHARED
+from phasemem.commands.cli import main
 
 SNAPSHOTS = sorted(SHARED.glob("*.pkl.xz"))
 needs_snapshots = pytest.mark.skipif(not SNAPSHOTS, reason=f"no real GPU snapshots at {SHARED}")

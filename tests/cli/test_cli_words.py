@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import phasemem
-from phasemem.commands.cli import main
 from helpers.paths import ROOT
+from phasemem.commands.cli import main
 
 FOREACH = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
 

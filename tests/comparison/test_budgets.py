@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.report.budgets import budget_for, check_comparison, check_report, parse_budget, parse_budgets, parse_size
-from phasemem.commands.cli import main
 from helpers import reference
 from helpers.paths import FIXTURES
+from phasemem.commands.cli import main
+from phasemem.report.budgets import budget_for, check_comparison, check_report, parse_budget, parse_budgets, parse_size
 
 FIX = FIXTURES
 FOREACH, KEEP, END = FIX / "gpt_foreach.pkl.xz", FIX / "gpt_zero_grad_keep.pkl.xz", FIX / "gpt_zero_grad_end.pkl.xz"

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import phasemem
+from helpers import reference
+from helpers.paths import ROOT
 from phasemem.commands.cli import main
 from phasemem.report.compare import align_runs
 from phasemem.report.comparison import named_floor
-from helpers import reference
-from helpers.paths import ROOT
 
 FIX = ROOT / "fixtures"
 PAIRS = FIX / "pairs"

@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.distributed import pool as ranks_mod
-from phasemem.commands.cli import main
-
 from helpers import reference  # noqa: E402  (a naive replay sharing no code with phasemem)
 from helpers.paths import FIXTURES, ROOT
+from phasemem.commands.cli import main
+from phasemem.distributed import pool as ranks_mod
 
 PAIRS = FIXTURES / "pairs"
 RANKS = ["base", "half_batch", "ckpt", "chunked_ce"]  # rank r is RANKS[r]

@@ -20,16 +20,16 @@ import pytest
 import phasemem
 from helpers.paths import FIXTURES
 from helpers.snapshots import load_snapshot
+from phasemem.analysis.timeline import Timeline
 from phasemem.predictions.allocator.layout import block_streams, empty_cache_events, layout_at
 from phasemem.predictions.allocator.over_events import replay, replay_trace
 from phasemem.predictions.allocator.pools import CachingAllocator
 from phasemem.predictions.allocator.rules import Settings
+from phasemem.predictions.blocks import Change, Facts
 from phasemem.predictions.fits import fits
 from phasemem.predictions.fits.bounds import _blocks
 from phasemem.predictions.fits.capped import FACTOR_PRECISION, _Capped
-from phasemem.predictions.blocks import Change, Facts
 from phasemem.predictions.scaling import CONSTANT
-from phasemem.analysis.timeline import Timeline
 from phasemem.read.trace import A, Trace
 from phasemem.units import format_bytes
 

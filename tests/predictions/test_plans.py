@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 import phasemem
+from helpers.paths import FIXTURES
 from phasemem.errors import PhasememError
 from phasemem.predictions.plans import parse_plan, plan, shard_bytes, zero_owner
-
-from helpers.paths import FIXTURES
 
 HERE = str(FIXTURES / "plans")
 TRUTH = json.load(open(os.path.join(HERE, "truth.json")))

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import phasemem
-from phasemem.predictions.fits import predict
 from helpers.paths import FIXTURES, ROOT
+from phasemem.predictions.fits import predict
 
 # run -> (remedies with their settings, batch factor, sequence factor): what the real run changed; the
 # table docs/eval_whatif.py prints docs/what-if.md's rows from, so the tests check the rows it shows

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.predictions.replay import Replayed, changed_points, points, replay
-from phasemem.predictions.remedies import REMEDIES, SCALINGS
 from helpers.analyses import analyzed
 from helpers.paths import FIXTURES
 from helpers.reference import replay as naive_replay
 from helpers.snapshots import load_snapshot
+from phasemem.predictions.remedies import REMEDIES, SCALINGS
+from phasemem.predictions.replay import Replayed, changed_points, points, replay
 
 PAIRS = FIXTURES / "pairs"
 OOM = FIXTURES / "oom"

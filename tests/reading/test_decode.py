@@ -12,16 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.paths import ROOT, fixture_paths, shared_paths
+from helpers.snapshots import load_snapshot
+from helpers.traces import assert_same_trace
 from phasemem import PhasememError
 from phasemem.read import trace as read_trace
 from phasemem.read.decoder import decode_trace
 from phasemem.read.decoder.machine import Columns
 from phasemem.read.snapshot import read_snapshot_file
 from phasemem.read.trace import Trace
-
-from helpers.paths import ROOT, fixture_paths, shared_paths
-from helpers.snapshots import load_snapshot
-from helpers.traces import assert_same_trace
 
 WILD = ROOT.parent / "shared" / "wild"
 TORCH_DEFAULTS = ROOT / "fixtures" / "plain_gpt_torch_defaults.pkl.xz"  # stacks="all", C++ frames

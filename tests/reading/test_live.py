@@ -15,12 +15,12 @@ import pytest
 from matplotlib import image as mpimg
 
 import phasemem
-from phasemem.errors import PhasememError
-from phasemem.read.live import LiveMemory, category_of, live_memory, site_of
-from phasemem.reporters.picture.live import TITLE, draw_live, plot_live
 from helpers.paths import WILD
 from helpers.snapshots import heldout
 from helpers.wild import wild_path, wild_report
+from phasemem.errors import PhasememError
+from phasemem.read.live import LiveMemory, category_of, live_memory, site_of
+from phasemem.reporters.picture.live import TITLE, draw_live, plot_live
 
 WITH_SEGMENTS = ["yiyi_oom", "yiyi_opt1.3b", "yiyi_opt1.3b_log1", "diffusion_mysnap", "sketchkv_mysnap",
                  "layoutedit_dump", "layoutedit_memsnap"]

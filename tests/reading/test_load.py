@@ -7,9 +7,8 @@ import pickle
 import pytest
 
 import phasemem
-from phasemem import PhasememError
-
 from helpers.paths import shared_paths
+from phasemem import PhasememError
 
 
 def _one_line(err: PhasememError) -> str:

@@ -6,10 +6,10 @@ import pty
 import subprocess
 import sys
 
+from helpers.paths import ROOT
 from phasemem import progress
 from phasemem.read.batched import read_batched
 from phasemem.read.decoder import decode_trace
-from helpers.paths import ROOT
 
 FIXTURE = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
 PLAIN = ROOT / "fixtures" / "plain_gpt_torch_defaults.pkl.xz"

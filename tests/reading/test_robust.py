@@ -6,13 +6,12 @@ import random
 import pytest
 
 import phasemem
-from phasemem import PhasememError
-
 from helpers.paths import fixture_paths, shared_paths
 from helpers.raw import close
 from helpers.reference import replay
 from helpers.snapshots import load_snapshot
 from helpers.wild import wild_path, wild_report
+from phasemem import PhasememError
 
 PATHS = shared_paths()[:1] + [p for p in fixture_paths() if p.name.startswith("gpt_foreach")]
 

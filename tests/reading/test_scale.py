@@ -13,21 +13,22 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem import PhasememError
-from phasemem.commands.cli import main
-from phasemem.read import read, trace as read_trace
-from phasemem.read.batched import _find_events, read_batched as _stream
-from phasemem.read.columnar import EVENTS, read_index, save_trace
-from phasemem.read.snapshot import read_snapshot_file
-from phasemem.analysis.segmentation import Segmentation, segment, segment_marked
-from phasemem.analysis.step_index import build_index, can_slice, cut
-from phasemem.analysis.timeline import Timeline
-from phasemem.read.trace import Trace
-
 from helpers.analyses import analyzed
 from helpers.paths import ROOT, fixture_paths, shared_paths
 from helpers.snapshots import load_snapshot, prefix_of
 from helpers.traces import assert_same_trace
+from phasemem import PhasememError
+from phasemem.analysis.segmentation import Segmentation, segment, segment_marked
+from phasemem.analysis.step_index import build_index, can_slice, cut
+from phasemem.analysis.timeline import Timeline
+from phasemem.commands.cli import main
+from phasemem.read import read
+from phasemem.read import trace as read_trace
+from phasemem.read.batched import _find_events
+from phasemem.read.batched import read_batched as _stream
+from phasemem.read.columnar import EVENTS, read_index, save_trace
+from phasemem.read.snapshot import read_snapshot_file
+from phasemem.read.trace import Trace
 
 PATHS = shared_paths() + fixture_paths()
 ids = lambda p: f"{p.parent.name}/{p.name.split('.')[0]}"  # noqa: E731

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.commands.cli import main
 from helpers.paths import ROOT
+from phasemem.commands.cli import main
 
 FIXTURE = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
 WILD = ROOT.parent / "shared" / "wild"
@@ -189,8 +189,8 @@ def test_torch_memory_viz_tooling_opens_it(labelled, tmp_path):
 
 
 def test_input_dict_is_not_changed():
-    from phasemem.reporters.memory_viz import annotate
     from phasemem.read.snapshot import load_snapshot
+    from phasemem.reporters.memory_viz import annotate
 
     snap = load_snapshot(str(FIXTURE))
     before = pickle.dumps(snap, protocol=4)
@@ -216,8 +216,8 @@ def test_users_own_metadata_is_kept_and_the_wrapper_left_shared(tmp_path):
 def test_types_memoryviz_cannot_read_are_written_as_plain_values():
     from collections import OrderedDict
 
-    from phasemem.reporters.memory_viz import annotate, memoryviz_pickle
     from phasemem.read.snapshot import load_snapshot
+    from phasemem.reporters.memory_viz import annotate, memoryviz_pickle
 
     class Version(str):  # what a TorchVersion is: a str subclass, pickled as a GLOBAL
         pass

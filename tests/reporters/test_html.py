@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import ROOT
 from phasemem.commands.cli import main
 from phasemem.vocab import CATEGORIES
-from helpers.paths import ROOT
 
 FIXTURE = ROOT / "fixtures" / "gpt_foreach.pkl.xz"
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)

@@ -16,11 +16,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 import phasemem
+from helpers.paths import FIXTURES
 from phasemem.analysis.peak import SHAPE_PRIORITY
 from phasemem.reporters.picture import labels, peakbar
 from phasemem.units import format_bytes
-
-from helpers.paths import FIXTURES
 
 WILD = FIXTURES.parent.parent / "shared" / "wild"
 PATHS = sorted(FIXTURES.glob("*.pkl.xz")) + sorted(FIXTURES.glob("*/**/*.pkl.xz"))

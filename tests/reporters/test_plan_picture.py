@@ -14,12 +14,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import phasemem
+from helpers.paths import ROOT
+from helpers.reference import replay  # noqa: E402
 from phasemem.commands.cli import main
 from phasemem.predictions.plans import PLANS
 from phasemem.vocab import CATEGORIES
-
-from helpers.paths import ROOT
-from helpers.reference import replay  # noqa: E402
 
 GPT = ROOT / "fixtures" / "plans" / "gpt__single_fp32__n1_r0__b4.pkl.xz"
 VIT = ROOT / "fixtures" / "plans" / "vit__single_fp32__n1_r0__b32.pkl.xz"

@@ -20,16 +20,15 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 import phasemem
-from phasemem.reporters.picture import colours as picture_colours
-from phasemem.analysis.categories import CATEGORIES
-from phasemem.errors import PhasememError
-from phasemem.reporters.picture import bands
-from phasemem.units import format_bytes
-
 from helpers.analyses import analyzed
 from helpers.paths import ROOT
 from helpers.snapshots import load_snapshot
 from helpers.wild import wild_path
+from phasemem.analysis.categories import CATEGORIES
+from phasemem.errors import PhasememError
+from phasemem.reporters.picture import bands
+from phasemem.reporters.picture import colours as picture_colours
+from phasemem.units import format_bytes
 
 FIXTURES = ROOT / "fixtures"
 SHARED = ROOT.parent / "shared" / "gpu-snapshots"

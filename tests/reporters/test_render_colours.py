@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.reporters.picture import colours
-
 from helpers.paths import ROOT
 from helpers.snapshots import load_snapshot
+from phasemem.reporters.picture import colours
 
 FIXTURES = ROOT / "fixtures"
 

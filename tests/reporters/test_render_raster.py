@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.reporters.picture import draw as render
-from phasemem.reporters.picture import bands
-
 from helpers.analyses import analyzed
 from helpers.paths import ROOT
 from helpers.snapshots import load_snapshot
+from phasemem.reporters.picture import bands
+from phasemem.reporters.picture import draw as render
 
 FIXTURES = ROOT / "fixtures"
 SHARED = ROOT.parent / "shared" / "gpu-snapshots"

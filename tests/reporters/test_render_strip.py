@@ -8,10 +8,9 @@ import pytest
 from matplotlib import colors as mcolors
 
 import phasemem
+from helpers.paths import FIXTURES
 from phasemem.reporters.picture import bands, labels, pixels
 from phasemem.vocab import PHASE_COLORS
-
-from helpers.paths import FIXTURES
 
 OTHER = "#c8c8c8"  # the strip's grey where no phase is known (render/colours.py)
 

@@ -13,15 +13,14 @@ import numpy as np
 import pytest
 
 import phasemem
+from helpers.analyses import analyzed
+from helpers.paths import ROOT, WILD
 from phasemem.analysis.patterns import BY_NAME, KINDS
 from phasemem.analysis.patterns.gradients import GRADIENTS_IN_BACKWARD, GRADIENTS_RELEASED
 from phasemem.analysis.patterns.recompute import PER_REGION
 from phasemem.analysis.peak import SHAPE_PRIORITY
 from phasemem.units import format_bytes, signed
-from phasemem.vocab import AT_PEAK, CATEGORIES, CATEGORY_NAMES, P, PHASES
-
-from helpers.analyses import analyzed
-from helpers.paths import ROOT, WILD
+from phasemem.vocab import AT_PEAK, CATEGORIES, CATEGORY_NAMES, PHASES, P
 
 SHARED = ROOT.parent / "shared"
 PATHS = (sorted((ROOT / "fixtures").glob("**/*.pkl.xz")) + sorted((SHARED / "wild").glob("*.pickle"))
@@ -237,6 +236,7 @@ def test_a_shape_figure_without_its_label_is_caught():
 def _million():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_analyze import replicate_steps
+
     from helpers.snapshots import load_snapshot
 
     big = replicate_steps(load_snapshot(ROOT / "fixtures" / "plain_gpt_foreach.pkl.xz"), 600)
@@ -268,9 +268,9 @@ def _step(i: int, peak: int, ran: tuple[str, ...], complete: bool = True):
 
 
 def test_steps_that_differ_in_many_ways_stay_a_few_lines():
+    from phasemem.analysis.typical import ranges, typical
     from phasemem.report.report import Report
     from phasemem.reporters.text.short import MAX_GROUPS
-    from phasemem.analysis.typical import ranges, typical
 
     # 200 steps: most alike, then every third step with no optimizer events, and peaks that wander
     steps = [_step(i, 1000 + (i % 40 == 0) * (i * 10), ("forward", "backward") + (("optimizer",) if i % 3 else ()))

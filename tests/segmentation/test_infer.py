@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.analysis import infer
-from phasemem.analysis.infer import frames as frames_mod, passes as passes_mod
-from phasemem.analysis.segmentation.inferred import CONFIDENCE, DOUBTFUL
-from phasemem.analysis.timeline import Timeline
-from phasemem.read.trace import A, Trace
-from phasemem.vocab import P
-
 from helpers.analyses import analyzed
 from helpers.paths import FIXTURES, fixture_paths, shared_paths
 from helpers.raw import in_gt_range
 from helpers.snapshots import as_handed_over, heldout, load_snapshot, prefix_of
 from helpers.wild import wild_report
+from phasemem.analysis import infer
+from phasemem.analysis.infer import frames as frames_mod
+from phasemem.analysis.infer import passes as passes_mod
+from phasemem.analysis.segmentation.inferred import CONFIDENCE, DOUBTFUL
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import A, Trace
+from phasemem.vocab import P
 
 PATHS = shared_paths() + fixture_paths()
 # Recorded after the rules were written (docs/accuracy.md, "Held-out traces").

@@ -1,12 +1,11 @@
 """The core numbers on real H200 traces, checked against a naive replay of the raw events."""
 import phasemem
-from phasemem.analysis.timeline import Timeline
-from phasemem.read.trace import Trace
-from phasemem.vocab import PHASES
-
 from helpers.analyses import analyzed
 from helpers.reference import add_loss, intervals, label_events, replay, steps_from_optimizer
 from helpers.snapshots import load_snapshot
+from phasemem.analysis.timeline import Timeline
+from phasemem.read.trace import Trace
+from phasemem.vocab import PHASES
 
 
 def test_active_curve_equals_naive_replay(real_snapshot):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pickle
 
-
 import phasemem
 from helpers.analyses import marked_and_plain
 from helpers.paths import FIXTURES

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 import phasemem
-from phasemem.vocab import PHASES
-
 from helpers.paths import FIXTURES
+from phasemem.vocab import PHASES
 
 HELD = ["heldout/heldout_bert_mlm", "heldout/heldout_t5_adafactor", "heldout2/heldout2_distilbert_cls",
         "heldout2/heldout2_mixtral_moe", "heldout3/heldout3_gpt2_hf", "heldout7/h7_peft_lora",

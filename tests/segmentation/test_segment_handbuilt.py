@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import phasemem
-from phasemem.report.pipeline import PARTIAL_NOTE
 from phasemem.analysis.segmentation import segment
 from phasemem.analysis.timeline import Timeline
 from phasemem.read.trace import Trace
+from phasemem.report.pipeline import PARTIAL_NOTE
 from phasemem.vocab import PHASES
 
 AL, FR = "alloc", "free_completed"

@@ -20,16 +20,24 @@ import numpy as np
 import pytest
 
 import phasemem
+from helpers.paths import ROOT
 from phasemem.read import trace as read_trace
 from phasemem.read.batched import read_batched
 from phasemem.read.columnar import load_trace, save_trace
 from phasemem.read.decoder import decode_trace
 from phasemem.read.snapshot import read_snapshot_file
-from phasemem.read.torch_labels import (CATEGORY_LABELS, MIN_PHASES_NAMED, PHASE_LABELS, category_of, from_codes,
-                                   from_values, phase_of, phase_runs)
+from phasemem.read.torch_labels import (
+    CATEGORY_LABELS,
+    MIN_PHASES_NAMED,
+    PHASE_LABELS,
+    category_of,
+    from_codes,
+    from_values,
+    phase_of,
+    phase_runs,
+)
 from phasemem.read.trace import Trace
 from phasemem.vocab import CATEGORIES, PHASES
-from helpers.paths import ROOT
 
 SHARED = ROOT.parent / "shared"
 REAL = SHARED / "torch-labels" / "torch_metadata_labels.pickle.xz"
@@ -277,7 +285,8 @@ def test_labels_longer_than_the_decoders_short_strings_are_read(tmp_path):
 
 
 def test_the_page_shows_the_programs_label_on_hover(fixture_report):
-    from phasemem.reporters.html import page as html, template as html_page
+    from phasemem.reporters.html import page as html
+    from phasemem.reporters.html import template as html_page
 
     life = fixture_report.analysis.timeline.lifetimes
     events = _raw(FIXTURE)["device_traces"][0]

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spans import phase_runs as runs, run_of_events
-from ...vocab import P
-from ..timeline import Timeline
-from ..sizes import in_sorted
 from ...read.trace import A, Trace
+from ...vocab import P
+from ..sizes import in_sorted
+from ..spans import phase_runs as runs
+from ..spans import run_of_events
+from ..timeline import Timeline
 from .bursts import ZERO_GRAD_MIN
 from .frames import has_usable_frames, labels_from_frames
 from .lifetimes import labels_from_lifetimes

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..timeline import Timeline
 from ...read.trace import A, Trace
 from ...vocab import P
+from ..timeline import Timeline
 from .bursts import ZERO_GRAD_MIN
+from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, sized_like_an_optimizer
 from .odd_steps import held_over
 from .other_work import label_update
-from .gradients import MIN_PARAM_SIZES, covers_parameters, parameter_sizes, sized_like_an_optimizer
 
 #: A set of gradients lives past its last allocation at least 1/LIVE_ACROSS as long as it took to make
 #: them (through the update): h6_save_on_cpu's backward makes them over 659 events, they live 632 more;

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spans import phase_runs as runs
 from ...read.trace import A, Trace
 from ...vocab import P
+from ..spans import phase_runs as runs
 from .bursts import ZERO_GRAD_MIN
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...read.trace import A, Trace, is_workspace_frame
 from ...vocab import P
 from ..timeline import Timeline
-from ...read.trace import A, Trace, is_workspace_frame
 
 # Event classes from frames.
 NONE, FWD, OPT, ZG, BWD_PY, OTHER = range(6)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...read.trace import Trace
 from ...vocab import P
 from ..timeline import Timeline
-from ...read.trace import Trace
 from .bursts import FREED_TOGETHER
 from .odd_steps import chunked_gradients
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spans import phase_runs as runs
-from ..timeline import Timeline
 from ...read.trace import A, Trace
 from ...vocab import P
+from ..spans import phase_runs as runs
+from ..timeline import Timeline
 from .gradients import covers_parameters, parameter_sizes
 
 #: Blocks of the gradient's size a hook must allocate before freeing it: Adam makes two temporaries

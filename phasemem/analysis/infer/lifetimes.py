@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...read.trace import A, Trace
 from ...vocab import P
 from ..timeline import Timeline
-from ...read.trace import A, Trace
 from .anchored import anchored_passes
 from .bursts import BURST, burst_freed
 from .cached import label_reforwards, repeats_forward
@@ -19,8 +19,15 @@ from .hooked import hooked_updates
 from .loss import graphed_steps, seeded_steps
 from .odd_steps import accumulates, earlier_top
 from .other_work import InputGradients, covers_an_update, stopped_step, unfinished_forwards
-from .pass_labels import (Work, backward_goes_on, label_after_backward, label_refused, label_training_pass,
-                          update_going_on, wrapped_start)
+from .pass_labels import (
+    Work,
+    backward_goes_on,
+    label_after_backward,
+    label_refused,
+    label_training_pass,
+    update_going_on,
+    wrapped_start,
+)
 from .passes import MIN_SAVED, candidate_periods, has_backward, mountains, passes
 from .seed import all_seeded, reseat
 from .sharded import sharded_passes

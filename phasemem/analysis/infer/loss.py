@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...read.trace import A, Trace
 from ...vocab import P
 from ..timeline import Timeline
-from ...read.trace import A, Trace
 from .bursts import BURST, burst_freed
 from .gradients import covers_parameters, parameter_sizes
 

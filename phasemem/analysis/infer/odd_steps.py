@@ -9,7 +9,6 @@ import numpy as np
 from ...read.trace import A, Trace
 from .bursts import FREED_TOGETHER
 
-
 #: Chunked gradients a backward must make after its last saved free before it is read as going on:
 #: heldout_embbag_adagrad makes 8 (one slice of its 8 embedding tables' gradient a chunk); one such
 #: block alone is what ``gradients._late_gradients`` already reads.

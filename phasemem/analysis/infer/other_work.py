@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..timeline import Timeline
 from ...read.trace import A, Trace
 from ...vocab import P
+from ..timeline import Timeline
 from .bursts import BURST, burst_freed
 from .gradients import MIN_PARAM_SIZES, SCALAR
-
 
 #: Gradients a training backward keeps past its end (keeps_gradients' 2).
 MIN_KEPT = 2

@@ -19,7 +19,6 @@ from .passes import MIN_SAVED
 from .seed import seeded_loss
 from .updates import foreach_temporaries, sparse_update_start, update_end, update_read_as_pass, wrapped_backward
 
-
 #: Parameter-sized blocks an optimizer read from lifetimes must allocate between its start and end: the
 #: regions so labelled with 0-3 were never the optimizer (fused AdamW after its first step in `fused`,
 #: `gpt_ckpt_fused`, `h14_pure_fp16_scaled`; HF's code between micro-batches in `hf_compile_accum`;

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...read.trace import A, Trace
 from ..sizes import in_sorted
 from ..timeline import Timeline
-from ...read.trace import A, Trace
 from .bursts import burst_freed
 from .gradients import SCALAR, parameter_sizes
 from .odd_steps import held_start

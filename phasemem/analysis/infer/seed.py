@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..timeline import Timeline
 from ...read.trace import A, Trace
 from ...vocab import P
+from ..timeline import Timeline
 from .bursts import ZERO_GRAD_MIN, burst_freed
 from .gradients import keeps_gradients, parameter_sizes
 from .loss import loss_span

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..timeline import Timeline
 from ...read.trace import A, Trace
 from ...vocab import P
+from ..timeline import Timeline
+from .bursts import burst_freed
 from .gradients import makes_gradients, parameter_sizes, sized_like_an_optimizer
 from .loss import fingerprints
-from .bursts import burst_freed
 from .passes import MIN_SAVED
 from .updates import update_end
 

@@ -16,9 +16,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..facts import Context
 from ...model import Pattern
 from ...vocab import PHASES
+from ..facts import Context
 from .shape_kind import ShapeKind
 
 __all__ = ["BY_NAME", "KINDS", "KIND_NAMES", "SHAPE_PRIORITY", "ShapeKind", "detect", "discover",

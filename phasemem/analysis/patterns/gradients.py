@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context, per_trace, update_gradients
-from .shape_kind import INK, ShapeKind
 from ...model import Pattern
 from ...units import format_bytes
 from ...vocab import P
+from ..facts import Context, per_trace, update_gradients
+from .shape_kind import INK, ShapeKind
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...model import Pattern
-from ...vocab import PHASES
 from ...units import format_bytes
+from ...vocab import PHASES
 from ..facts import Context
 from .shape_kind import INK, ShapeKind
 

@@ -6,15 +6,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context, per_trace
-from .shape_kind import INK, ShapeKind
-from ..infer.frames import LINEAR, NOT_LINEAR, innermost_function, made_by_linear, outside_modules
 from ...model import Pattern
-from ..spans import concat_ranges
 from ...units import format_bytes
+from ..facts import Context, per_trace
+from ..infer.frames import LINEAR, NOT_LINEAR, innermost_function, made_by_linear, outside_modules
+from ..spans import concat_ranges
 from .logits_regions import (  # noqa: F401 (the rules' thresholds and region finders, imported from here)
-    ABOVE_ACTIVATIONS, GRAD_SIZE_TOLERANCE, LATE, LOSS_GRAD_FIRST, LOSS_GRAD_WITHIN, TINY, VOCAB_SHARE, Heads,
-    all_microbatches, heads, losses_consuming)
+    ABOVE_ACTIVATIONS,
+    GRAD_SIZE_TOLERANCE,
+    LATE,
+    LOSS_GRAD_FIRST,
+    LOSS_GRAD_WITHIN,
+    TINY,
+    VOCAB_SHARE,
+    Heads,
+    all_microbatches,
+    heads,
+    losses_consuming,
+)
+from .shape_kind import INK, ShapeKind
 
 
 def detect(ctx: Context, step: int) -> list[Pattern]:

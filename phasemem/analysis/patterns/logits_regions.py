@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...vocab import P
 from ..facts import Context
 from ..spans import concat_ranges
-from ...vocab import P
 
 #: An allocation is vocabulary-sized when at least this share of the largest one in the forward
 #: (bf16 logits next to their fp32 copy are half of it).

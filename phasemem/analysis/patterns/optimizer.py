@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from ...model import Pattern
+from ...units import format_bytes
+from ...vocab import P
 from ..facts import Context, per_trace
 from ..infer.frames import inside_file
-from .shape_kind import INK, ShapeKind
-from ...model import Pattern
 from ..spans import concat_ranges
-from ...vocab import P
-from ...units import format_bytes
+from .shape_kind import INK, ShapeKind
 
 _CLASS = re.compile(r"^Optimizer\.step#(\w+)\.step")
 _FUSABLE = {"Adam", "AdamW", "SGD", "Adagrad"}

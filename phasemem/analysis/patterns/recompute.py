@@ -36,17 +36,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context, per_trace
-from .shape_kind import INK, ShapeKind
-from ..infer.frames import module_forwards, offload_unpacks, other_python
 from ...model import Pattern
-from ..sizes import in_sorted
-from ..spans import concat_ranges
 from ...units import format_bytes
 from ...vocab import P
-from .recompute_frames import (MIN_RUNS, checkpoint_positions, from_frames, from_rng_replays,
-                               recompute_calls, replay_positions, ripples, runs, span)
+from ..facts import Context, per_trace
+from ..infer.frames import module_forwards, offload_unpacks, other_python
+from ..sizes import in_sorted
+from ..spans import concat_ranges
+from .recompute_frames import (
+    MIN_RUNS,
+    checkpoint_positions,
+    from_frames,
+    from_rng_replays,
+    recompute_calls,
+    replay_positions,
+    ripples,
+    runs,
+    span,
+)
 from .recompute_gathers import gathered
+from .shape_kind import INK, ShapeKind
 
 K = 4  # consecutive sizes that must match
 MIN_RUN = 2 * K  # allocations in one recompute run

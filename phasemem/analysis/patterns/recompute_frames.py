@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..facts import Context, per_trace
-from ..infer.frames import checkpoint_recomputes, rng_replays
 from ...model import Pattern
 from ...units import format_bytes
+from ..facts import Context, per_trace
+from ..infer.frames import checkpoint_recomputes, rng_replays
 
 #: Separate recompute runs one backward run must hold to be the ripples (one repeat proves no checkpoint).
 MIN_RUNS = 2

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...model import Pattern
+from ...units import format_bytes
+from ...vocab import PHASES, P
 from ..facts import Context, gradient_allocs, per_trace
 from .shape_kind import INK, ShapeKind
-from ...model import Pattern
-from ...vocab import PHASES, P
-from ...units import format_bytes
 
 SCALAR = 64  # bytes: found_inf, inv_scale and their per-device copies are one-element tensors
 #: A block this large between backward and the optimizer is backward's, not unscaling's or clipping's.

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..timeline import Lifetimes, lifetimes_of
 from ...read.trace import Trace
 from ...vocab import MARKER_PREFIX
+from ..timeline import Lifetimes, lifetimes_of
 from .inferred import find_doubts, infer_phases, lower_where_doubted
 from .markers import Interval, find_marks
 from .partial import cut_by_oom

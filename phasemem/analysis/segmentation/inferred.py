@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...read.trace import Trace
+from ...vocab import PHASES, P
 from .. import infer
 from ..infer.flat_updates import flat_updates
 from ..spans import phase_runs as runs
-from ...read.trace import Trace
-from ...vocab import P, PHASES
 
 # An inferred phase's confidence: the share of the events it labels that the markers label the same,
 # pooled over the 55 real H200 traces of tests/test_infer.py (fixtures/, ../shared, the first four

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spans import phase_runs as runs
-from ..timeline import Lifetimes
 from ...read.trace import A, Trace
 from ...vocab import P
+from ..spans import phase_runs as runs
+from ..timeline import Lifetimes
 from .markers import Interval, Marks
 from .partial import keeps_nothing
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import infer
-from ..spans import phase_runs as runs
 from ...read.trace import Trace
 from ...vocab import P
+from .. import infer
+from ..spans import phase_runs as runs
 from .partial import keeps_nothing
 
 #: Optimizers whose step() evaluates the closure more than once.

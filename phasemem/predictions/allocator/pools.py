@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from .rules import K_LARGE_BUFFER, K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_BUFFER, K_SMALL_SIZE, \
-    NO_LIMIT, Settings
+from .rules import (
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    NO_LIMIT,
+    Settings,
+)
 
 #: Where the replay's own segments are placed (cudaMalloc's addresses are the driver's to choose and
 #: decide ties between free blocks of one size): each below the last, from here down. The driver's

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..blocks import Facts
 from ...units import format_bytes
 from ...vocab import C
+from ..blocks import Facts
 from .params import Params, owned_share, round_block, zero_owner
 
 #: DDP's buckets: the first holds at most 1 MiB, the others 25 MiB (torch's defaults).

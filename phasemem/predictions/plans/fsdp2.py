@@ -8,14 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...analysis.core import Analysis
-from ..blocks import Facts
+from ...analysis.roles import R, roles
 from ...units import format_bytes
 from ...vocab import C, P
-from ...analysis.roles import R, roles
+from ..blocks import Facts
 from ..remedies.checkpointing import MIN_BLOCKS, _layer_period, _layer_rows
 from .blocks import PlanChange
-from .params import (MIN_LAYERS, StepBlocks, by_size, dtype_bytes, params_from_table, round_block,
-                     shard_bytes)
+from .params import MIN_LAYERS, StepBlocks, by_size, dtype_bytes, params_from_table, round_block, shard_bytes
 from .precision import half_compute
 
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from ...analysis.core import Analysis
 from ...errors import PhasememError
-from ..blocks import Facts
 from ...vocab import C, P
+from ..blocks import Facts
 
 #: Element sizes of the dtypes ``param_dtype`` takes.
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,

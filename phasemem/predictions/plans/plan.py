@@ -12,15 +12,15 @@ import numpy as np
 from ...analysis.core import Analysis
 from ...errors import PhasememError
 from ...model import Pattern
-from ..blocks import Facts
-from ..scaling import CONSTANT
 from ...units import format_bytes
-from ...vocab import C, CATEGORIES, CATEGORY_NAMES, PHASES, ROLE_NAMES
+from ...vocab import CATEGORIES, CATEGORY_NAMES, PHASES, ROLE_NAMES, C
+from ..blocks import Facts
 from ..replay import Replayed, changed_points
+from ..scaling import CONSTANT
 from ..whatif import _base
 from .blocks import ROLE_CATEGORY, ROLES, Added, PlanChange
 from .ddp_zero import ddp, zero
-from .fsdp2 import fsdp2, from_rank
+from .fsdp2 import from_rank, fsdp2
 from .params import dtype_bytes, params_of, step_blocks
 from .precision import HALF_COMPUTE
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..blocks import Change, Facts
-from ..scaling import CONSTANT, QUADRATIC
 from ...vocab import P
+from ..blocks import Change, Facts
 from ..remedies.per_token import block_growth
+from ..scaling import CONSTANT, QUADRATIC
 from .params import Params, StepBlocks
 
 #: Half-precision compute under FSDP2's MixedPrecisionPolicy, from a trace in fp32: every block that

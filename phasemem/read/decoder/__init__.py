@@ -14,13 +14,13 @@ import sys
 
 import numpy as np
 
-from .scan import PAD, Template, candidates, commit, scan, views
-from .memo import Memo
-from .machine import VM, Columns, Unsupported
 from ... import progress
 from ..snapshot import _SnapshotUnpickler, open_snapshot
-from .layout import Deframed, Unprofitable, find_event_list
 from ..trace import Trace, from_stand_in, no_gc
+from .layout import Deframed, Unprofitable, find_event_list
+from .machine import VM, Columns, Unsupported
+from .memo import Memo
+from .scan import PAD, Template, candidates, commit, scan, views
 
 #: Bytes decoded at a time: the events' working arrays are ~40 bytes per byte of this.
 CHUNK = 16 << 20

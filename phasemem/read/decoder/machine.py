@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import array
 import struct
-
 from typing import Any, Callable
 
 import numpy as np
 
-from .memo import ListRef, Memo
-from .layout import Unsupported
-from ..trace import _CODES, A, _stack_table
 from ..torch_labels import Interner, from_codes
+from ..trace import _CODES, A, _stack_table
+from .layout import Unsupported
+from .memo import ListRef, Memo
 
 _INT_FIELDS = ("addr", "size", "stream", "time_us")
 _NAMES = ("action", "addr", "size", "stream", "time_us", "stack", "label")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import Unsupported
 from ..trace import _CODES, _frame_key
+from .layout import Unsupported
 
 OTHER, STR, FRAME, LIST, OBJ, VSTR = range(6)  # memo kinds; VSTR: a string read by scan.py
 

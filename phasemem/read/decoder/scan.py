@@ -13,8 +13,8 @@ import struct
 
 import numpy as np
 
-from .memo import FRAME, LIST, STR, VSTR, Memo
 from .machine import Columns, Unsupported
+from .memo import FRAME, LIST, STR, VSTR, Memo
 
 _H, _J4, _K, _M, _J, _LONG1, _SBU = 0x68, 0x6A, 0x4B, 0x4D, 0x4A, 0x8A, 0x8C
 _SETITEMS, _APPENDS, _MARK, _APPEND, _EMPTY_LIST, _MEMOIZE = 0x75, 0x65, 0x28, 0x61, 0x5D, 0x94

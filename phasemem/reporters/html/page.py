@@ -21,8 +21,8 @@ from ...units import axis_unit, format_bytes
 from ...vocab import CATEGORIES, PHASES
 from ..picture import bands as _bands
 from ..picture.colours import _CURVE, _RESERVED, _band_colors
-from .template import page
 from ..picture.labels import STRIP_PT
+from .template import page
 
 #: Band vertices the zoom layers of single steps may add to the page (about 12 bytes each). The whole
 #: picture of a 5,000-event GPT trace has 180,000 (fixtures/gpt_big_foreach), its three steps 270,000.

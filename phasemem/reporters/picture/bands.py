@@ -15,6 +15,7 @@ import numpy as np
 
 from ...vocab import C
 
+
 @dataclass
 class Columns:
     """One sample per pixel column (or per event, when there are fewer events than columns)."""

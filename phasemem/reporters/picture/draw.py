@@ -15,9 +15,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
+from ...analysis.spans import phase_runs
 from ...errors import PhasememError
 from ...output import atomic_write, check_picture_size
-from ...analysis.spans import phase_runs
 from ...steps import StepsError, parse_steps
 from ...units import axis_unit, format_bytes
 from ...vocab import CATEGORIES, PHASE_COLORS
@@ -25,10 +25,19 @@ from . import bands as _bands
 from . import labels as _labels
 from . import peakbar as _peakbar
 from . import pixels as _pixels
-from .chrome import (_MIN_STEP_DOTS_PX, _axes_style, _legends, _mark_handles, _oom_marks, _phase_ticks,
-                     _shade_phases, _step_marks, _step_px, _title)
-from .colours import COLOR_MODES
-from .colours import _CURVE, _RESERVED, _band_colors, _shade, _unsure
+from .chrome import (
+    _MIN_STEP_DOTS_PX,
+    _axes_style,
+    _legends,
+    _mark_handles,
+    _oom_marks,
+    _phase_ticks,
+    _shade_phases,
+    _step_marks,
+    _step_px,
+    _title,
+)
+from .colours import _CURVE, _RESERVED, COLOR_MODES, _band_colors, _shade, _unsure
 from .labels import CALLOUT_PT, PEAK_PT, STRIP_PT
 from .live import plot_live
 from .pattern_table import PatternTable

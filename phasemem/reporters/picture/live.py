@@ -18,8 +18,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ...errors import PhasememError
-from ...read.live import CATEGORIES, LiveMemory
 from ...output import atomic_write, check_picture_size
+from ...read.live import CATEGORIES, LiveMemory
 from ...units import axis_unit, format_bytes
 from ...vocab import CATEGORY_COLORS
 from .labels import LABEL_PT, LEGEND_PT, TICK_PT, TITLE_PT, Layout, legend_width

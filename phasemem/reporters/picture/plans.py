@@ -28,8 +28,16 @@ from ...units import axis_unit
 from .labels import LABEL_PT, LEGEND_PT, TICK_PT, Layout
 from .plan_bars import INK, bar_slots, draw_bars, mark_not_applying, used_parts
 from .plan_data import PlanPicture
-from .plan_frame import (BREAK_RATIO, BREAK_SHARE, draw_budget, draw_legend, draw_title, draw_x_labels,
-                         fit_legend_rows, legend_entries)
+from .plan_frame import (
+    BREAK_RATIO,
+    BREAK_SHARE,
+    draw_budget,
+    draw_legend,
+    draw_title,
+    draw_x_labels,
+    fit_legend_rows,
+    legend_entries,
+)
 
 _SVG_NS = "{http://www.w3.org/2000/svg}"
 _XLINK_HREF = "{http://www.w3.org/1999/xlink}href"

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...analysis.patterns import shape_size_label
 from ...analysis.spans import phase_runs
 from ...errors import RECORD_HINT
 from ...model import OutOfMemory
 from ...report.report import INCOMPLETE_NOTE, LIVE_TOP, Report, reserved_measured
 from ...units import format_bytes
-from ...analysis.patterns import shape_size_label
 from ...vocab import AT_PEAK, CATEGORY_NAMES, PHASES
 
 

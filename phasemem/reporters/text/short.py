@@ -9,11 +9,11 @@ Example:
 """
 from __future__ import annotations
 
+from ...analysis.patterns import KIND_NAMES, shape_size_label
 from ...analysis.typical import Typical, ranges, typical
 from ...model import Pattern
 from ...report.report import Report
 from ...units import format_bytes, signed
-from ...analysis.patterns import KIND_NAMES, shape_size_label
 from ...vocab import AT_PEAK
 from .full import format_full, format_live, header, oom_line, phase_at, step_table
 
