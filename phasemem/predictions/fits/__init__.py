@@ -4,7 +4,7 @@
 
 ``search.py``: an axis's answer (and the remedies that make the next factor fit); ``capped.py``: the
 replays under the cap; ``bounds.py``: the allocated peak and the reserve, without the allocator;
-``answer.py``: ``Fit``, ``Fits``; ``as_text.py``: their text.
+``answer.py``: ``Fit``, ``Fits`` and their text.
 """
 from __future__ import annotations
 
