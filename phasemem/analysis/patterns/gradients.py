@@ -9,6 +9,7 @@ from ...model import Pattern
 from ...units import format_bytes
 from ...vocab import P
 from ..facts import Context, per_trace, update_gradients
+from ..spans import concat_ranges
 from .shape_kind import INK, ShapeKind
 
 
@@ -144,7 +145,7 @@ def _frees_by_run(ctx: Context) -> dict[int, tuple[int, int]]:
     if not len(runs):
         return {}
     z0, z1 = ctx.run_first[runs], ctx.run_last[runs]
-    ev = np.arange(int((z1 - z0 + 1).sum())) - np.repeat(np.cumsum(z1 - z0 + 1) - (z1 - z0 + 1) - z0, z1 - z0 + 1)
+    _, ev = concat_ranges(z0, z1 + 1)
     d = ctx.timeline.active_after[ev] - ctx.before[ev]  # their changes (no whole-trace delta)
     starts = np.concatenate([[0], np.cumsum(z1 - z0 + 1)[:-1]])
     freed = np.add.reduceat(np.where(d < 0, -d, 0), starts)

@@ -104,8 +104,8 @@ def _logits_among(ctx: Context, vocab: np.ndarray, row: np.ndarray, big: np.ndar
     library's workspace can come first: docs/patterns.md). ``opening``: the backward runs' sizes
     (losses_consuming), row k's at o_lo[k]..o_hi[k]. Returns the logits, and the blocks from them on."""
     n = len(big)
-    o_row = np.repeat(np.arange(n), o_hi - o_lo)  # a handful each (LOSS_GRAD_WITHIN)
-    o_size = opening[np.arange(len(o_row)) - np.repeat(np.cumsum(o_hi - o_lo) - o_hi, o_hi - o_lo)]
+    o_row, o_at = concat_ranges(o_lo, o_hi)  # a handful each (LOSS_GRAD_WITHIN)
+    o_size = opening[o_at]
     is_grad = np.flatnonzero(o_size >= VOCAB_SHARE * big[o_row])
     g = np.full(n, np.nan)
     if len(is_grad):
