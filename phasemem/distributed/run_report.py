@@ -28,7 +28,7 @@ from ..vocab import PHASES
 LANE_COLUMNS = 64
 #: The peak rank's lead in one category is named only from this share of its peak: issue #31's DDP job
 #: on 2 gloo ranks peaks in the optimizer on both, 20 B apart (one scalar more alive on one rank) of
-#: 7.3 MiB; a real imbalance (tests/test_distributed.py's FSDP2 job, rank 1 on twice the batch) leads
+#: 7.3 MiB; a real imbalance (tests/distributed/test_distributed.py's FSDP2 job, rank 1 on twice the batch) leads
 #: by 2 MiB of 6.7 MiB.
 MIN_EXCESS_SHARE = 0.01
 

@@ -12,7 +12,7 @@ outside this package knows which one it was.
 A source without allocation history (only its segments, or a legacy recording's single entry) is
 read again for what was alive when it was taken (``snapshot.load_live``): ``Reading.live``.
 
-The Trace is the same whichever path read it (tests/test_decode.py, test_scale.py); only the cost
+The Trace is the same whichever path read it (tests/reading/test_decode.py, test_scale.py); only the cost
 differs (docs/performance.md, benchmarks/bench_forms.py).
 """
 from __future__ import annotations

@@ -86,7 +86,7 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
 def segment_marked(trace: Trace, prefix: str, lifetimes: Lifetimes) -> Segmentation:
     """``segment`` of a trace whose forward or backward markers are there, from its marks alone
     (nothing is inferred there), with the trace's ``lifetimes`` given: what a step index is built
-    from. tests/test_segment_handbuilt.py checks that it is ``segment``'s answer.
+    from. tests/segmentation/test_segment_handbuilt.py checks that it is ``segment``'s answer.
 
     Example:
         >>> seg = segment_marked(trace, "phasemem::", lifetimes_of(trace))

@@ -10,7 +10,7 @@ from ..infer.flat_updates import flat_updates
 from ..spans import phase_runs as runs
 
 # An inferred phase's confidence: the share of the events it labels that the markers label the same,
-# pooled over the 55 real H200 traces of tests/test_infer.py (fixtures/, ../shared, the first four
+# pooled over the 55 real H200 traces of tests/segmentation/test_infer.py (fixtures/, ../shared, the first four
 # held-out sets), measured by docs/eval_inference.py on 2026-12-02 (frames 0.999-1.000, given as 0.99:
 # never certain); lifetimes refitted 2026-12-04 after the frameless rules of docs/accuracy.md
 # ("Frameless, over every marked trace"), over the traces without doubts (the doubted ones get
@@ -24,7 +24,7 @@ from ..spans import phase_runs as runs
 # 496 lost are the frees after a loss computed inside the model (llama_hf, its checkpointed kin, qwen,
 # heldout bert/t5/distilbert/gpt2), which the markers now leave 'other' and the lifetimes still read as
 # the loss's tail, as they read that model's cross-entropy as the loss.
-# Recompute it there when the inference changes; tests/test_infer.py checks it.
+# Recompute it there when the inference changes; tests/segmentation/test_infer.py checks it.
 CONFIDENCE = {
     "frames": {"forward": 0.99, "loss": 0.99, "zero_grad": 0.99, "backward": 0.99, "optimizer": 0.99},
     "lifetimes": {"forward": 0.93, "loss": 0.51, "zero_grad": 0.99, "backward": 0.99, "optimizer": 0.97},

@@ -168,7 +168,7 @@ function fromHash() {
 }
 addEventListener("hashchange", fromHash);
 fromHash();
-document.body.dataset.ready = "1";  // for scripts driving the page (tests/test_html.py)
+document.body.dataset.ready = "1";  // for scripts driving the page (tests/reporters/test_html.py)
 })();
 """
 
