@@ -83,3 +83,15 @@ def bare(snap: dict) -> dict:
         for b in seg.get("blocks") or []:
             b["frames"] = []
     return s
+
+
+def without_frames(snap: dict) -> dict:
+    """``snap`` with every stack frame removed, the events' and the segments' and blocks' (in place; returned)."""
+    for t in snap["device_traces"]:
+        for e in t:
+            e["frames"] = []
+    for seg in snap.get("segments") or []:
+        seg["frames"] = []
+        for b in seg.get("blocks") or []:
+            b["frames"] = []
+    return snap

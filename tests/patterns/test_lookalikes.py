@@ -18,24 +18,16 @@ recording's meta.
 from __future__ import annotations
 
 import copy
-import lzma
-import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import phasemem
 from helpers.paths import FIXTURES
+from helpers.snapshots import recording, without_frames
 from phasemem.vocab import P
 
 LOOKALIKES = FIXTURES / "lookalikes"
-
-
-def _load(path: Path) -> dict:
-    if not path.exists():
-        pytest.skip(f"{path} is missing")
-    return pickle.loads(lzma.decompress(path.read_bytes()))
 
 
 def _handed_over(snap: dict, frames: bool = True) -> dict:
@@ -45,15 +37,7 @@ def _handed_over(snap: dict, frames: bool = True) -> dict:
     s.pop("phasemem", None)
     s["external_annotations"] = [a for a in s.get("external_annotations") or []
                                  if not str(a.get("name", "")).startswith(("gt::", "phasemem::"))]
-    if not frames:
-        for t in s["device_traces"]:
-            for e in t:
-                e["frames"] = []
-        for seg in s.get("segments") or []:
-            seg["frames"] = []
-            for b in seg.get("blocks") or []:
-                b["frames"] = []
-    return s
+    return s if frames else without_frames(s)
 
 
 def _events(snap: dict) -> list[dict]:
@@ -96,7 +80,7 @@ def _variants(snap: dict, frames: bool):
                                   "offload_save_on_cpu_noframes", "offload_llama_bf16", "lora_int8",
                                   "lora_int8_noframes"])
 def test_no_recompute_where_nothing_is_checkpointed(name):
-    snap = _load(LOOKALIKES / f"{name}.pkl.xz")
+    snap = recording(LOOKALIKES, name)
     meta = snap["phasemem"]["meta"]
     assert meta["checkpointing"] is False and "checkpoint" not in meta["loop"]
     files = _frame_files(snap)
@@ -113,7 +97,7 @@ def test_dpo_backward_echoes_the_reference_forward():
     """What made the false claim is in the trace: the policy's backward repeats, 4 sizes at a time, sizes
     its forward phase made in blocks that were all freed before backward (the reference's no_grad
     forward), as a recompute would."""
-    snap = _load(LOOKALIKES / "dpo_llama_noframes.pkl.xz")
+    snap = recording(LOOKALIKES, "dpo_llama_noframes")
     fwd, bwd = _ranges(snap, "gt::forward"), _ranges(snap, "gt::backward")
     ev = _events(snap)
     t = np.array([e["time_us"] for e in ev])
@@ -130,7 +114,7 @@ def test_dpo_backward_echoes_the_reference_forward():
 @pytest.mark.parametrize("name", ["ckpt_llama", "ckpt_llama_python", "ckpt_llama_noframes"])
 def test_checkpointing_keeps_its_claim(name):
     """One claim per whole step, one block per decoder layer; by checkpoint's frames where recorded."""
-    snap = _load(LOOKALIKES / f"{name}.pkl.xz")
+    snap = recording(LOOKALIKES, name)
     meta = snap["phasemem"]["meta"]
     assert meta["checkpointing"] is True
     files = _frame_files(snap)
@@ -179,7 +163,7 @@ def _check_optimizer_ranges(snap: dict, r) -> int:
 @pytest.mark.parametrize("frames", [True, False], ids=["frames", "no frames"])
 @pytest.mark.parametrize("name", QUICK)
 def test_quick_steps_keep_their_annotated_optimizer(name, frames):
-    snap = _load(LOOKALIKES / f"{name}.pkl.xz")
+    snap = recording(LOOKALIKES, name)
     meta = snap["phasemem"]["meta"]
     r = phasemem.analyze(_handed_over(snap, frames=frames))
     assert _check_optimizer_ranges(snap, r) == meta["optimizer_steps_expected"]
@@ -189,7 +173,7 @@ def test_quick_steps_keep_their_annotated_optimizer(name, frames):
 def test_an_annotated_optimizer_step_is_never_lost(folder, name, frames):
     """The programs where the update was read as forward: each Optimizer.step# range (no closure: the
     program calls step() after backward) is the optimizer's, every step has it."""
-    snap = _load(FIXTURES / folder / f"{name}.pkl.xz")
+    snap = recording(FIXTURES / folder, name)
     r = phasemem.analyze(_handed_over(snap, frames=frames))
     n = _check_optimizer_ranges(snap, r)
     assert n == 3

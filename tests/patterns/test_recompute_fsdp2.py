@@ -13,24 +13,16 @@ Every truth here comes from the raw entries: FSDP2's own frames (``alloc_all_gat
 from __future__ import annotations
 
 import copy
-import lzma
-import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import phasemem
 from helpers.paths import FIXTURES
+from helpers.snapshots import recording, without_frames
 
 PLANS = FIXTURES / "plans"
 FSDP2 = sorted(p.name.removesuffix(".pkl.xz") for p in PLANS.glob("*__fsdp2*.pkl.xz"))
-
-
-def _load(path: Path) -> dict:
-    if not path.exists():
-        pytest.skip(f"{path} is missing")
-    return pickle.loads(lzma.decompress(path.read_bytes()))
 
 
 def _events(snap: dict) -> list[dict]:
@@ -44,15 +36,7 @@ def _reading(snap: dict, marks: bool, frames: bool) -> dict:
     if not marks:
         s.pop("phasemem", None)
         s["external_annotations"] = []
-    if not frames:
-        for t in s["device_traces"]:
-            for e in t:
-                e["frames"] = []
-        for seg in s.get("segments") or []:
-            seg["frames"] = []
-            for b in seg.get("blocks") or []:
-                b["frames"] = []
-    return s
+    return s if frames else without_frames(s)
 
 
 READINGS = {"as recorded": (True, True), "annotations removed": (False, True),
@@ -106,7 +90,7 @@ CASES = [(n, how) for n in FSDP2 for how, (_, frames) in READINGS.items() if not
 
 @pytest.mark.parametrize("name,how", CASES)
 def test_fsdp2_regathers_are_no_recompute(name, how):
-    snap = _load(PLANS / f"{name}.pkl.xz")
+    snap = recording(PLANS, name)
     ev = _events(snap)
     files = {f["filename"].replace("\\", "/") for e in ev for f in e.get("frames") or []}
     assert any("/_fully_shard/" in f for f in files)  # FSDP2's own frames: it ran
@@ -120,7 +104,7 @@ def test_fsdp2_regathers_are_no_recompute(name, how):
 def test_backward_gathers_again_what_forward_freed(name):
     """What made the false claim is in the trace: with reshard_after_forward, every step's backward copies
     each layer's parameters out of a gathered block again, in blocks that add up to it exactly."""
-    snap = _load(PLANS / f"{name}.pkl.xz")
+    snap = recording(PLANS, name)
     ev = _events(snap)
     outs = _copy_outs(snap)
     steps = int(snap["phasemem"]["calls"]["phasemem::backward"])
@@ -138,7 +122,7 @@ def test_copy_outs_are_told_from_sizes_alone(name):
     from phasemem.analysis.patterns.recompute_gathers import gathered
     from phasemem.read import read
 
-    snap = _load(PLANS / f"{name}.pkl.xz")
+    snap = recording(PLANS, name)
     ev = _events(snap)
     got = read(_reading(snap, marks=False, frames=False), trusted=True)
     ctx = Analysis.of(got.trace, got.prefix).facts
@@ -164,7 +148,7 @@ def test_no_copy_out_without_fsdp(rel):
     from phasemem.analysis.patterns.recompute_gathers import gathered
     from phasemem.read import read
 
-    snap = _load(FIXTURES / rel)
+    snap = recording((FIXTURES / rel).parent, (FIXTURES / rel).name.removesuffix(".pkl.xz"))
     assert not any("/_fully_shard/" in f["filename"] for e in _events(snap) for f in e.get("frames") or [])
     got = read(_reading(snap, marks=False, frames=False), trusted=True)
     ctx = Analysis.of(got.trace, got.prefix).facts
