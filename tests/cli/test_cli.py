@@ -4,30 +4,21 @@ from __future__ import annotations
 import json
 import lzma
 import pickle
-import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import phasemem
 from helpers.paths import FIXTURES, ROOT, SHARED
+from helpers.png import png_size
+from helpers.snapshots import read as raw
 from phasemem.commands.cli import main
 
 SNAPSHOTS = sorted(SHARED.glob("*.pkl.xz"))
 needs_snapshots = pytest.mark.skipif(not SNAPSHOTS, reason=f"no real GPU snapshots at {SHARED}")
 
 
-def raw(path: Path) -> dict:
-    obj = pickle.loads(lzma.decompress(path.read_bytes()))
-    return obj.get("snapshot", obj)
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()[:24]
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    return struct.unpack(">II", data[16:24])
 
 
 @needs_snapshots

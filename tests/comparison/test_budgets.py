@@ -3,8 +3,6 @@ else is a PhasememError naming the problem, never a pass; checked against number
 trace (a replay of its events) and the recording's own meta (the logits' size)."""
 from __future__ import annotations
 
-import lzma
-import pickle
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ import pytest
 import phasemem
 from helpers import reference
 from helpers.paths import FIXTURES
+from helpers.snapshots import read as raw
 from phasemem.commands.cli import main
 from phasemem.report.budgets import budget_for, check_comparison, check_report, parse_budget, parse_budgets, parse_size
 
@@ -19,10 +18,6 @@ FIX = FIXTURES
 FOREACH, KEEP, END = FIX / "gpt_foreach.pkl.xz", FIX / "gpt_zero_grad_keep.pkl.xz", FIX / "gpt_zero_grad_end.pkl.xz"
 GiB, MiB = 2**30, 2**20
 
-
-def raw(path: Path) -> dict:
-    obj = pickle.loads(lzma.decompress(path.read_bytes()))
-    return obj.get("snapshot", obj)
 
 
 @pytest.mark.parametrize("text, target, name, limit, relative, percent", [

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import copy
 import json
-import lzma
 import pickle
-import struct
-from pathlib import Path
 
 import pytest
 
 import phasemem
 from helpers import reference
 from helpers.paths import ROOT
+from helpers.png import png_size
+from helpers.snapshots import read as raw
 from phasemem.commands.cli import main
 from phasemem.report.compare import align_runs
 from phasemem.report.comparison import named_floor
@@ -26,15 +25,6 @@ KEEP, END = FIX / "gpt_zero_grad_keep.pkl.xz", FIX / "gpt_zero_grad_end.pkl.xz"
 MIB = 1 << 20
 
 
-def raw(path: Path) -> dict:
-    obj = pickle.loads(lzma.decompress(path.read_bytes()))
-    return obj.get("snapshot", obj)
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()[:24]
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    return struct.unpack(">II", data[16:24])
 
 
 def step_peaks(snap: dict, prefix: str = "phasemem::") -> list[int]:

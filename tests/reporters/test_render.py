@@ -8,7 +8,6 @@ import os
 import pickle
 import re
 import stat
-import struct
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +21,7 @@ from matplotlib.text import Text
 import phasemem
 from helpers.analyses import analyzed
 from helpers.paths import ROOT
+from helpers.png import png_size
 from helpers.snapshots import load_snapshot
 from helpers.wild import wild_path
 from phasemem.analysis.categories import CATEGORIES
@@ -84,13 +84,6 @@ def _need(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is not there")
     return path
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()[:24]
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    assert data[12:16] == b"IHDR"
-    return struct.unpack(">II", data[16:24])
 
 
 def pdf_page(path: Path) -> tuple[float, float]:
