@@ -1,19 +1,6 @@
 """From bytes on disk to a ``Trace``: every form a snapshot comes in is read here, and nothing
-outside this package knows which one it was.
-
-    source ─┬─ a snapshot dict ─────────────── Trace.from_snapshot
-            ├─ .npz (phasemem convert) ─────── columnar: mapped where its step index will cut steps
-            └─ a pickle (plain, .gz, .xz, .bz2)
-                 ├─ decoder/  torch's form, 8 MiB and more: events decoded from the bytes with numpy
-                 ├─ batched   another layout: unpickled a batch of events at a time (less memory)
-                 └─ snapshot  pickle.load (only a snapshot's types) + Trace.from_snapshot: small
-                              files, and events that bring frame dicts of their own
-
-A source without allocation history (only its segments, or a legacy recording's single entry) is
-read again for what was alive when it was taken (``snapshot.load_live``): ``Reading.live``.
-
-The Trace is the same whichever path read it (tests/reading/test_decode.py, test_scale.py); only the cost
-differs (docs/performance.md, benchmarks/bench_forms.py).
+outside this package knows which one it was; the Trace is the same whichever path read it, only the
+cost differs (which path reads what, and why: docs/performance.md, "How the readers work").
 """
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Pickle opcodes read by hand, for the fast snapshot decoder (``phasemem.read.decoder``).
-
-Two jobs, none of which builds or runs anything from the file:
-
-- ``Deframed``: a protocol-4/5 pickle without its FRAME headers. A pickler commits a frame every
-  ~64 KiB at an opcode boundary; with the headers gone the opcodes are one contiguous stream that
-  numpy can scan.
-- ``find_event_list``: where the first device's list with events starts, and how many objects the
-  memo holds there (MEMOIZE numbers objects by count, so every later index depends on it).
-
-Anything unexpected raises ``Unsupported``: the caller then reads the file another way.
+"""Pickle opcodes read by hand, for the fast snapshot decoder (``phasemem.read.decoder``): the
+pickle without its FRAME headers (``Deframed``), and where the events' list starts
+(``find_event_list``); anything unexpected raises ``Unsupported`` (docs/performance.md).
 """
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The events the fast decoder (``phasemem.read.decoder``) has read, and those it parses one opcode at a time.
-
-- ``Columns``: the events so far as columns, their stacks numbered in the order the events first
-  use them, as ``Trace._columnarise`` numbers them; it stands in for the device's list in the
-  unpickled snapshot (``trace.from_stand_in``).
-- ``VM``: a small pickle machine over the opcodes events use (containers, strings, integers, memo
-  references), for the events the vectorised path does not read. It runs nothing: any other opcode
-  is ``Unsupported``.
+"""The events the fast decoder (``phasemem.read.decoder``) has read (``Columns``), and those it parses
+one opcode at a time (``VM``, which runs nothing); docs/performance.md says how.
 """
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """What each memo index of a snapshot pickle holds, as far as its events need to know, for the
-fast decoder (``phasemem.read.decoder``).
-
-MEMOIZE numbers objects by count, and a later memo reference names the number: an event's action is
-a reference to a string, its frames a reference to a list of frame dicts or a new list of
-references to frame dicts. ``Memo`` keeps, per index, a kind and a payload: for a string its action
-code, for a list of frames its stack (by content, as ``Trace._columnarise`` keys stacks), and the
-objects themselves only for the head's entries and for the strings and frame dicts the events
-create: what a later part of the file may refer to.
+fast decoder (``phasemem.read.decoder``): MEMOIZE numbers objects by count, so every later
+reference depends on it (what ``Memo`` keeps, and why: docs/performance.md).
 """
 from __future__ import annotations
 

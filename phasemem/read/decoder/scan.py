@@ -1,11 +1,5 @@
-"""Events read from a pickle's bytes with numpy, many at a time (``phasemem.read.decoder`` says how).
-
-``Template``: the byte form every ordinary event has in this file — its keys, in order, as memo
-references (2 or 5 bytes each), known from the first event. ``candidates``: where events may
-start (``}`` MEMOIZE MARK and the first key's reference). ``scan``: each field of a run of
-candidates read at once; it returns how many of them, from the first, are ordinary events that
-end exactly where the next begins (a batch boundary, APPENDS then MARK, between them allowed), and
-``commit`` counts what they create in the memo and adds them to the columns.
+"""Events read from a pickle's bytes with numpy, many at a time (``phasemem.read.decoder`` says how):
+``Template``, ``candidates``, ``scan`` and ``commit`` (each one's part: docs/performance.md).
 """
 from __future__ import annotations
 
