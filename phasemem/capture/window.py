@@ -1,18 +1,8 @@
 """Step windows: record only some steps of a long loop (``instrument(..., steps="5000-5002")``).
 
-Steps count from 0: step k is the one that runs after k optimizer steps have completed, which is how
-the report numbers steps and what Hugging Face's ``state.global_step`` and Lightning's
-``trainer.global_step`` read while step k runs. The window opens at the *boundary* where step
-``first - 1`` has just ended (at once when ``first`` is 0) and closes at the boundary where step
-``last`` has ended; the recording (allocator history cleared at the start, phase hooks installed) runs
-only in between, so the ring buffer holds the window's steps alone, and before the window a loop pays
-one Python call per optimizer step (the counter, below), after it nothing.
-
-A boundary is reported either by the counter (``StepWindow(count=True)``, what ``instrument()`` does:
-a wrapper on the first optimizer's ``step``, or on the model's ``forward`` when there is no
-optimizer, that reports each completed call), or by a trainer callback that calls ``boundary(done)``
-with the trainer's own step count (``count=False``). Nothing here raises into the training loop once it
-runs: a recording that cannot start or finish is a warning (the run keeps training).
+The recording runs only between the boundary where step ``first - 1`` has ended and the one where
+step ``last`` has, as a step counter or a trainer callback reports them, so the ring buffer holds the
+window's steps alone; nothing here raises into the training loop (docs/integrations.md).
 """
 from __future__ import annotations
 

@@ -5,9 +5,7 @@
 - ``phasemem.integrations.lightning.PhasememCallback``: a ``lightning.pytorch.Callback`` (or, where only
   the standalone package is installed, a ``pytorch_lightning.Callback``; ``pip install 'phasemem[lightning]'``).
 
-Neither framework is a dependency of phasemem: each module imports its framework when it is imported,
-and says which extra to install when the framework is missing. What the two share (the step window,
-the recording, the files, the headline numbers) is ``recorder.Recorder``; ``docs/integrations.md``.
+Neither framework is a dependency of phasemem (what the two share, and how: docs/integrations.md).
 
 Example:
     >>> from phasemem.integrations.huggingface import PhasememCallback

@@ -1,14 +1,8 @@
 """``PhasememCallback`` for the Hugging Face ``Trainer``: records some steps of ``trainer.train()``.
 
-The callback finds the model and the optimizer in ``on_train_begin`` (the optimizer exists only then;
-accelerate's ``AcceleratedOptimizer`` is unwrapped to the real one, and under ``torch_compile=True``
-the forward marker goes on the compiled wrapper so that it stays outside the compiled graph). The step
-window follows ``state.global_step``: recording starts in the ``on_step_end`` of the step before the
-window (or in ``on_train_begin`` for step 0) and the files are written in the ``on_step_end`` of its
-last step, which runs after the optimizer step, the scheduler and ``model.zero_grad()`` of that step;
-with gradient accumulation every micro-batch of a step is inside. Each rank (``args.process_index``)
-writes its own ``rank<r>.*`` files into ``output_dir`` (default ``<args.output_dir>/phasemem``). The
-headline numbers go through ``Trainer.log`` (so to every ``report_to`` logger and ``state.log_history``).
+Each rank (``args.process_index``) writes its own ``rank<r>.*`` files into ``output_dir`` (default
+``<args.output_dir>/phasemem``); the headline numbers go through ``Trainer.log``. How it finds the
+model and optimizer, and when the window opens and closes: docs/integrations.md.
 
 Example:
     >>> from phasemem.integrations.huggingface import PhasememCallback

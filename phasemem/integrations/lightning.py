@@ -1,18 +1,8 @@
 """``PhasememCallback`` for Lightning: records some steps of ``trainer.fit()``.
 
-A ``lightning.pytorch.Callback`` (a ``pytorch_lightning.Callback`` where only the standalone package is
-installed; Lightning calls callbacks by their hook names, so either class works with either Trainer).
-It finds the optimizers in ``on_train_start`` (``trainer.optimizers``: they exist only once fit has
-begun) and marks the forward of the LightningModule and of its direct children that hold parameters,
-so a ``training_step`` that calls ``self.model(x)`` instead of ``self(x)`` is marked too (the nested
-ranges are one forward). ``optimizer.step(closure)`` runs forward and backward inside the optimizer's
-range; the segmenter reads the nesting (``docs/capture.md``). The window follows
-``trainer.global_step``: recording starts in the ``on_train_batch_end`` of the step before the window
-(``on_train_start`` for step 0) and ends in the ``on_train_batch_end`` after its last optimizer step,
-so with ``accumulate_grad_batches`` every micro-batch of a step is inside. Each rank
-(``trainer.global_rank``) writes its own ``rank<r>.*`` files into ``output_dir`` (default
-``<default_root_dir>/phasemem``). The headline numbers go to every ``trainer.loggers`` at the window's
-last step and into ``trainer.callback_metrics``.
+Each rank (``trainer.global_rank``) writes its own ``rank<r>.*`` files into ``output_dir`` (default
+``<default_root_dir>/phasemem``); the headline numbers go to every ``trainer.loggers``. Which forwards
+it marks, and when the window opens and closes: docs/integrations.md.
 
 Example:
     >>> from phasemem.integrations.lightning import PhasememCallback

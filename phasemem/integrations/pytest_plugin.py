@@ -11,12 +11,8 @@ it; the picture, the report's JSON and the snapshot are written next to the test
 arguments are ``--fail-if`` expressions (``"optimizer.peak>6GiB"``). Only absolute budgets: a test
 has no base run.
 
-On CUDA a test may use ``instrument()`` itself: its block nests in this recording and its markers
-name the phases. On the CPU, where torch's profiler does not nest, this recording stops when the
-test's own ``instrument()`` block starts, and the budgets read that block.
-
-Loaded by pytest in every session once phasemem is installed, so it imports no torch, no matplotlib
-and no analysis beyond what ``import phasemem`` loads until a marked test runs.
+It nests with a test's own ``instrument()``; it imports nothing heavy until a marked test runs
+(docs/compare.md, "pytest").
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """What the trainer callbacks share: a step window driven by the trainer's step count, the recording,
-the files each rank writes for itself, and the report's headline numbers for the trainer's logger.
-
-Rank r writes ``<output_dir>/rank<r>.pickle.xz`` (the snapshot), ``rank<r>.png``, ``rank<r>.json`` (and
-``rank<r>.txt`` if asked) when its window closes, by itself: no collective, no barrier, no rank waits
-for another's files (the names ``run.save(folder)`` gives them too). On an out-of-memory inside the
-window it writes ``oom_rank<r>.pickle.xz``, ``.json`` and ``.png`` there instead. Nothing here raises
-into training once it runs: a file that cannot be written, or a report that cannot be made, is a warning.
+the files each rank writes for itself (no rank waits for another), and the headline numbers for the
+trainer's logger; nothing raises into training (docs/integrations.md, "Files, per rank").
 """
 from __future__ import annotations
 
