@@ -20,11 +20,9 @@ class Allocation:
 class Phase:
     """A phase of one step (or of all steps, in ``Report.phases``).
 
-    ``peak_bytes`` is the most memory allocated while the phase's events ran (after an alloc,
-    before a free); ``start_bytes`` is what was allocated just before its first event, ``end_bytes``
-    just after its last. Event indices are positions in ``snapshot["device_traces"][device]``;
-    they are None for a phase that ran but allocated and freed nothing. Every step holds every phase
-    that any step ran; one it did not run has ``ran`` False, no events and zero bytes.
+    ``peak_bytes`` is the most memory allocated while the phase's events ran; ``start_bytes`` and
+    ``end_bytes`` what was allocated just before its first event and just after its last (event indices,
+    and a phase a step did not run: docs/design.md, "The public API").
 
     Example:
         >>> report.phases["optimizer"].peak_bytes

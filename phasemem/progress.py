@@ -1,13 +1,6 @@
 """A line on stderr that says what a long command is doing ("phasemem: reading big.pickle: 4.2M
-events… 12 s"), only where stderr is a terminal and only once the command has run ``SHOW_AFTER``
-seconds; rewritten in place with a carriage return, and cleared before anything else is printed.
-A 10M-event read was silent for tens of seconds (issue 40).
-
-The command line turns it on (``shown()``, around a subcommand); the readers and the commands say
-where they are (``stage``, ``count``): with nothing shown, each call is an attribute write. A thread
-rewrites the line every ``REFRESH`` seconds, so the seconds move while C code (the unpickler, numpy)
-holds the work. No dependency: tqdm and rich would each draw a bar phasemem cannot fill, since a read
-does not know its events before it ends.
+events… 12 s"), only on a terminal and once the command has run ``SHOW_AFTER`` seconds: a 10M-event
+read was silent for tens of seconds (issue 40). How it is drawn, and why no tqdm: docs/performance.md.
 
 Example:
     >>> with shown():

@@ -1,8 +1,6 @@
-"""``instrument()``: what a user records with, and ``Run``, the recording with its report. Capture
-(``phasemem.capture``) gives the snapshot only; the report of it, the per-rank JSON beside a saved
-snapshot, the OOM dump's report and picture, and the gather of a distributed run's summaries are
-added here, above the pipeline and the reporters, so that no floor imports one above it. Importing it
-imports torch (``phasemem.instrument`` loads it when first asked for).
+"""``instrument()``: what a user records with, and ``Run``, the recording with its report; what is
+added above the snapshot lives here, above the pipeline and the reporters, so that no floor imports one
+above it (docs/design.md). Importing it imports torch.
 
 Example:
     >>> with phasemem.instrument(model, opt) as run:

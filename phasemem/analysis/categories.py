@@ -1,12 +1,7 @@
 """What each allocated byte is: parameter, gradient, optimizer state, activation, temporary, input.
 
-Known from lifetimes and phases alone, so it works on the autograd thread's frameless events:
-- alive before recording and to the end: parameter (the model's weights, made before the trace);
-- made in backward and kept past it: gradient;
-- made in an optimizer step and kept past the step: optimizer state;
-- made in forward (or the loss) and freed in backward, or kept into it: activation;
-- born and freed within one phase run: temporary;
-- made outside every phase and used by the forward that follows: input (the batch).
+Known from lifetimes and phases alone, so it works on the autograd thread's frameless events (each
+category's rule: docs/categories.md).
 """
 from __future__ import annotations
 

@@ -21,11 +21,8 @@ _INFERRED = "phases are inferred from the whole trace (no forward/backward marke
 
 def cut(got: Reading) -> Reading:
     """``got`` with the steps it asks for (``got.steps``) cut from its trace: the one place a trace is
-    sliced, for every source. By the source's own step index (an .npz's, whose mapped events are read
-    only where the slice copies them), else by one built from the whole trace where its steps are
-    marked; with ``steps`` left set where they are not (the caller says so). What a slice keeps of
-    the rest (allocations alive across its start, markers to the end of its last step) and why its
-    numbers are the full analysis's: ``phasemem.read.columnar``.
+    sliced, for every source, by the source's own step index else by one built from the trace (which, and
+    why a slice's numbers are the full analysis's: docs/performance.md, ``phasemem.read.columnar``).
 
     Example:
         >>> cut(read("snapshot.pickle", steps="2-3")).window[1:]

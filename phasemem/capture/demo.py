@@ -1,9 +1,5 @@
-"""``phasemem demo``: a small GPT-like language model trained for a few steps under ``instrument()``.
-
-The model is sized so that what an expert looks for shows up at once: with an 8,192-token
-vocabulary the logits (batch × sequence × vocabulary floats) and their gradient are the largest
-tensors of the step, larger than all parameters together, so the forward/loss spike and its
-release in backward are plain to see. On a CPU one step takes well under a second on two cores.
+"""``phasemem demo``: a small GPT-like language model trained for a few steps under ``instrument()``,
+sized so that the logits and their gradient are the step's largest tensors (why: docs/capture.md).
 """
 from __future__ import annotations
 

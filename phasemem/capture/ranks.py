@@ -1,8 +1,8 @@
 """One recording per rank of a ``torch.distributed`` job: which rank and device this process is, the
 file each rank writes, and the gather of per-rank summaries for ``run.report(gather=True)``.
 
-Nothing here waits on another rank except ``all_gather`` (one ``all_gather_object``, of summaries,
-never traces): ``save_rank`` writes this rank's file only, so a rank that dies cannot hang the others.
+Nothing here waits on another rank except ``all_gather``, so a rank that dies cannot hang the others
+(docs/distributed.md).
 
 Example:
     >>> with instrument(ddp_model, opt) as run:     # inside an initialised process group

@@ -1,36 +1,9 @@
 """Activation-checkpoint recompute: backward re-runs each checkpointed block's forward.
 
-Recognised from sizes and lifetimes alone. Checkpointing discards a block's activations in forward
-and backward makes them again, in the same order, right before differentiating the block. So a
-recompute run is a stretch of backward allocations whose consecutive sizes (K at a time) repeat a
-stretch of forward allocations that forward freed before backward began. Gradients of
-elementwise chains can repeat forward sizes too, but they echo tensors that forward kept; on the
-real traces in fixtures/ the echoed forward tensors were 98–99 % discarded with checkpointing and
-at most 86 % without (HF Llama's RMSNorm), hence DISCARDED.
-
-The evidence must lie inside backward: a repeat of forward's sizes elsewhere is no recompute. Each
-backward is compared with its own forward only (the forward runs since the step's previous backward):
-with accumulated micro-batches, micro-batch 2's backward echoed micro-batch 1's forward, whose tensors
-micro-batch 1's backward had freed, and that read as "discarded by forward" (h9_char_gpt_math_attention
-without frames, where inference split step 0 into two forward/backward pairs). And a recompute's
-tensors are freed within backward: gradients that echo forward's sizes and are kept (heldout3_clip_infonce
-without frames: 3 of its 4 runs, none freed in backward) are no recompute. A forward repeated in the
-forward phase (micro-batches, dequantised weights, ensembles, rollouts) never reaches this rule.
-
-A run must replay its forward, not echo it: MIN_REPLAYED sizes in a row that forward made in a row
-(offloaded activations copied back and the gradients of a DPO step repeat it only in short stretches).
-And where the trace has stack frames, a recompute shows them (checkpoint's own, or a compiled backward's
-RNG replays): a backward run with neither holds no recompute, whatever its sizes (issue 40's DPO step).
-
-FSDP2 (reshard_after_forward) gathers each layer's parameters again in backward, in forward's order: those
-copy-outs (recompute_gathers.py: a block, then blocks adding up to it) are taken out before the runs are read.
-
-Which evidence was used goes into ``details["evidence"]``: "frames" where torch.utils.checkpoint's own
-frames made the members, "sizes" where only sizes and lifetimes did; a claim from sizes alone is less
-sure (SIZES_CONFIDENCE).
-
-The same ripples made by a forward the program calls again itself (gradient caching: no checkpoint
-frame, a module call from the loop) are ``forward_rerun``, not checkpointing.
+Recognised from sizes and lifetimes alone: a stretch of backward allocations that replays, in order,
+sizes its own forward made and discarded (DISCARDED, MIN_REPLAYED) and frees them within backward;
+frames, where the trace has them, must show it. The evidence, and the traces that taught each rule:
+docs/patterns.md, ``checkpoint_recompute``.
 """
 from __future__ import annotations
 

@@ -39,11 +39,9 @@ def _alloc_size_csum(ctx: Context) -> np.ndarray:
 
 def gathered(ctx: Context, at: np.ndarray) -> np.ndarray:
     """The allocations (sorted indices) of FSDP2's backward copy-outs that begin at any of the allocations
-    ``at``: a gathered block, then at least MIN_PIECES consecutive allocations of more than one size, made
-    while it lives, that add up to it (GATHER_SLACK); the gathered block freed right after them
-    (GATHER_FREED_WITHIN), and they together, once the layer's backward is done with them (GATHER_HELD).
-    Backward gathers each layer's parameters again in forward's order, which a recompute's sizes would
-    repeat too; a recompute makes the block's activations instead."""
+    ``at``: a gathered block, then pieces made while it lives that add up to it (the thresholds, and why a
+    recompute's sizes would repeat them: docs/patterns.md).
+    """
     if not len(at):
         return np.zeros(0, np.int64)
     csum = _alloc_size_csum(ctx)
