@@ -71,11 +71,9 @@ def local_cores() -> int:
 
 def rank_summaries(paths: list[str], *, workers: int | None = None, scheduler=None, budgets=(), meanwhile=None,
                    **analyze_options) -> list[tuple[RankSummary, list[str]]]:
-    """``(summary, broken budgets)`` of each file, in the order of ``paths``, whichever way they ran:
-    one after another (``workers=1``, or one file), on ``workers`` local processes (default: every core
-    this process may use, once the files add up to ``MIN_POOL_BYTES``), or on the Dask cluster at
-    ``scheduler`` (an address, or a ``distributed.Client``). The first file in ``paths`` that fails raises its error, as one after another.
-    ``meanwhile()`` runs here while the workers analyse (the CLI loads the picture's modules then).
+    """``(summary, broken budgets)`` of each file, in the order of ``paths``: one after another, on
+    ``workers`` local processes, or on the Dask cluster at ``scheduler``; the first file in ``paths`` that
+    fails raises its error. ``meanwhile()`` runs while the workers analyse (the defaults: docs/distributed.md).
 
     Example:
         >>> [s.peak_bytes for s, _ in rank_summaries(rank_files("mem/"), workers=2)]

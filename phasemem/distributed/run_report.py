@@ -2,9 +2,8 @@
 (max, min, spread), the rank that sets the run's peak and why, the memory FSDP2 and DDP hold (only where
 the trace shows it), steps aligned by number across ranks.
 
-A rank is read through its own ``Report`` (``phasemem.analyze``), reduced to a ``RankSummary``: plain
-numbers and a few KiB of curve, what ``run.report(gather=True)`` sends between ranks. ``RunReport.of``
-is a pure function of those summaries; pool.py reads many rank files into them at once.
+A rank is read through its own ``Report``, reduced to a ``RankSummary`` that ranks can send each other
+(docs/distributed.md).
 
 Example:
     >>> run = phasemem.analyze_ranks("mem/")          # a folder, a glob, or a list of files

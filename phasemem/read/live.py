@@ -58,13 +58,7 @@ class LiveMemory:
 def live_memory(snapshot: Any, device: int | None = None) -> LiveMemory:
     """What was allocated on ``device`` when ``snapshot`` (a snapshot dict or a bare list of
     segments) was taken. ``device=None``: the device whose segments hold the most allocated bytes.
-
-    "Allocated" is the sum of ``requested_size`` (``size`` where a block lacks it) over blocks in
-    state ``active_allocated`` or ``active_pending_free``. ``reserved_bytes`` is the sum of the
-    segments' ``total_size``; ``cached_free_bytes`` the ``size`` of their inactive blocks.
-    A snapshot with no segments (nothing was allocated) gives an empty LiveMemory (all zero,
-    ``devices == {}``) rather than an error: zero bytes is the true answer. Anything that is not a
-    snapshot raises PhasememError.
+    What "allocated" sums, and why no segments is no error: docs/trace.md.
 
     Example:
         >>> live = live_memory(pickle.load(open("snapshot.pickle", "rb")))

@@ -1,8 +1,6 @@
-"""The labels a program gave its allocations through torch (the trace floor): the string it set with
-``torch.cuda.memory._set_memory_metadata``, which torch writes into every trace entry as ``user_metadata``
-(docs/torch_labels.md has what a real snapshot holds). A label that names a phase is a mark
-(``phase_runs``, read by ``segmentation.markers``), one that names a category is set beside phasemem's
-(``label_agreement``), anything else is kept and shown on the page's hover (``TorchLabels.text_at``).
+"""The labels a program gave its allocations through torch (the trace floor), as torch writes them into
+every trace entry (``user_metadata``): one naming a phase is a mark, one naming a category is set
+beside phasemem's, the rest are kept for the page's hover (docs/torch_labels.md).
 
 Example:
     >>> labels = from_values([e.get("user_metadata", "") for e in snapshot["device_traces"][0]])
@@ -170,9 +168,7 @@ def from_values(values: list) -> TorchLabels | None:
 
 def phase_runs(labels: TorchLabels | None) -> list[tuple[str, int, int]]:
     """(phase, first entry, last entry) of every run of entries whose label names one phase, in
-    order; entries between two of a run that carry no label (or one naming no phase) belong to it:
-    backward's work on the autograd thread carries none, and lies between the main thread's first
-    entry under "backward" (the loss's seed gradient) and its last (that seed freed). Empty where
+    order, with the unlabelled entries between two of a run (why: docs/torch_labels.md). Empty where
     fewer than MIN_PHASES_NAMED phases are named.
 
     >>> phase_runs(from_values(["forward", "forward", "backward", "", "", "backward", "optimizer"]))

@@ -1,8 +1,6 @@
 """Two runs compared by meaning: steps aligned, phases aligned by name, shapes matched by kind, the
 categories at each side's peak, and the change of the peak split into named causes that add up to it.
-
-Pure functions of two Reports (no matplotlib); ``compare(a, b)`` analyses paths or snapshots first.
-What it returns is a ``comparison.Comparison`` (its text, JSON and picture).
+Pure functions of two Reports (docs/compare.md).
 
 Example:
     >>> c = phasemem.compare("fixtures/gpt_zero_grad_keep.pkl.xz", "fixtures/gpt_zero_grad_end.pkl.xz")
@@ -161,11 +159,7 @@ def _side(report: Report, step: Step | None, name: str) -> Side:
 
 def attribute(ca: Cells, cb: Cells) -> tuple[list[Cause], int]:
     """The peak's change split into named causes, largest first, and the unexplained rest; they add up
-    to the change exactly. Read category by category (the categories at a peak sum to it): a category
-    whose change is under ``comparison.named_floor`` is no cause, whatever its shapes did (bytes that
-    only moved between a shape and the rest of their category); otherwise each shape's change in it
-    and the rest of its change are causes. Category "other", and causes under the floor, are the
-    unexplained rest.
+    to the change exactly (read category by category: docs/compare.md).
 
     Example:
         >>> causes, rest = attribute(composition(ra, sa)[1], composition(rb, sb)[1])

@@ -52,11 +52,9 @@ def replay(alloc: np.ndarray, free: np.ndarray, size: np.ndarray, stream: np.nda
            stop: int | None = None, kept: np.ndarray | None = None, empty_cache_at: np.ndarray | None = None,
            addresses: list | None = None, record_addresses: bool = False) -> Replay:
     """Replay blocks ``alloc``..``free`` (event indices; -1 before the trace, n never freed) of
-    ``size`` requested bytes on ``stream`` through the allocator, from ``layout`` (the state at event
-    ``start``, default ``layout.at``) to event ``stop``, under ``cap``. Blocks placed in the layout
-    stay where they are while ``kept`` (default: all); blocks alive at ``start`` that are not are
-    allocated first, in the order they were made. At one event, frees come before allocations (as
-    ``replay.points`` counts them).
+    ``size`` requested bytes on ``stream`` through the allocator, from ``layout`` (default at
+    ``layout.at``) to event ``stop``, under ``cap`` (which blocks stay where they are, and the order at
+    one event: docs/what-if.md).
 
         >>> lay = layout_at(trace, life, first)
         >>> replay(life.alloc_event, life.free_event, life.size, block_streams(trace, life), lay, 8 << 30).oom_event
