@@ -1,9 +1,7 @@
 """Many ranks of one distributed run as one report: every rank's peaks per step and phase side by side
 (max, min, spread), the rank that sets the run's peak and why, the memory FSDP2 and DDP hold (only where
-the trace shows it), steps aligned by number across ranks.
-
-A rank is read through its own ``Report``, reduced to a ``RankSummary`` that ranks can send each other
-(docs/distributed.md).
+the trace shows it), steps aligned by number across ranks; each rank reduced to a
+``RankSummary`` (docs/distributed.md).
 
 Example:
     >>> run = phasemem.analyze_ranks("mem/")          # a folder, a glob, or a list of files
