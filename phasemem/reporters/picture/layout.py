@@ -25,3 +25,7 @@ LEGEND_MARGIN_PX = 20
 #: fig.legend's spacing in every picture, in legend font sizes: the handle's length, the gap between
 #: columns, the air to the figure's edge, and (the main and live pictures) the gap between rows.
 LEGEND_HANDLE_EM, LEGEND_COLUMN_EM, LEGEND_EDGE_EM, LEGEND_ROW_GAP_EM = 1.6, 1.4, 0.3, 0.35
+#: Margin right of the axes and at the title's ends, in tick font sizes.
+MARGIN_EM = 1.5
+#: The axes are never narrower or lower than this many pixels, however small the picture.
+MIN_AXES_PX = 16
