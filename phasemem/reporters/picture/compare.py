@@ -44,8 +44,6 @@ STRIP_EM = 2.2
 Y_LABEL_EM = 2.4
 #: Pixels of air: beside the y axis' label, and between the x axis' label and the legend.
 EDGE_PX = 8
-#: Pixels between the curves and the strips above them, and under the title (with 2 more).
-STRIPS_GAP_PX, STRIPS_ROOM_PX = 4, 6
 #: The y axis reaches this many times the higher curve's peak: the room above it holds the callout rows.
 HEADROOM = 1.42
 #: Air under the headline before the curves, in label font sizes.
@@ -56,8 +54,6 @@ NAME_KEEP = 60
 DIFF_ALPHA = 0.28
 #: Line widths of A's curve and B's: A's wider, so B drawn over it leaves A's edge showing where they agree.
 A_LW, B_LW = 1.6, 1.3
-#: A strip cell within its slot and row (x, y, width, height): a hairline of white between cells.
-CELL = (0.01, 0.06, 0.98, 0.88)
 #: Callouts: pixels of air around the text, the first row's top as a share of the y axis' top, the step
 #: down per row (same share), and the marker's size on the curve in points.
 CALLOUT_PAD_PX, CALLOUT_TOP, CALLOUT_ROW_STEP, CALLOUT_DOT = 10, 0.97, 0.065, 3.5
@@ -113,10 +109,10 @@ def plot_comparison(c, size=(1600, 900), dpi=100) -> Figure:
     bottom = (lay.px(TICK_PT) * layout.AXIS_TICKS_EM + lay.px(LABEL_PT) * layout.AXIS_LABEL_EM + EDGE_PX
               + lay.px(LEGEND_PT) * layout.LEGEND_ROW_EM)
     right_edge = CURVES_SHARE * width
-    plot_h = height - top - bottom - 2 * strip_h - STRIPS_ROOM_PX
+    plot_h = height - top - bottom - 2 * strip_h - layout.STRIPS_ROOM_PX
     box = (left / width, bottom / height, (right_edge - left) / width, plot_h / height)
     ax = fig.add_axes(box)
-    strips = fig.add_axes((box[0], (bottom + plot_h + STRIPS_GAP_PX) / height, box[2], 2 * strip_h / height))
+    strips = fig.add_axes((box[0], (bottom + plot_h + layout.STRIPS_GAP_PX) / height, box[2], 2 * strip_h / height))
     n = max(len(c.slots), 1)
     cols = max(int((right_edge - left) / n), 2)
     xs, ya, yb, places = _curves(c, cols)
@@ -223,7 +219,8 @@ def _strips(ax, lay, c, slot_px: float) -> None:
     for i, slot in enumerate(c.slots):
         for row, run in ((1, slot.a), (0, slot.b)):
             color = PHASE_COLORS.get(slot.phase, _OTHER) if run is not None else _NOT_RUN
-            ax.add_patch(Rectangle((i + CELL[0], row + CELL[1]), CELL[2], CELL[3], facecolor=color, edgecolor="none"))
+            ax.add_patch(Rectangle((i + layout.CELL[0], row + layout.CELL[1]), layout.CELL[2],
+                                   layout.CELL[3], facecolor=color, edgecolor="none"))
             if run is None:
                 continue
             for name in (slot.phase, slot.phase[:4]):
@@ -280,13 +277,15 @@ def _peak_marks(ax, c, places, div) -> None:
             continue
         ax.plot([x], [s.peak_bytes / div], marker="v", ms=PEAK_MARK, color=color, zorder=8, markeredgecolor="white")
         ax.annotate(f"{side.upper()} peak {format_bytes(s.peak_bytes)}", xy=(x, s.peak_bytes / div),
-                    xytext=(PEAK_LABEL_DX, PEAK_LABEL_DY_B if side == "b" else PEAK_LABEL_DY_A), textcoords="offset points", fontsize=CALLOUT_PT,
+                    xytext=(PEAK_LABEL_DX, PEAK_LABEL_DY_B if side == "b" else PEAK_LABEL_DY_A),
+                    textcoords="offset points", fontsize=CALLOUT_PT,
                     color=color, fontweight="bold", zorder=8)
 
 
 def _legend(fig, box) -> None:
     handles = [Line2D([], [], color=_A, lw=A_LW, label="A"), Line2D([], [], color=_B, lw=B_LW, label="B"),
-               Patch(color=_MORE, alpha=DIFF_ALPHA, label="B above A"), Patch(color=_LESS, alpha=DIFF_ALPHA, label="B below A")]
+               Patch(color=_MORE, alpha=DIFF_ALPHA, label="B above A"),
+               Patch(color=_LESS, alpha=DIFF_ALPHA, label="B below A")]
     fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(box[0], 0.0), ncol=4, frameon=False,
                fontsize=LEGEND_PT, handlelength=layout.LEGEND_HANDLE_EM, columnspacing=layout.LEGEND_COLUMN_EM,
                borderaxespad=layout.LEGEND_EDGE_EM)
@@ -299,7 +298,8 @@ def _causes(fig, lay, c, top, bottom, width, height) -> None:
     rows += [("unexplained", rest), ("Δ peak", c.delta)]
     x0 = CURVES_SHARE * width + max(lay.text_size(r[0], TICK_PT)[0] for r in rows) + CAUSE_NAME_PX
     bars_h = BARS_SHARE * (height - top - bottom)
-    ax = fig.add_axes([x0 / width, (height - top - bars_h) / height, (BARS_RIGHT * width - x0) / width, bars_h / height])
+    ax = fig.add_axes([x0 / width, (height - top - bars_h) / height, (BARS_RIGHT * width - x0) / width,
+                       bars_h / height])
     scale = max([abs(v) for _, v in rows] + [1])
     div, unit = axis_unit(scale)
     ys = np.arange(len(rows))[::-1]
@@ -307,7 +307,8 @@ def _causes(fig, lay, c, top, bottom, width, height) -> None:
         color = "#555555" if label == "Δ peak" else (_MORE if v > 0 else _LESS)
         ax.barh(y, v / div, color=color, alpha=BAR_ALPHA if label != "unexplained" else REST_ALPHA,
                 height=BAR_HEIGHT)
-        ax.annotate(signed(v), xy=(v / div, y), xytext=(VALUE_PT if v >= 0 else -VALUE_PT, 0), textcoords="offset points",
+        ax.annotate(signed(v), xy=(v / div, y), xytext=(VALUE_PT if v >= 0 else -VALUE_PT, 0),
+                    textcoords="offset points",
                     ha="left" if v >= 0 else "right", va="center", fontsize=TICK_PT)
     ax.axvline(0, color="#333333", lw=0.8)
     ax.set_yticks(ys, [r[0] for r in rows], fontsize=TICK_PT)
@@ -325,7 +326,8 @@ def _causes(fig, lay, c, top, bottom, width, height) -> None:
         ax.spines[side].set_visible(False)
     y = height - top - bars_h - UNDER_BARS_PX
     if said:
-        fig.text((CURVES_SHARE * width + TABLE_INDENT_PX) / width, y / height, said, fontsize=LABEL_PT, va="top", ha="left",
+        fig.text((CURVES_SHARE * width + TABLE_INDENT_PX) / width, y / height, said,
+                 fontsize=LABEL_PT, va="top", ha="left",
                  color="#1b1b1b", fontweight="bold")
         y -= (said.count("\n") + 2) * lay.px(LABEL_PT) * SAID_LINE_EM
     _phase_table(fig, lay, c, (CURVES_SHARE * width + TABLE_INDENT_PX) / width, y / height)

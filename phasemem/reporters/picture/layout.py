@@ -29,3 +29,8 @@ LEGEND_HANDLE_EM, LEGEND_COLUMN_EM, LEGEND_EDGE_EM, LEGEND_ROW_GAP_EM = 1.6, 1.4
 MARGIN_EM = 1.5
 #: The axes are never narrower or lower than this many pixels, however small the picture.
 MIN_AXES_PX = 16
+#: Pixels between the plot and the phase strip above it, and under the title (with 2 more): the diff and
+#: ranks pictures.
+STRIPS_GAP_PX, STRIPS_ROOM_PX = 4, 6
+#: A phase-strip cell within its slot and row (x, y, width, height): a hairline of white between cells.
+CELL = (0.01, 0.06, 0.98, 0.88)
