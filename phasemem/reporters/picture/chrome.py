@@ -13,6 +13,7 @@ from ...analysis.patterns import BY_NAME
 from ...units import format_bytes
 from ...vocab import PHASE_COLORS, PHASES
 from . import labels as _labels
+from . import layout
 from . import pixels as _pixels
 from .colours import _CURVE, _OOM, _RESERVED, _SHORT, _STRIP_OTHER, _unsure
 from .labels import CALLOUT_PT, LABEL_PT, LEGEND_PT, STEP_PT, STRIP_PT, TICK_PT, TITLE_PT
@@ -185,7 +186,7 @@ def _title(fig, lay, report, shown, width, height):
     if len(shown) != len(report.steps):
         right += f" (showing {len(shown)})"
     y = 1 - lay.px(TITLE_PT) * 0.5 / height
-    margin = lay.px(TICK_PT) * 1.5
+    margin = lay.px(TICK_PT) * layout.MARGIN_EM
     wl, _ = lay.text_size(left, TITLE_PT, "bold")
     wr, _ = lay.text_size(right, TITLE_PT)
     fig.text(margin / width, y, left, ha="left", va="top", fontsize=TITLE_PT, fontweight="bold")
@@ -222,10 +223,11 @@ def _mark_handles(present, report, show_reserved, other_shown=False, repeated=()
 
 def _legends(fig, lay, groups, rows, height):
     """The band colours on one legend, the phases and marks under it: each as many rows as it needs."""
-    row_px = lay.px(LEGEND_PT) * 1.9
+    row_px = lay.px(LEGEND_PT) * layout.LEGEND_ROW_EM
     below = np.cumsum([0] + rows[::-1])[::-1][1:]  # rows under each group
     for handles, r, under in zip(groups, rows, below.tolist()):
         if handles and r:
             fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, under * row_px / height),
-                       ncol=-(-len(handles) // r), frameon=False, fontsize=LEGEND_PT, handlelength=1.6,
-                       columnspacing=1.4, borderaxespad=0.3, borderpad=0.2, labelspacing=0.35)
+                       ncol=-(-len(handles) // r), frameon=False, fontsize=LEGEND_PT,
+                       handlelength=layout.LEGEND_HANDLE_EM, columnspacing=layout.LEGEND_COLUMN_EM,
+                       borderaxespad=layout.LEGEND_EDGE_EM, borderpad=0.2, labelspacing=layout.LEGEND_ROW_GAP_EM)

@@ -20,6 +20,7 @@ from ...errors import PhasememError
 from ...output import check_picture_size
 from ...units import axis_unit, format_bytes, pct, signed
 from ...vocab import CATEGORY_NAMES, PHASE_COLORS
+from . import layout
 from .labels import CALLOUT_PT, LABEL_PT, LEGEND_PT, STRIP_PT, TICK_PT, TITLE_PT, Layout
 
 _FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
@@ -33,6 +34,45 @@ CALLOUT_ROWS = 4
 MAX_BARS = 8
 #: Share of the figure's width the curves get; the rest holds the causes and the phase table.
 CURVES_SHARE = 0.64
+#: Right edge of the causes' bars, as a share of the figure's width.
+BARS_RIGHT = 0.985
+#: Share of the height under the title that the causes' bars get; the phase table goes under them.
+BARS_SHARE = 0.5
+#: Height of one phase strip (A's, B's), in strip font sizes.
+STRIP_EM = 2.2
+#: Room left of the curves for the y axis' label, in label font sizes (the main picture's is 2.2).
+Y_LABEL_EM = 2.4
+#: Pixels of air: beside the y axis' label, and between the x axis' label and the legend.
+EDGE_PX = 8
+#: The y axis reaches this many times the higher curve's peak: the room above it holds the callout rows.
+HEADROOM = 1.42
+#: Air under the headline before the curves, in label font sizes.
+HEADLINE_AIR_EM = 1.4
+#: Run names are cut to their last this many characters in the title (paths end in what tells them apart).
+NAME_KEEP = 60
+#: Opacity of the shading between the curves (B above A red, below green): the curves stay readable over it.
+DIFF_ALPHA = 0.28
+#: Line widths of A's curve and B's: A's wider, so B drawn over it leaves A's edge showing where they agree.
+A_LW, B_LW = 1.6, 1.3
+#: Callouts: pixels of air around the text, the first row's top as a share of the y axis' top, the step
+#: down per row (same share), and the marker's size on the curve in points.
+CALLOUT_PAD_PX, CALLOUT_TOP, CALLOUT_ROW_STEP, CALLOUT_DOT = 10, 0.97, 0.065, 3.5
+#: The peaks' triangle, in points, and their labels' offset from it in points (A's label under, B's over).
+PEAK_MARK, PEAK_LABEL_DX, PEAK_LABEL_DY_B, PEAK_LABEL_DY_A = 7, 6, 6, -12
+#: Pixels between the widest cause's name and the figure's left edge of the bars.
+CAUSE_NAME_PX = 36
+#: Bars' height (of a row), opacity, and the unexplained rest's lighter opacity.
+BAR_HEIGHT, BAR_ALPHA, REST_ALPHA = 0.66, 0.85, 0.4
+#: A bar's value this many points past its end.
+VALUE_PT = 4
+#: The x axis spans this many times the largest bar either side: room for the value labels.
+X_ROOM = 2.1
+#: The sentence under the bars: its right edge as a share of the width, and pixels kept free of it.
+SAID_RIGHT, SAID_PAD_PX = 0.98, 24
+#: Pixels from the bars' bottom to the text under them, and from the curves' share to that text's left edge.
+UNDER_BARS_PX, TABLE_INDENT_PX = 48, 16
+#: Line height of the sentence under the bars, in label font sizes, and the phase table's line spacing.
+SAID_LINE_EM, TABLE_LINESPACING = 1.3, 1.35
 
 
 def picture_writer(c, path, size=(1600, 900), dpi=100):
@@ -64,25 +104,26 @@ def plot_comparison(c, size=(1600, 900), dpi=100) -> Figure:
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, facecolor="white")
     lay = Layout(FigureCanvasAgg(fig), width, height, dpi)
     top = _title(fig, lay, c)
-    strip_h = lay.px(STRIP_PT) * 2.2
-    left = lay.text_size("00.00", TICK_PT)[0] + lay.px(LABEL_PT) * 2.4 + 8
-    bottom = lay.px(TICK_PT) * 2.0 + lay.px(LABEL_PT) * 1.8 + 8 + lay.px(LEGEND_PT) * 1.9
+    strip_h = lay.px(STRIP_PT) * STRIP_EM
+    left = lay.text_size(layout.Y_TICK_SAMPLE, TICK_PT)[0] + lay.px(LABEL_PT) * Y_LABEL_EM + EDGE_PX
+    bottom = (lay.px(TICK_PT) * layout.AXIS_TICKS_EM + lay.px(LABEL_PT) * layout.AXIS_LABEL_EM + EDGE_PX
+              + lay.px(LEGEND_PT) * layout.LEGEND_ROW_EM)
     right_edge = CURVES_SHARE * width
-    plot_h = height - top - bottom - 2 * strip_h - 6
+    plot_h = height - top - bottom - 2 * strip_h - layout.STRIPS_ROOM_PX
     box = (left / width, bottom / height, (right_edge - left) / width, plot_h / height)
     ax = fig.add_axes(box)
-    strips = fig.add_axes((box[0], (bottom + plot_h + 4) / height, box[2], 2 * strip_h / height))
+    strips = fig.add_axes((box[0], (bottom + plot_h + layout.STRIPS_GAP_PX) / height, box[2], 2 * strip_h / height))
     n = max(len(c.slots), 1)
     cols = max(int((right_edge - left) / n), 2)
     xs, ya, yb, places = _curves(c, cols)
     top_bytes = max(float(ya.max(initial=0)), float(yb.max(initial=0)), 1.0)
     div, unit = axis_unit(top_bytes)
     _draw_curves(ax, c, xs, ya / div, yb / div, n)
-    ax.set_ylim(0, top_bytes / div * 1.42)
+    ax.set_ylim(0, top_bytes / div * HEADROOM)
     ax.set_ylabel(f"allocated ({unit})", fontsize=LABEL_PT)
     ax.set_xlabel("phase-aligned: each phase run stretched to the same width", fontsize=LABEL_PT)
     _strips(strips, lay, c, (right_edge - left) / n)
-    callouts = _callouts(ax, lay, c, places, div, (right_edge - left), plot_h, top_bytes / div * 1.42)
+    callouts = _callouts(ax, lay, c, places, div, (right_edge - left), plot_h, top_bytes / div * HEADROOM)
     fig.phasemem_callouts = callouts  # type: ignore[attr-defined]  # phasemem's own attribute
     _peak_marks(ax, c, places, div)
     _legend(fig, box)
@@ -92,19 +133,20 @@ def plot_comparison(c, size=(1600, 900), dpi=100) -> Figure:
 
 def _title(fig, lay, c) -> float:
     H = fig.get_figheight() * fig.dpi
-    y1 = H - lay.px(TITLE_PT) * 1.3
-    fig.text(0.01, y1 / H, f"A: {_steps_of(c.a)} {_short(c.a.name)}   vs   B: {_steps_of(c.b)} {_short(c.b.name)}",
+    y1 = H - lay.px(TITLE_PT) * layout.TITLE_LINE_EM
+    fig.text(layout.TITLE_X, y1 / H,
+             f"A: {_steps_of(c.a)} {_short(c.a.name)}   vs   B: {_steps_of(c.b)} {_short(c.b.name)}",
              fontsize=TITLE_PT, fontweight="bold", va="center", color=_B)
-    y2 = y1 - lay.px(TITLE_PT) * 1.6
-    fig.text(0.01, y2 / H, c.headline(), fontsize=LABEL_PT, va="center")
-    return H - y2 + lay.px(LABEL_PT) * 1.4
+    y2 = y1 - lay.px(TITLE_PT) * layout.SUBTITLE_EM
+    fig.text(layout.TITLE_X, y2 / H, c.headline(), fontsize=LABEL_PT, va="center")
+    return H - y2 + lay.px(LABEL_PT) * HEADLINE_AIR_EM
 
 
 def _steps_of(side) -> str:
     return f"step {side.steps[0]}" if len(side.steps) == 1 else f"{len(side.steps)} steps"
 
 
-def _short(name: str, keep: int = 60) -> str:
+def _short(name: str, keep: int = NAME_KEEP) -> str:
     return name if len(name) <= keep else "…" + name[-keep + 1:]
 
 
@@ -157,10 +199,10 @@ def _x_of(places, side: str, event: int | None) -> float | None:
 def _draw_curves(ax, c, xs, ya, yb, n):
     for i in range(1, n):
         ax.axvline(i, color="#e3e3e3", lw=0.8, zorder=0)
-    ax.fill_between(xs, ya, yb, where=yb > ya, color=_MORE, alpha=0.28, lw=0, interpolate=True, zorder=1)
-    ax.fill_between(xs, ya, yb, where=yb < ya, color=_LESS, alpha=0.28, lw=0, interpolate=True, zorder=1)
-    ax.plot(xs, ya, color=_A, lw=1.6, zorder=3)
-    ax.plot(xs, yb, color=_B, lw=1.3, zorder=4)
+    ax.fill_between(xs, ya, yb, where=yb > ya, color=_MORE, alpha=DIFF_ALPHA, lw=0, interpolate=True, zorder=1)
+    ax.fill_between(xs, ya, yb, where=yb < ya, color=_LESS, alpha=DIFF_ALPHA, lw=0, interpolate=True, zorder=1)
+    ax.plot(xs, ya, color=_A, lw=A_LW, zorder=3)
+    ax.plot(xs, yb, color=_B, lw=B_LW, zorder=4)
     ax.set_xlim(0, n)
     ax.set_xticks([])
     ax.tick_params(labelsize=TICK_PT)
@@ -177,7 +219,8 @@ def _strips(ax, lay, c, slot_px: float) -> None:
     for i, slot in enumerate(c.slots):
         for row, run in ((1, slot.a), (0, slot.b)):
             color = PHASE_COLORS.get(slot.phase, _OTHER) if run is not None else _NOT_RUN
-            ax.add_patch(Rectangle((i + 0.01, row + 0.06), 0.98, 0.88, facecolor=color, edgecolor="none"))
+            ax.add_patch(Rectangle((i + layout.CELL[0], row + layout.CELL[1]), layout.CELL[2],
+                                   layout.CELL[3], facecolor=color, edgecolor="none"))
             if run is None:
                 continue
             for name in (slot.phase, slot.phase[:4]):
@@ -210,18 +253,18 @@ def _callouts(ax, lay, c, places, div, w_px, h_px, ytop) -> list[str]:
     taken: list[list[tuple[float, float]]] = [[] for _ in range(CALLOUT_ROWS)]  # pixel spans per row
     named = []
     for _, x, y, text, color in sorted(items):
-        tw = lay.text_size(text, CALLOUT_PT)[0] + 10
+        tw = lay.text_size(text, CALLOUT_PT)[0] + CALLOUT_PAD_PX
         px = min(max(x / n * w_px - tw / 2, 0), w_px - tw)
         row = next((r for r in range(CALLOUT_ROWS) if all(px + tw < a or px > b for a, b in taken[r])), None)
         if row is None:
             continue
         taken[row].append((px, px + tw))
-        ty = ytop * (0.97 - 0.065 * row)
+        ty = ytop * (CALLOUT_TOP - CALLOUT_ROW_STEP * row)
         ax.annotate(text, xy=(x, y), xytext=((px + tw / 2) / w_px * n, ty), fontsize=CALLOUT_PT, color="#1b1b1b",
                     ha="center", va="top", zorder=6,
                     bbox=dict(boxstyle="round,pad=0.2", fc="white", ec=color, lw=0.9),
                     arrowprops=dict(arrowstyle="-", color=color, lw=0.8, shrinkA=0, shrinkB=2))
-        ax.plot([x], [y], marker="o", ms=3.5, color=color, zorder=7)
+        ax.plot([x], [y], marker="o", ms=CALLOUT_DOT, color=color, zorder=7)
         named.append(text)
     return named
 
@@ -232,17 +275,20 @@ def _peak_marks(ax, c, places, div) -> None:
         x = _x_of(places, side, s.peak_event)
         if x is None:
             continue
-        ax.plot([x], [s.peak_bytes / div], marker="v", ms=7, color=color, zorder=8, markeredgecolor="white")
+        ax.plot([x], [s.peak_bytes / div], marker="v", ms=PEAK_MARK, color=color, zorder=8, markeredgecolor="white")
         ax.annotate(f"{side.upper()} peak {format_bytes(s.peak_bytes)}", xy=(x, s.peak_bytes / div),
-                    xytext=(6, 6 if side == "b" else -12), textcoords="offset points", fontsize=CALLOUT_PT,
+                    xytext=(PEAK_LABEL_DX, PEAK_LABEL_DY_B if side == "b" else PEAK_LABEL_DY_A),
+                    textcoords="offset points", fontsize=CALLOUT_PT,
                     color=color, fontweight="bold", zorder=8)
 
 
 def _legend(fig, box) -> None:
-    handles = [Line2D([], [], color=_A, lw=1.6, label="A"), Line2D([], [], color=_B, lw=1.3, label="B"),
-               Patch(color=_MORE, alpha=0.28, label="B above A"), Patch(color=_LESS, alpha=0.28, label="B below A")]
+    handles = [Line2D([], [], color=_A, lw=A_LW, label="A"), Line2D([], [], color=_B, lw=B_LW, label="B"),
+               Patch(color=_MORE, alpha=DIFF_ALPHA, label="B above A"),
+               Patch(color=_LESS, alpha=DIFF_ALPHA, label="B below A")]
     fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(box[0], 0.0), ncol=4, frameon=False,
-               fontsize=LEGEND_PT, handlelength=1.6, columnspacing=1.4, borderaxespad=0.3)
+               fontsize=LEGEND_PT, handlelength=layout.LEGEND_HANDLE_EM, columnspacing=layout.LEGEND_COLUMN_EM,
+               borderaxespad=layout.LEGEND_EDGE_EM)
 
 
 def _causes(fig, lay, c, top, bottom, width, height) -> None:
@@ -250,36 +296,41 @@ def _causes(fig, lay, c, top, bottom, width, height) -> None:
     rows = [(_cause_label(x.cause, x.type), x.bytes) for x in c.attribution[:MAX_BARS]]
     rest = c.unexplained_bytes + sum(x.bytes for x in c.attribution[MAX_BARS:])
     rows += [("unexplained", rest), ("Δ peak", c.delta)]
-    x0 = CURVES_SHARE * width + max(lay.text_size(r[0], TICK_PT)[0] for r in rows) + 36
-    bars_h = 0.5 * (height - top - bottom)
-    ax = fig.add_axes([x0 / width, (height - top - bars_h) / height, (0.985 * width - x0) / width, bars_h / height])
+    x0 = CURVES_SHARE * width + max(lay.text_size(r[0], TICK_PT)[0] for r in rows) + CAUSE_NAME_PX
+    bars_h = BARS_SHARE * (height - top - bottom)
+    ax = fig.add_axes([x0 / width, (height - top - bars_h) / height, (BARS_RIGHT * width - x0) / width,
+                       bars_h / height])
     scale = max([abs(v) for _, v in rows] + [1])
     div, unit = axis_unit(scale)
     ys = np.arange(len(rows))[::-1]
     for y, (label, v) in zip(ys, rows):
         color = "#555555" if label == "Δ peak" else (_MORE if v > 0 else _LESS)
-        ax.barh(y, v / div, color=color, alpha=0.85 if label != "unexplained" else 0.4, height=0.66)
-        ax.annotate(signed(v), xy=(v / div, y), xytext=(4 if v >= 0 else -4, 0), textcoords="offset points",
+        ax.barh(y, v / div, color=color, alpha=BAR_ALPHA if label != "unexplained" else REST_ALPHA,
+                height=BAR_HEIGHT)
+        ax.annotate(signed(v), xy=(v / div, y), xytext=(VALUE_PT if v >= 0 else -VALUE_PT, 0),
+                    textcoords="offset points",
                     ha="left" if v >= 0 else "right", va="center", fontsize=TICK_PT)
     ax.axvline(0, color="#333333", lw=0.8)
     ax.set_yticks(ys, [r[0] for r in rows], fontsize=TICK_PT)
     # room either side for the value labels, which are as long as the bars' own text
-    ax.set_xlim(-scale / div * 2.1, scale / div * 2.1)
+    ax.set_xlim(-scale / div * X_ROOM, scale / div * X_ROOM)
     ax.tick_params(axis="x", labelsize=TICK_PT)
     ax.set_title(f"the peak's change by cause ({unit})", fontsize=LABEL_PT, loc="left")
     main, said = c.main_cause(), ""
     if not c.moved and main is not None:  # say where the change went when the peak itself stayed
         said = _wrap(lay, f"The peak did not move; the largest change is {main['where']}'s peak "
                           f"{signed(main['phase_delta'])}, mostly {_cause_label(main['cause'], main['type'])} "
-                          f"{signed(main['bytes'])}.", LABEL_PT, 0.98 * width - CURVES_SHARE * width - 24)
+                          f"{signed(main['bytes'])}.", LABEL_PT,
+                    SAID_RIGHT * width - CURVES_SHARE * width - SAID_PAD_PX)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    y = height - top - bars_h - 48
+    y = height - top - bars_h - UNDER_BARS_PX
     if said:
-        fig.text((CURVES_SHARE * width + 16) / width, y / height, said, fontsize=LABEL_PT, va="top", ha="left",
+        fig.text((CURVES_SHARE * width + TABLE_INDENT_PX) / width, y / height, said,
+                 fontsize=LABEL_PT, va="top", ha="left",
                  color="#1b1b1b", fontweight="bold")
-        y -= (said.count("\n") + 2) * lay.px(LABEL_PT) * 1.3
-    _phase_table(fig, lay, c, (CURVES_SHARE * width + 16) / width, y / height)
+        y -= (said.count("\n") + 2) * lay.px(LABEL_PT) * SAID_LINE_EM
+    _phase_table(fig, lay, c, (CURVES_SHARE * width + TABLE_INDENT_PX) / width, y / height)
 
 
 def _wrap(lay, text: str, pt: float, room: float, weight: str = "bold") -> str:
@@ -310,4 +361,4 @@ def _phase_table(fig, lay, c, x, y_top) -> None:
     if not all(p.aligned for p in c.phases.values()):
         lines.append("* ran at another place of the step in B")
     fig.text(x, y_top, "\n".join(lines), family="monospace", fontsize=TICK_PT, va="top", ha="left",
-             linespacing=1.35)
+             linespacing=TABLE_LINESPACING)

@@ -14,6 +14,7 @@ from matplotlib.font_manager import FontProperties
 
 from ...analysis.patterns import BY_NAME
 from ...units import format_bytes
+from . import layout
 from .textcache import metrics as _metrics
 from .textcache import share_font_heights
 
@@ -22,6 +23,41 @@ TITLE_PT, STEP_PT, STRIP_PT, PEAK_PT, TICK_PT, LABEL_PT, LEGEND_PT, CALLOUT_PT =
 
 PEAK = "#c0392b"
 _CALLOUT_INK = "#1b1b1b"
+
+#: ``Layout.fits``: no glyph is narrower than this share of an em (a cheap no before measuring), and a
+#: text fits a span with this many pixels to spare.
+GLYPH_EM_MIN, FIT_AIR_PX = 0.3, 4
+#: Pixels under the x axis' label, before the legends.
+AXIS_AIR_PX = 6
+#: Room left of the axes for the y axis' label, in label font sizes, and pixels of air beside it.
+Y_LABEL_EM, LEFT_AIR_PX = 2.2, 8
+#: Above the axes: the title's row (title font sizes) and the step numbers' row (step font sizes).
+TITLE_ROW_EM, STEP_ROW_EM = 1.9, 1.9
+#: A small picture drops legends (the lowest first) before its plot gets less than this share of the
+#: height under the title.
+MIN_PLOT_SHARE = 0.45
+#: Text boxes' opacity: the phase peaks' sizes (the bands show through a little), the callouts' (less).
+TEXT_BOX_ALPHA, CALLOUT_BOX_ALPHA = 0.75, 0.85
+#: A kind's occurrences tried for its named callout: the largest this many.
+CALLOUT_TRIES = 8
+#: Where a callout is tried, nearest first: pixels above its peak; then beside it (half its height
+#: down, centred on the peak's height) and below it, these many pixels under.
+CALLOUT_LIFTS_PX = (18, 34, 52, 72, 96, 124, 156, 192, 236)
+CALLOUT_DROPS_PX = (24, 56)
+#: A callout's sideways offsets tried: its half width plus this, then its whole width plus that.
+CALLOUT_NUDGE_PX, CALLOUT_SHIFT_PX = 10, 24
+#: The callout's arrow: its width, and the points it stops short of the peak's marker.
+CALLOUT_ARROW_LW, CALLOUT_ARROW_SHORT = 0.7, 4
+#: Pattern markers' area in points² (an optimizer state's first creation, rare and large, twice as
+#: big), and their edge's width.
+MARKER_AREA, INIT_MARKER_AREA, MARKER_LW = 30, 60, 0.9
+#: The phase peaks' dots: area in points², edge width.
+PHASE_DOT_AREA, PHASE_DOT_LW = 16, 0.6
+#: The overall peak: its red ring's area and width, the dot inside it, and the ring's half size in
+#: pixels (kept clear of text).
+PEAK_RING_AREA, PEAK_RING_LW, PEAK_DOT_AREA, PEAK_RING_PX = 70, 1.6, 18, 6
+#: Peak sizes sit this many points above their dot; the overall peak's this many pixels more (its ring).
+PEAK_LIFT_PT, RING_LIFT_PX = 3, 4
 
 
 
@@ -54,36 +90,38 @@ class Layout:
         """Whether ``s`` is narrower than ``room`` pixels (with a little air)."""
         # No glyph of this font is narrower than about a third of an em: a cheap no for
         # hundreds of narrow spans, before any measuring.
-        if len(s) * self.px(pt) * 0.3 + 4 > room:
+        if len(s) * self.px(pt) * GLYPH_EM_MIN + FIT_AIR_PX > room:
             return False
-        return self.text_size(s, pt, weight)[0] + 4 <= room
+        return self.text_size(s, pt, weight)[0] + FIT_AIR_PX <= room
 
     def axis_px(self) -> float:
         """The room under the axes for the x axis' ticks and label (the legends go under it)."""
-        return self.px(TICK_PT) * 2.0 + self.px(LABEL_PT) * 1.8 + 6
+        return self.px(TICK_PT) * layout.AXIS_TICKS_EM + self.px(LABEL_PT) * layout.AXIS_LABEL_EM + AXIS_AIR_PX
 
     def axes_box(self, groups, right_px: float = 0.0) -> tuple[tuple[float, float, float, float], list[int]]:
         """The axes rectangle in figure fractions, and how many rows each legend group below it needs;
         ``right_px`` more pixels are kept free right of it (the peak's bar)."""
         W, H = self.width, self.height
-        left = self.text_size("00.00", TICK_PT)[0] + self.px(LABEL_PT) * 2.2 + 8
-        right = self.px(TICK_PT) * 1.5 + right_px
-        top = self.px(TITLE_PT) * 1.9 + self.px(STEP_PT) * 1.9
+        left = self.text_size(layout.Y_TICK_SAMPLE, TICK_PT)[0] + self.px(LABEL_PT) * Y_LABEL_EM + LEFT_AIR_PX
+        right = self.px(TICK_PT) * layout.MARGIN_EM + right_px
+        top = self.px(TITLE_PT) * TITLE_ROW_EM + self.px(STEP_PT) * STEP_ROW_EM
         rows = []
         for handles in groups:
             # handle + gap + text + column spacing, in font sizes as fig.legend lays them out
-            item = [self.text_size(h.get_label(), LEGEND_PT)[0] + self.px(LEGEND_PT) * 3.6 for h in handles]
+            item = [self.text_size(h.get_label(), LEGEND_PT)[0] + self.px(LEGEND_PT) * layout.LEGEND_ENTRY_EM
+                    for h in handles]
             r = 1
-            while r < len(handles) and legend_width(item, r) > W - 20:
+            while r < len(handles) and legend_width(item, r) > W - layout.LEGEND_MARGIN_PX:
                 r += 1
             rows.append(r if handles else 0)
         axis = self.axis_px()
         # A small picture keeps its plot: legends give way (the lowest first) rather than squash it.
-        while sum(rows) and H - top - axis - sum(rows) * self.px(LEGEND_PT) * 1.9 < 0.45 * (H - top - axis):
+        while sum(rows) and (H - top - axis - sum(rows) * self.px(LEGEND_PT) * layout.LEGEND_ROW_EM
+               < MIN_PLOT_SHARE * (H - top - axis)):
             rows[max(k for k, r in enumerate(rows) if r)] = 0
-        bottom = axis + sum(rows) * self.px(LEGEND_PT) * 1.9
-        w = max(W - left - right, 16)
-        h = max(H - top - bottom, 16)
+        bottom = axis + sum(rows) * self.px(LEGEND_PT) * layout.LEGEND_ROW_EM
+        w = max(W - left - right, layout.MIN_AXES_PX)
+        h = max(H - top - bottom, layout.MIN_AXES_PX)
         return (left / W, bottom / H, w / W, h / H), rows
 
 
@@ -177,7 +215,7 @@ def text_at(ax, view, cx_px, y, text, pt, lift_px, color="#1b1b1b", weight="norm
     x = float(view.x_data(cx_px))
     return ax.text(x, y, text, ha="center", va="bottom", fontsize=pt, color=color, fontweight=weight, zorder=9,
                    transform=transforms.offset_copy(ax.transData, fig=ax.figure, y=lift_px, units="dots"),
-                   bbox=dict(boxstyle="square,pad=0.12", fc="white", ec="none", alpha=0.75), gid=gid)
+                   bbox=dict(boxstyle="square,pad=0.12", fc="white", ec="none", alpha=TEXT_BOX_ALPHA), gid=gid)
 
 
 class Curve:
@@ -226,8 +264,8 @@ def callouts(ax, lay: Layout, view: View, curve: Curve, placed: Boxes, patterns,
     full, named = [], set()
     for kind in order:
         idx = by_kind[kind]
-        # The 8 largest, ties by peak event then pattern order (lexsort is stable): sorted()[:8] as before.
-        for i in idx[np.lexsort((peak[idx], -size[idx]))[:8]].tolist():
+        # The CALLOUT_TRIES largest, ties by peak event then pattern order (lexsort is stable).
+        for i in idx[np.lexsort((peak[idx], -size[idx]))[:CALLOUT_TRIES]].tolist():
             if _place_callout(ax, lay, view, curve, placed, patterns.pattern(i), X, level, unit_div, ceiling_px):
                 full.append(patterns.pattern(i))
                 named.add(i)
@@ -244,8 +282,9 @@ def callouts(ax, lay: Layout, view: View, curve: Curve, placed: Boxes, patterns,
         ev = peak[pts]
         # each kind's own marker (its ShapeKind's), at the tip of its callout and at every other occurrence
         ax.scatter((X[ev] + X[ev + 1]) / 2, level[ev] / unit_div, marker=BY_NAME[kind].marker,
-                   s=30 if kind != "optimizer_state_init" else 60, facecolors="white", edgecolors=BY_NAME[kind].colour,
-                   linewidths=0.9, zorder=8.5, gid="pattern-marker", label=kind)
+                   s=MARKER_AREA if kind != "optimizer_state_init" else INIT_MARKER_AREA, facecolors="white",
+                   edgecolors=BY_NAME[kind].colour,
+                   linewidths=MARKER_LW, zorder=8.5, gid="pattern-marker", label=kind)
     return Callouts(full, marked, skipped)
 
 
@@ -269,8 +308,9 @@ def _place_callout(ax, lay, view, curve, placed, p, X, level, unit_div, ceiling_
     lo_x, hi_x = view.left_px + 2, view.right_px - 2
     best = None
     # Above the peak first, nearest first; beside or below it (over the bands) only as a last resort.
-    for dy in (18, 34, 52, 72, 96, 124, 156, 192, 236, -h / 2, -h - 24, -h - 56):
-        for dx in (0.0, -(w / 2 + 10), w / 2 + 10, -(w + 24), w + 24):
+    for dy in (*CALLOUT_LIFTS_PX, -h / 2, -h - CALLOUT_DROPS_PX[0], -h - CALLOUT_DROPS_PX[1]):
+        for dx in (0.0, -(w / 2 + CALLOUT_NUDGE_PX), w / 2 + CALLOUT_NUDGE_PX, -(w + CALLOUT_SHIFT_PX),
+                   w + CALLOUT_SHIFT_PX):
             cx = px + dx
             x0, x1 = cx - w / 2 - 2, cx + w / 2 + 2
             y0, y1 = py + dy, py + dy + h + 3
@@ -296,8 +336,9 @@ def _place_callout(ax, lay, view, curve, placed, p, X, level, unit_div, ceiling_
     ax.annotate(label, xy=(xd, yd), xycoords="data", xytext=(cx * pt, (y0 + 1.5) * pt), textcoords="figure points",
                 ha="center", va="bottom", fontsize=CALLOUT_PT, color=_CALLOUT_INK, zorder=9.5,
                 annotation_clip=False, gid="pattern-callout",
-                bbox=dict(boxstyle="square,pad=0.12", fc="white", ec="none", alpha=0.85),
-                arrowprops=dict(arrowstyle="-", color=_CALLOUT_INK, lw=0.7, shrinkA=0, shrinkB=4,
+                bbox=dict(boxstyle="square,pad=0.12", fc="white", ec="none", alpha=CALLOUT_BOX_ALPHA),
+                arrowprops=dict(arrowstyle="-", color=_CALLOUT_INK, lw=CALLOUT_ARROW_LW, shrinkA=0,
+                                shrinkB=CALLOUT_ARROW_SHORT,
                                 relpos=(0.5, 0.0)))
     return True
 
@@ -309,8 +350,8 @@ def phase_dots(ax, X, shown, wide, unit_div, a, b, phase_colors) -> list:
            and a <= ph.peak_event < b]
     if pts:
         ev = np.array([p[0] for p in pts])
-        ax.scatter((X[ev] + X[ev + 1]) / 2, np.array([p[1] for p in pts]) / unit_div, s=16,
-                   c=[phase_colors[p[2]] for p in pts], edgecolors="#1b1b1b", linewidths=0.6, zorder=7)
+        ax.scatter((X[ev] + X[ev + 1]) / 2, np.array([p[1] for p in pts]) / unit_div, s=PHASE_DOT_AREA,
+                   c=[phase_colors[p[2]] for p in pts], edgecolors="#1b1b1b", linewidths=PHASE_DOT_LW, zorder=7)
     return pts
 
 
@@ -320,22 +361,23 @@ def overall_peak(ax, lay: Layout, view: View, placed: Boxes, X, report, unit_div
     if not a <= pe < b:
         return
     x, y = (X[pe] + X[pe + 1]) / 2, report.peak_bytes / unit_div
-    ax.scatter([x], [y], s=70, facecolors="none", edgecolors=PEAK, linewidths=1.6, zorder=8)
-    ax.scatter([x], [y], s=18, c=PEAK, zorder=8)
+    ax.scatter([x], [y], s=PEAK_RING_AREA, facecolors="none", edgecolors=PEAK, linewidths=PEAK_RING_LW, zorder=8)
+    ax.scatter([x], [y], s=PEAK_DOT_AREA, c=PEAK, zorder=8)
     label = f"peak {format_bytes(report.peak_bytes)}"
     w, h = lay.text_size(label, PEAK_PT + 1, "bold")
-    lift = lay.px(3) + 4  # clear of the ring
+    lift = lay.px(PEAK_LIFT_PT) + RING_LIFT_PX  # clear of the ring
     cx = float(np.clip(view.x_px(x), view.left_px + w / 2 + 2, view.right_px - w / 2 - 2))
     py = float(view.y_px(y))
     placed.add(cx - w / 2, cx + w / 2, py + lift, py + lift + h)
-    placed.add(float(view.x_px(x)) - 6, float(view.x_px(x)) + 6, py - 6, py + 6)  # the ring itself
+    placed.add(float(view.x_px(x)) - PEAK_RING_PX, float(view.x_px(x)) + PEAK_RING_PX, py - PEAK_RING_PX,
+               py + PEAK_RING_PX)  # the ring itself
     text_at(ax, view, cx, y, label, PEAK_PT + 1, lift, color=PEAK, weight="bold")
 
 
 def peak_labels(ax, lay: Layout, view: View, placed: Boxes, X, report, pts, runs, unit_div, a, b,
                 ceiling_px: float) -> None:
     """Sizes of the phase peaks, larger first, each inside its phase run and clear of other text."""
-    lift = lay.px(3)  # text sits 3 pt above its dot
+    lift = lay.px(PEAK_LIFT_PT)  # text sits above its dot
     for e, size, name in sorted(pts, key=lambda p: -p[1]):
         if e == report.peak_event:
             continue

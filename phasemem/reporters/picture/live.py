@@ -22,6 +22,7 @@ from ...output import atomic_write, check_picture_size
 from ...read.live import CATEGORIES, LiveMemory
 from ...units import axis_unit, format_bytes
 from ...vocab import CATEGORY_COLORS
+from . import layout
 from .labels import LABEL_PT, LEGEND_PT, TICK_PT, TITLE_PT, Layout, legend_width
 
 TITLE = "no allocation history in this snapshot: live memory at the moment it was taken"
@@ -59,15 +60,16 @@ def plot_live(live: LiveMemory, size=(1600, 900), dpi=100) -> Figure:
     lay = Layout(FigureCanvasAgg(fig), width, height, dpi)
     top = _title(fig, lay, live)
     legend = _legend_handles(live)
-    item = [lay.text_size(h.get_label(), LEGEND_PT)[0] + lay.px(LEGEND_PT) * 3.6 for h in legend]
-    legend_rows = next((r for r in range(1, len(item) + 1) if legend_width(item, r) <= width - 20), len(item))
-    bottom = lay.px(TICK_PT) * 2.0 + lay.px(LABEL_PT) * 1.8 + 8 + legend_rows * lay.px(LEGEND_PT) * 1.9
+    item = [lay.text_size(h.get_label(), LEGEND_PT)[0] + lay.px(LEGEND_PT) * layout.LEGEND_ENTRY_EM for h in legend]
+    legend_rows = next((r for r in range(1, len(item) + 1) if legend_width(item, r) <= width - layout.LEGEND_MARGIN_PX), len(item))
+    bottom = (lay.px(TICK_PT) * layout.AXIS_TICKS_EM + lay.px(LABEL_PT) * layout.AXIS_LABEL_EM + 8
+              + legend_rows * lay.px(LEGEND_PT) * layout.LEGEND_ROW_EM)
     fit = max(int((height - top - bottom) // (lay.px(TICK_PT) * 1.6)), 1)
     rows = _rows(live, min(TOP_SITES + 1, fit))
     fig.phasemem_rows = rows  # type: ignore[attr-defined]  # phasemem's own attribute
     labels, values, left, right = _margins(lay, rows, width)
-    ax = fig.add_axes((left / width, bottom / height, max(width - left - right, 16) / width,
-                       max(height - top - bottom, 16) / height))
+    ax = fig.add_axes((left / width, bottom / height, max(width - left - right, layout.MIN_AXES_PX) / width,
+                       max(height - top - bottom, layout.MIN_AXES_PX) / height))
     if rows:
         _bars(ax, rows, labels, values, width - left - right, height - top - bottom)
     else:
@@ -77,7 +79,8 @@ def plot_live(live: LiveMemory, size=(1600, 900), dpi=100) -> Figure:
                      fontsize=LABEL_PT)
     if legend:
         fig.legend(handles=legend, loc="lower center", ncol=-(-len(legend) // legend_rows), frameon=False,
-                   fontsize=LEGEND_PT, handlelength=1.6, columnspacing=1.4, borderaxespad=0.3, labelspacing=0.35)
+                   fontsize=LEGEND_PT, handlelength=layout.LEGEND_HANDLE_EM, columnspacing=layout.LEGEND_COLUMN_EM,
+                   borderaxespad=layout.LEGEND_EDGE_EM, labelspacing=layout.LEGEND_ROW_GAP_EM)
     return fig
 
 

@@ -12,6 +12,7 @@ from matplotlib.patches import Rectangle
 
 from ...units import format_bytes
 from ...vocab import CATEGORY_COLORS, CATEGORY_NAMES
+from . import layout
 from .labels import TICK_PT
 
 #: The bar's column, in pixels, taken from the curve's width: wide enough for "activations 8.44 GiB"
@@ -114,7 +115,7 @@ def _under(lay, thin: list, px: float, under_px: float) -> list[Line]:
     named = thin if len(thin) <= fit else thin[:fit - 1]
     # from the swatch to the picture's edge; a name that does not fit leaves its size beside the swatch
     # (the legend names the colour)
-    room = px - 8 + lay.px(TICK_PT) * 1.5 - lay.px(pt) * SWATCH  # the column, then the margin (Layout.axes_box)
+    room = px - 8 + lay.px(TICK_PT) * layout.MARGIN_EM - lay.px(pt) * SWATCH  # the column, then the margin (Layout.axes_box)
     out = [Line(text if lay.fits(text, pt, room) else format_bytes(b), "under", b, (n,))
            for n, b in named for text in [f"{CATEGORY_NAMES.get(n, n)} {format_bytes(b)}"]]
     rest = thin[len(named):]
