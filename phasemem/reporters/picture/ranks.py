@@ -231,8 +231,8 @@ def _grid(ax, n: int) -> LineCollection:
     steps); x in data, y in axes fractions, as axvline draws them."""
     x = np.arange(1, n, dtype=float)
     segments = np.stack([np.stack([x, np.zeros_like(x)], 1), np.stack([x, np.ones_like(x)], 1)], 1)
-    return LineCollection(segments, colors=_GRID,  # type: ignore[arg-type]  # (N, 2, 2): N segments linewidths=0.6, zorder=0, capstyle="projecting",
-                          transform=ax.get_xaxis_transform())
+    return LineCollection(segments, colors=_GRID,  # type: ignore[arg-type]  # (N, 2, 2): N segments
+                          linewidths=0.6, zorder=0, capstyle="projecting", transform=ax.get_xaxis_transform())
 
 
 def _heat(fig, lay, run, slots, box, room: float) -> None:
