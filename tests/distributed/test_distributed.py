@@ -397,6 +397,22 @@ def test_pictures_lanes_and_heat(job):
         plot_ranks(run, size=(100, 100))
 
 
+def test_the_lanes_slot_grid_is_drawn_thin_under_everything(tmp_path):
+    """The slots' boundaries are one collection of thin lines under the lanes (a comment once swallowed
+    its width and order, and the grid was drawn at matplotlib's defaults, over the lanes)."""
+    from matplotlib.collections import LineCollection
+
+    import phasemem
+    from phasemem.reporters.picture.ranks import plot_ranks
+
+    run = phasemem.analyze_ranks(_as_rank_folder(tmp_path, "heldout4_llama_hf_trainer"))
+    fig = plot_ranks(run)
+    grids = [c for ax in fig.axes for c in ax.collections
+             if isinstance(c, LineCollection) and c.get_transform() is not None and c.get_zorder() == 0]
+    assert grids, "a slot grid under the lanes"
+    assert all(float(np.max(g.get_linewidths())) == 0.6 for g in grids)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description="record a distributed run through instrument(), a folder per wrapper")
     p.add_argument("out")
