@@ -35,7 +35,7 @@ def frameless(rel: str):
         # the session's analysis of the bare snapshot (helpers.analyses): its trace and segmentation are
         # segment()'s of the bare Trace, and the held-out tests that analyse it bare share it
         reading = analyzed(path, "bare")
-        _cache[rel] = (truth.labels.copy(), len(truth.steps), reading.trace, reading.analysis.segmentation)
+        _cache[rel] = (truth.labels.copy(), len(truth.steps), reading.analysis.trace, reading.analysis.segmentation)
     return _cache[rel]
 
 
