@@ -35,8 +35,6 @@ STEP_LINE_LW, STEP_LINE_ALPHA = 0.8, 0.6
 STEP_LIFT_PT = 3
 #: Pixels of width (height) per x (y) tick, and the most ticks on either axis.
 X_TICK_PX, X_TICKS_MAX, Y_TICK_PX, Y_TICKS_MAX = 130, 10, 60, 8
-#: Width of the grid's lines across the y ticks.
-GRID_LW = 0.6
 #: The title's top below the figure's top, in title font sizes.
 TITLE_TOP_EM = 0.5
 #: The legend's handles: a phase's patch's opacity, the allocated and reserved curves' widths.
@@ -193,7 +191,7 @@ def _axes_style(ax, by, unit, span, w_px, h_px):
         ax.set_xlabel(f"time since the first event ({name})", fontsize=LABEL_PT)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / div:,.6g}"))
     ax.yaxis.set_major_locator(MaxNLocator(nbins=int(np.clip(h_px / Y_TICK_PX, 2, Y_TICKS_MAX))))
-    ax.grid(axis="y", color="#dddddd", lw=GRID_LW, zorder=-1)
+    ax.grid(axis="y", color="#dddddd", lw=layout.GRID_LW, zorder=-1)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)

@@ -34,3 +34,5 @@ MIN_AXES_PX = 16
 STRIPS_GAP_PX, STRIPS_ROOM_PX = 4, 6
 #: A phase-strip cell within its slot and row (x, y, width, height): a hairline of white between cells.
 CELL = (0.01, 0.06, 0.98, 0.88)
+#: Width of the light grid's lines across the value axis' ticks (the main and live pictures).
+GRID_LW = 0.6

@@ -26,7 +26,35 @@ from . import layout
 from .labels import LABEL_PT, LEGEND_PT, TICK_PT, TITLE_PT, Layout, legend_width
 
 TITLE = "no allocation history in this snapshot: live memory at the moment it was taken"
+#: At most this many sites get a bar of their own; the rest are summed into one more.
 TOP_SITES = 15
+#: Pixels under the x axis' label, before the legend.
+AXIS_AIR_PX = 8
+#: Height of one bar's row, in tick font sizes (as many rows are drawn as fit).
+ROW_EM = 1.6
+#: A bar's thickness, as a share of its row; at most this many pixels of row per bar (a lone site is
+#: not a slab filling the plot); the rows' ends this share of a row beyond the outer bars' centres.
+BAR_HEIGHT, ROW_MAX_PX, ROW_END = 0.72, 40, 0.4
+#: Points between a bar's end and its value label.
+VALUE_GAP_PT = 4
+#: Pixels right of the widest value label; the value labels drop their block counts when they would take
+#: more than this share of the width.
+VALUES_AIR_PX, VALUES_MAX_SHARE = 16, 0.25
+#: A site's label is cut to this share of the width (less the values' room), never under this many
+#: pixels.
+SITES_MAX_SHARE, SITES_MIN_PX = 0.62, 60
+#: Left of the bars: room for labels at least this many pixels wide, and this many pixels of air.
+LEFT_MIN_PX, LEFT_AIR_PX = 40, 14
+#: A cut site label keeps at least this many characters.
+CUT_MIN_CHARS = 8
+#: Pixels of width per x tick, and the most x ticks.
+X_TICK_PX, X_TICKS_MAX = 90, 8
+#: The title lines: pixels of their top below the figure's top and of their left end from its left
+#: edge (and its right end from the right), and their spacing in their font sizes.
+TITLE_TOP_PX, TITLE_LEFT_PX, TITLE_LINE_EM = 8.0, 12, 1.45
+#: With no bars, the message's lines: the pixels of width they leave free, their spacing in label font
+#: sizes.
+MESSAGE_AIR_PX, MESSAGE_LINE_EM = 40, 1.5
 _COLORS = {"parameter": CATEGORY_COLORS["parameter"], "optimizer_state": CATEGORY_COLORS["optimizer_state"],
            "unknown": CATEGORY_COLORS["other"]}
 _FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
@@ -61,10 +89,11 @@ def plot_live(live: LiveMemory, size=(1600, 900), dpi=100) -> Figure:
     top = _title(fig, lay, live)
     legend = _legend_handles(live)
     item = [lay.text_size(h.get_label(), LEGEND_PT)[0] + lay.px(LEGEND_PT) * layout.LEGEND_ENTRY_EM for h in legend]
-    legend_rows = next((r for r in range(1, len(item) + 1) if legend_width(item, r) <= width - layout.LEGEND_MARGIN_PX), len(item))
-    bottom = (lay.px(TICK_PT) * layout.AXIS_TICKS_EM + lay.px(LABEL_PT) * layout.AXIS_LABEL_EM + 8
+    legend_rows = next((r for r in range(1, len(item) + 1)
+                        if legend_width(item, r) <= width - layout.LEGEND_MARGIN_PX), len(item))
+    bottom = (lay.px(TICK_PT) * layout.AXIS_TICKS_EM + lay.px(LABEL_PT) * layout.AXIS_LABEL_EM + AXIS_AIR_PX
               + legend_rows * lay.px(LEGEND_PT) * layout.LEGEND_ROW_EM)
-    fit = max(int((height - top - bottom) // (lay.px(TICK_PT) * 1.6)), 1)
+    fit = max(int((height - top - bottom) // (lay.px(TICK_PT) * ROW_EM)), 1)
     rows = _rows(live, min(TOP_SITES + 1, fit))
     fig.phasemem_rows = rows  # type: ignore[attr-defined]  # phasemem's own attribute
     labels, values, left, right = _margins(lay, rows, width)
@@ -74,8 +103,8 @@ def plot_live(live: LiveMemory, size=(1600, 900), dpi=100) -> Figure:
         _bars(ax, rows, labels, values, width - left - right, height - top - bottom)
     else:
         ax.set_axis_off()
-        for k, line in enumerate(_wrap(lay, _nothing(live), LABEL_PT, width - 40)):
-            fig.text(0.5, 0.5 - k * lay.px(LABEL_PT) * 1.5 / height, line, ha="center", va="center",
+        for k, line in enumerate(_wrap(lay, _nothing(live), LABEL_PT, width - MESSAGE_AIR_PX)):
+            fig.text(0.5, 0.5 - k * lay.px(LABEL_PT) * MESSAGE_LINE_EM / height, line, ha="center", va="center",
                      fontsize=LABEL_PT)
     if legend:
         fig.legend(handles=legend, loc="lower center", ncol=-(-len(legend) // legend_rows), frameon=False,
@@ -87,12 +116,12 @@ def plot_live(live: LiveMemory, size=(1600, 900), dpi=100) -> Figure:
 def _margins(lay, rows, width):
     """Site labels (cut to fit), value labels, and the pixels left of and right of the bars."""
     values = [f"{format_bytes(n)} · {c:,} block{'s' * (c != 1)}" for _, n, c, _ in rows]
-    right = max([lay.text_size(s, TICK_PT)[0] for s in values] + [0]) + 16
-    if right > 0.25 * width:  # a narrow picture keeps its bars: the sizes alone, not the block counts
+    right = max([lay.text_size(s, TICK_PT)[0] for s in values] + [0]) + VALUES_AIR_PX
+    if right > VALUES_MAX_SHARE * width:  # a narrow picture keeps its bars: the sizes alone, not the block counts
         values = [format_bytes(n) for _, n, _, _ in rows]
-        right = max([lay.text_size(s, TICK_PT)[0] for s in values] + [0]) + 16
-    labels = [_ellipsize(lay, r[0], max(0.62 * width - right, 60)) for r in rows]
-    left = max([lay.text_size(s, TICK_PT)[0] for s in labels] + [40]) + 14
+        right = max([lay.text_size(s, TICK_PT)[0] for s in values] + [0]) + VALUES_AIR_PX
+    labels = [_ellipsize(lay, r[0], max(SITES_MAX_SHARE * width - right, SITES_MIN_PX)) for r in rows]
+    left = max([lay.text_size(s, TICK_PT)[0] for s in labels] + [LEFT_MIN_PX]) + LEFT_AIR_PX
     return labels, values, left, right
 
 
@@ -138,23 +167,23 @@ def _bars(ax, rows, labels, values, axes_w_px, axes_h_px):
         for cat in list(CATEGORIES) + ["no stack"]:
             if cats.get(cat):
                 w = cats[cat] / div
-                ax.barh(y, w, left=x, height=0.72, zorder=2, **_style(cat))
+                ax.barh(y, w, left=x, height=BAR_HEIGHT, zorder=2, **_style(cat))
                 x += w
     for y, (_, n, _, _), text in zip(ys, rows, values):
-        ax.annotate(text, xy=(n / div, y), xytext=(4, 0), textcoords="offset points", va="center",
+        ax.annotate(text, xy=(n / div, y), xytext=(VALUE_GAP_PT, 0), textcoords="offset points", va="center",
                     fontsize=TICK_PT, color="#333333", annotation_clip=False)
     ax.set_yticks(ys, labels, fontsize=TICK_PT)
-    # A bar is at most ~40 px thick: one site alone would otherwise be a slab filling the plot.
-    slots = max(len(rows), axes_h_px / 40)
-    ax.set_ylim(len(rows) - 0.4 - slots, len(rows) - 0.4)
+    # A bar is at most ROW_MAX_PX thick: one site alone would otherwise be a slab filling the plot.
+    slots = max(len(rows), axes_h_px / ROW_MAX_PX)
+    ax.set_ylim(len(rows) - ROW_END - slots, len(rows) - ROW_END)
     ax.set_xlim(0, top / div)
     ax.set_xlabel(f"allocated ({unit}, requested sizes)", fontsize=LABEL_PT)
     # Tick labels like "12.5" need room: fewer of them on a narrow picture.
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=int(min(max(axes_w_px / 90, 2), 8))))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=int(min(max(axes_w_px / X_TICK_PX, 2), X_TICKS_MAX))))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.6g}"))
     ax.tick_params(axis="x", labelsize=TICK_PT)
     ax.tick_params(axis="y", length=0)
-    ax.grid(axis="x", color="#dddddd", lw=0.6, zorder=-1)
+    ax.grid(axis="x", color="#dddddd", lw=layout.GRID_LW, zorder=-1)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -169,13 +198,13 @@ def _title(fig, lay, live: LiveMemory) -> float:
              f"({format_bytes(live.cached_free_bytes)} cached free)")
     if others:
         facts += " · other devices: " + ", ".join(others)
-    lines = [(t, TITLE_PT, "bold") for t in _wrap(lay, TITLE, TITLE_PT, W - 24, "bold")]
-    lines += [(t, LABEL_PT, "normal") for t in _wrap(lay, facts, LABEL_PT, W - 24)]
-    y = 8.0
+    lines = [(t, TITLE_PT, "bold") for t in _wrap(lay, TITLE, TITLE_PT, W - 2 * TITLE_LEFT_PX, "bold")]
+    lines += [(t, LABEL_PT, "normal") for t in _wrap(lay, facts, LABEL_PT, W - 2 * TITLE_LEFT_PX)]
+    y = TITLE_TOP_PX
     for text, pt, weight in lines:
-        fig.text(12 / W, 1 - y / H, text, ha="left", va="top", fontsize=pt, fontweight=weight,
+        fig.text(TITLE_LEFT_PX / W, 1 - y / H, text, ha="left", va="top", fontsize=pt, fontweight=weight,
                  color="#1b1b1b" if weight == "bold" else "#444444")
-        y += lay.px(pt) * 1.45
+        y += lay.px(pt) * TITLE_LINE_EM
     return y + lay.px(TICK_PT)
 
 
@@ -218,11 +247,11 @@ def _ellipsize(lay, text: str, room: float) -> str:
     if lay.text_size(text, TICK_PT)[0] <= room:
         return text
     keep = len(text)
-    while keep > 8:
+    while keep > CUT_MIN_CHARS:
         keep -= 2
         cut = text[:keep // 2] + "…" + text[len(text) - keep // 2:]
         if lay.text_size(cut, TICK_PT)[0] <= room:
             return cut
-    return text[:8] + "…"
+    return text[:CUT_MIN_CHARS] + "…"
 
 
