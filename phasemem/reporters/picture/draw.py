@@ -52,6 +52,23 @@ VECTOR_BANDS_CAP = 200_000
 
 BAND_DRAWINGS = ("raster", "vector", "auto")
 
+#: Height of the phase strip at the axes' top, in strip font sizes.
+STRIP_EM = 1.9
+#: The values keep at least this share of the axes' height, however much room the labels above ask.
+MIN_VALUES_SHARE = 0.5
+#: Pixels the callouts and peak labels keep under the phase strip.
+CEILING_AIR_PX = 2
+#: Headroom above the highest value, in pixels besides the texts: over the overall peak's label (with its
+#: lift), and per row of callouts.
+PEAK_ROOM_AIR_PX, CALLOUT_ROW_AIR_PX = 10, 8
+#: The hatched base band's colour, shaded this much (``colours._shade``).
+BASE_SHADE = 0.45
+#: The base band's label: pixels of air it needs beside it (and keeps from the axes' left) and above and
+#: below it in all; its box's opacity.
+BASE_LABEL_AIR_X_PX, BASE_LABEL_AIR_Y_PX, BASE_LABEL_ALPHA = 6, 4, 0.8
+#: Width of the allocated and the reserved lines.
+CURVE_LW = 0.9
+
 
 def plot(report, *, size=(1600, 900), dpi=100, by="event", steps=None, events=None, max_bands=2000,
          color="category", bands="raster") -> Figure:
@@ -144,8 +161,8 @@ def _draw(ax, lay, report, sc: _Scene, ax_box, bands="raster") -> tuple[_labels.
     the y axis' top (in axis units)."""
     X, a, b, unit_div = sc.X, sc.a, sc.b, sc.unit_div
     ax_h_px = ax_box[3] * lay.height
-    strip_px = lay.px(STRIP_PT) * 1.9
-    y_top = (sc.top / unit_div) / max(1 - _headroom_px(lay, strip_px, sc.patterns) / ax_h_px, 0.5)
+    strip_px = lay.px(STRIP_PT) * STRIP_EM
+    y_top = (sc.top / unit_div) / max(1 - _headroom_px(lay, strip_px, sc.patterns) / ax_h_px, MIN_VALUES_SHARE)
     ax.set_xlim(X[a], X[b])
     ax.set_ylim(0, y_top)
     strip_frac = strip_px / ax_h_px
@@ -159,7 +176,7 @@ def _draw(ax, lay, report, sc: _Scene, ax_box, bands="raster") -> tuple[_labels.
     _draw_lines(ax, sc.cols, unit_div, sc.show_reserved, outline=not dense)
     _step_marks(ax, lay, view, X, sc.shown, a, b, step_px)
     _oom_marks(ax, lay, view, placed, X, report, a, b, strip_px)
-    ceiling = view.top_px - strip_px - 2
+    ceiling = view.top_px - strip_px - CEILING_AIR_PX
     _labels.overall_peak(ax, lay, view, placed, X, report, unit_div, a, b)
     curve = _labels.Curve(view, sc.cols.edges, sc.cols.level / unit_div)
     # Ticks a few pixels apart would paint the strip over in their colour.
@@ -197,9 +214,10 @@ def _phase_and_mark_handles(report, a, b, ticks, made, patterns, show_reserved) 
 def _headroom_px(lay, strip_px, patterns) -> float:
     """Room between the highest value and the strip for the overall peak's label, and for two rows
     of callouts when there are patterns to call out."""
-    room = strip_px + lay.text_size("peak 0.00 GiB", PEAK_PT + 1, "bold")[1] + lay.px(3) + 10
+    room = (strip_px + lay.text_size("peak 0.00 GiB", PEAK_PT + 1, "bold")[1] + lay.px(_labels.PEAK_LIFT_PT)
+            + PEAK_ROOM_AIR_PX)
     if len(patterns):
-        room += 2 * (lay.text_size("logits 0.00 GiB", CALLOUT_PT)[1] + 8)
+        room += 2 * (lay.text_size("logits 0.00 GiB", CALLOUT_PT)[1] + CALLOUT_ROW_AIR_PX)
     return room
 
 
@@ -219,7 +237,8 @@ def picture_writer(report, path, **options):
     .html, is the HTML reporter's: reporters/html)."""
     fmt = _FORMATS.get(os.path.splitext(os.fspath(path))[1].lower())
     if fmt is None:
-        raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg or .pdf, or the page .html")
+        raise PhasememError(f"{os.fspath(path)}: cannot draw this format; name the picture .png, .svg or .pdf, "
+                            "or the page .html")
     fig = figure(report, fmt, **options)
 
     def write(tmp):
@@ -320,7 +339,7 @@ def _draw_bands(ax, lay, view, placed, st, fills, unit_div, x0, x1, drawing="ras
         if k <= 0:
             continue
         verts.append(np.array([[x0, bottom], [x0, bottom + k], [x1, bottom + k], [x1, bottom]]) / [1, unit_div])
-        fcs.append(_shade(np.array([mcolors.to_rgb(c)]), np.array([0.45]))[0])
+        fcs.append(_shade(np.array([mcolors.to_rgb(c)]), np.array([BASE_SHADE]))[0])
         bottom += k
     if verts:
         ax.add_collection(PolyCollection(verts, facecolors=fcs, edgecolors="none", linewidths=0, hatch="////",
@@ -377,13 +396,14 @@ def _base_label(ax, lay, view, placed, base, unit_div):
     label = f"alive from before recording to the end: {format_bytes(base)}"
     w, h = lay.text_size(label, PEAK_PT)
     y0, y1 = view.y_px(0), view.y_px(base / unit_div)
-    if y1 - y0 < h + 4 or w + 12 > view.right_px - view.left_px:
+    if y1 - y0 < h + BASE_LABEL_AIR_Y_PX or w + 2 * BASE_LABEL_AIR_X_PX > view.right_px - view.left_px:
         return
-    cx = view.left_px + 6 + w / 2
+    cx = view.left_px + BASE_LABEL_AIR_X_PX + w / 2
     by = (y0 + y1) / 2 - h / 2
     placed.add(cx - w / 2, cx + w / 2, by, by + h)
     ax.text(float(view.x_data(cx)), base / unit_div / 2, label, ha="center", va="center", fontsize=PEAK_PT,
-            color="#333333", zorder=9, bbox=dict(boxstyle="square,pad=0.15", fc="white", ec="none", alpha=0.8))
+            color="#333333", zorder=9,
+            bbox=dict(boxstyle="square,pad=0.15", fc="white", ec="none", alpha=BASE_LABEL_ALPHA))
 
 
 def _draw_lines(ax, cols, unit_div, show_reserved, outline=True):
@@ -391,7 +411,7 @@ def _draw_lines(ax, cols, unit_div, show_reserved, outline=True):
     # the bands, whose top is the same curve anyway.
     if outline:
         xs, top = _bands.step_outline(cols.edges, cols.level, unit_div)
-        ax.plot(xs, top, color=_CURVE, lw=0.9, zorder=3, solid_joinstyle="miter")
+        ax.plot(xs, top, color=_CURVE, lw=CURVE_LW, zorder=3, solid_joinstyle="miter")
     if show_reserved:
         xs, res = _bands.step_outline(cols.edges, cols.reserved, unit_div)
-        ax.plot(xs, res, color=_RESERVED, lw=0.9, zorder=3.5)
+        ax.plot(xs, res, color=_RESERVED, lw=CURVE_LW, zorder=3.5)
