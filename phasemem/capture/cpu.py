@@ -2,8 +2,9 @@
 
 Without CUDA there is no caching allocator to record, but ``profile(profile_memory=True)`` sees every
 CPU allocation and free (``ptr``, signed ``alloc_size``) and every ``record_function`` range. Both come
-out of ``experimental_event_tree()`` stamped by the same clock (unix-epoch nanoseconds), which is
-converted once, ``ns // 1000``, to the ``time_us`` the CUDA snapshot uses.
+out of ``experimental_event_tree()`` stamped by the profiler's clock, which is mapped onto the host's
+``time.time_ns()`` through two anchor ranges (docs/trace.md, "The CPU trace's clock") and converted,
+``ns // 1000``, to the ``time_us`` the CUDA snapshot uses.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from typing import Iterable
 
 import torch
@@ -42,6 +44,13 @@ def _is_range(name: str, fields=None) -> bool:
 
 _USER_SCOPE = getattr(getattr(torch.autograd, "RecordScope", None) or getattr(torch._C._autograd, "RecordScope", None)
                       or getattr(torch._C._profiler, "RecordScope", None), "USER_SCOPE", None)
+
+# The ranges that tie the profiler's clock to the host's, one after start and one before stop; never
+# kept as marks.
+CLOCK_ANCHOR = PREFIX + "clock"
+# Anchors taken at each end: the first range after start is slow (0.03-0.8 ms wide on this machine),
+# the next ones 20-40 µs; their bounds intersect.
+ANCHORS = 3
 
 CPU_DEVICE = -1  # the fake segments' and annotations' "device": no CUDA ordinal applies
 
@@ -83,12 +92,45 @@ def start_profiler() -> profile:
     )
     with _quiet_native_stderr():
         prof.start()
+    prof._phasemem_clock = [_anchor() for _ in range(ANCHORS)]  # type: ignore[attr-defined]
     return prof
 
 
 def stop_profiler(prof: profile) -> None:
+    anchors = getattr(prof, "_phasemem_clock", None)
+    if anchors is not None:
+        anchors.extend(_anchor() for _ in range(ANCHORS))
     with _quiet_native_stderr():
         prof.stop()
+
+
+def _anchor() -> tuple[int, int]:
+    """The host clock read just before and just after an empty anchor range the profiler stamps."""
+    h0 = time.time_ns()
+    with torch.profiler.record_function(CLOCK_ANCHOR):
+        pass
+    return h0, time.time_ns()
+
+
+def _host_clock(anchors: list[tuple[int, int]], stamped: list[tuple[int, int]]):
+    """The map from the profiler's nanoseconds to the host's. Each anchor bounds the offset (host minus
+    profiler) to [h0 - p0, h1 - p1]; where the profiler's own conversion lies inside every bound it is
+    kept as it is, else it is shifted by the least that brings it inside, at the start and at the end,
+    and linearly between them."""
+    if not anchors or len(anchors) != len(stamped):
+        return lambda ns: ns  # a profiler started elsewhere: its clock as it is
+    bounds = [(h0 - p0, h1 - p1, p0) for (h0, h1), (p0, p1) in zip(anchors, stamped)]
+    half = len(bounds) // 2 or 1  # the anchors taken at the start, then those at the end
+    ends = []
+    for group in (bounds[:half], bounds[half:] or bounds[:half]):
+        lo, hi = max(g[0] for g in group), min(g[1] for g in group)
+        shift = 0 if lo <= 0 <= hi else (lo if lo > 0 else hi) if lo <= hi else (lo + hi) // 2
+        ends.append((group[-1][2], shift))
+    (p_a, d_a), (p_b, d_b) = ends
+    if d_a == d_b == 0:
+        return lambda ns: ns
+    slope = (d_b - d_a) / (p_b - p_a) if p_b != p_a else 0.0
+    return lambda ns: ns + int(round(d_a + (ns - p_a) * slope))
 
 
 def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> dict:
@@ -103,6 +145,7 @@ def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> 
     alloc_type, op_type = _EventType.Allocation, _EventType.TorchOp
     trace: list[tuple[int, int, dict]] = []
     marks: list[tuple[int, int, int, dict]] = []
+    stamped: list[tuple[int, int]] = []
 
     # The one per-event pass: a depth-first walk of the event tree (every thread's roots).
     # a stopped profiler holds its results
@@ -123,22 +166,28 @@ def snapshot_from_profiler(prof: profile, live: Iterable[torch.Tensor] = ()) -> 
                     "addr": int(fields.ptr),
                     "size": abs(int(size)),
                     "stream": 0,
-                    "time_us": t // 1000,
                     "frames": [],
                 }))
                 seq += 1
+        elif kind == op_type and node.name == CLOCK_ANCHOR:
+            stamped.append((node.start_time_ns, node.end_time_ns))
         elif kind == op_type and _is_range(node.name, fields):
             name = str(node.name)
             t0, t1 = node.start_time_ns, node.end_time_ns
             # Ties: at one instant an END sorts before a START; nested STARTs open outer first
             # and nested ENDs close inner first, so a stack-based reader stays balanced.
-            marks.append((t0, 1, depth, {"name": name, "stage": "START", "device": CPU_DEVICE, "time_us": t0 // 1000}))
-            marks.append((t1, 0, -depth, {"name": name, "stage": "END", "device": CPU_DEVICE, "time_us": t1 // 1000}))
+            marks.append((t0, 1, depth, {"name": name, "stage": "START", "device": CPU_DEVICE}))
+            marks.append((t1, 0, -depth, {"name": name, "stage": "END", "device": CPU_DEVICE}))
         # Reversed, so nodes pop in pre-order: ``seq`` then orders same-nanosecond events as they happened.
         stack.extend((child, depth + 1) for child in reversed(node.children))
 
     trace.sort(key=lambda e: (e[0], e[1]))
     marks.sort(key=lambda e: e[:3])
+    host = _host_clock(getattr(prof, "_phasemem_clock", None) or [], sorted(stamped))
+    for t, _, entry in trace:
+        entry["time_us"] = host(t) // 1000
+    for t, _, _, entry in marks:
+        entry["time_us"] = host(t) // 1000
 
     return {
         "segments": _segments(live),
