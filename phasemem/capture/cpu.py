@@ -124,7 +124,8 @@ def _host_clock(anchors: list[tuple[int, int]], stamped: list[tuple[int, int]]):
     ends = []
     for group in (bounds[:half], bounds[half:] or bounds[:half]):
         lo, hi = max(g[0] for g in group), min(g[1] for g in group)
-        shift = 0 if lo <= 0 <= hi else (lo if lo > 0 else hi) if lo <= hi else (lo + hi) // 2
+        # bounds that contradict each other (a host clock coarser than the anchors): no evidence, no shift
+        shift = 0 if lo <= 0 <= hi or lo > hi else lo if lo > 0 else hi
         ends.append((group[-1][2], shift))
     (p_a, d_a), (p_b, d_b) = ends
     if d_a == d_b == 0:
