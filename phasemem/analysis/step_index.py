@@ -1,11 +1,13 @@
 """The step index of a whole trace (``phasemem.read.columnar.StepIndex``), built from the steps its
-marks give (``segmentation.segment_marked``), and the cut of the steps ``--steps`` asks for by it
+marks give (``segment_marked``: ``segment`` without the inference), and the cut of the steps ``--steps`` asks for by it
 (``cut``: the one place a trace is sliced). Where it is built, and why only from marks:
 docs/performance.md.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
@@ -13,8 +15,11 @@ from ..read import Reading
 from ..read.columnar import EVENTS, StepIndex
 from ..read.trace import A, Markers, Trace
 from ..steps import StepsError, parse_steps
-from .segmentation import segment_marked
-from .timeline import Timeline, lifetimes_of, reserved_curve
+from .segmentation import Segmentation
+from .segmentation.markers import find_marks
+from .segmentation.partial import cut_by_oom
+from .segmentation.steps_from_intervals import steps_from_intervals
+from .timeline import Lifetimes, Timeline, lifetimes_of, reserved_curve
 
 _INFERRED = "phases are inferred from the whole trace (no forward/backward markers)"
 
@@ -88,7 +93,11 @@ def build_index(trace: Trace, prefix: str, timeline: Timeline | None = None) -> 
     change0 = _reserved_change(trace, 0)
     # Only the lifetimes and the reserved bytes: no per-event curves for a whole trace of which a
     # few steps are wanted (10M events: 1.45 -> 1.33 GiB peak for --steps from the pickle).
-    life = timeline.lifetimes if timeline is not None else lifetimes_of(trace)
+    # the steps first, from the marks; the lifetimes are built where a rule asks, as ``segment`` builds them
+    lifetimes = (lambda: timeline.lifetimes) if timeline is not None else functools.cache(
+        functools.partial(lifetimes_of, trace))
+    seg = segment_marked(trace, prefix, lifetimes)
+    life = lifetimes()
     reserved = timeline.reserved_after if timeline is not None else reserved_curve(trace)
     # a free seen without its alloc would count another size than the whole trace does
     paired = life.paired
@@ -96,7 +105,6 @@ def build_index(trace: Trace, prefix: str, timeline: Timeline | None = None) -> 
     unsound = ("some allocations reuse a live address (a free was lost)" if (trace.action[free] == A["alloc"]).any()
                else "some frees give a size other than their alloc's" if (trace.size[free] != trace.size[alloc]).any()
                else "")
-    seg = segment_marked(trace, prefix, life)
     steps = seg.steps
     first = np.array([a for a, _, _ in steps], dtype=np.int64)
     stop = np.array([b for _, b, _ in steps], dtype=np.int64)
@@ -115,6 +123,26 @@ def build_index(trace: Trace, prefix: str, timeline: Timeline | None = None) -> 
         number=np.array(seg.step_numbers, dtype=np.int64), complete=np.array([c for _, _, c in steps], dtype=bool),
         t_end=np.asarray(seg.step_t1, dtype=np.int64), reserved_end=before[stop].astype(np.int64), cross=cross,
     )
+
+
+def segment_marked(trace: Trace, prefix: str, lifetimes: Callable[[], Lifetimes]) -> Segmentation:
+    """``segment`` of a trace whose forward or backward markers are there, from its marks alone
+    (nothing is inferred there), with the trace's lifetimes built where a rule asks, as ``segment``
+    builds them: what a step index is built from. tests/reading/test_scale.py checks that it is
+    ``segment``'s answer.
+
+    Example:
+        >>> seg = segment_marked(trace, "phasemem::", lambda: lifetimes_of(trace))
+    """
+    marks = find_marks(trace, prefix)
+    steps, numbers, ends, skipped = steps_from_intervals(trace, marks, marks.labels, lifetimes, inside=marks.marked)
+    steps = cut_by_oom(trace, marks.labels, steps)
+    step_of = np.full(len(trace), -1, dtype=np.int32)
+    for k, (a, b, _) in enumerate(steps):
+        step_of[a:b] = k
+    return Segmentation(marks.labels, step_of, steps, [marks.first_step + k for k in numbers],
+                        np.array(ends, dtype=np.int64), marks.intervals, marks.sources,
+                        {ph: 1.0 for ph in marks.sources}, marks.t_lost, None, [k for k in skipped if steps[k][2]], [])
 
 
 def _reserved_change(trace: Trace, i: int) -> int:

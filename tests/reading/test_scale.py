@@ -18,8 +18,8 @@ from helpers.paths import ROOT, fixture_paths, shared_paths
 from helpers.snapshots import load_snapshot, prefix_of
 from helpers.traces import assert_same_trace
 from phasemem import PhasememError
-from phasemem.analysis.segmentation import Segmentation, segment, segment_marked
-from phasemem.analysis.step_index import build_index, can_slice, cut
+from phasemem.analysis.segmentation import Segmentation, segment
+from phasemem.analysis.step_index import build_index, can_slice, cut, segment_marked
 from phasemem.analysis.timeline import Timeline
 from phasemem.commands.cli import main
 from phasemem.read import read
@@ -274,7 +274,7 @@ def test_the_step_index_segments_a_marked_trace_as_segment_does(path):
     if not can_slice(trace, prefix):
         pytest.skip("phases inferred: no step index is built from them")
     tl = Timeline.from_trace(trace)
-    whole, marked = segment(trace, prefix, tl), segment_marked(trace, prefix, tl.lifetimes)
+    whole, marked = segment(trace, prefix, tl), segment_marked(trace, prefix, lambda: tl.lifetimes)
     assert whole.steps, "a marked trace has steps"
     for f in fields(Segmentation):
         a, b = getattr(whole, f.name), getattr(marked, f.name)

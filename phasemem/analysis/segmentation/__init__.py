@@ -1,6 +1,6 @@
 """Split a trace into steps and phases: every event's phase code and step. ``segment`` is one line of
-stages, each a module entered once; ``segment_marked`` the same line without the inference, for a
-trace whose forward or backward is marked (the stages: docs/design.md, "`analyze`, one line").
+stages, each a module entered once (the stages: docs/design.md, "`analyze`, one line"); the same line
+without the inference, for a step index, is ``step_index.segment_marked``.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .partial import cut_by_oom
 from .steps_from_intervals import steps_from_intervals
 from .steps_from_labels import steps_from_labels
 
-__all__ = ["Segmentation", "segment", "segment_marked", "step_at_time", "window_first"]
+__all__ = ["Segmentation", "segment", "step_at_time"]
 
 
 @dataclass
@@ -54,7 +54,7 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
         >>> seg = segment(Trace.from_snapshot(snap))
         >>> PHASES[seg.labels[100]], seg.step_of[100]
     """
-    n, first = len(trace), window_first(trace.meta)
+    n = len(trace)
 
     @functools.cache
     def lifetimes() -> Lifetimes:  # which block each free frees: built only where a rule below asks
@@ -78,30 +78,9 @@ def segment(trace: Trace, prefix: str = MARKER_PREFIX, timeline=None) -> Segment
     step_of = np.full(n, -1, dtype=np.int32)
     for k, (a, b, _) in enumerate(steps):
         step_of[a:b] = k
-    return Segmentation(labels, step_of, steps, [first + k for k in numbers], np.array(ends, dtype=np.int64),
+    return Segmentation(labels, step_of, steps, [marks.first_step + k for k in numbers], np.array(ends, dtype=np.int64),
                         marks.intervals, sources, confidence, marks.t_lost,
                         how if how in ("frames", "lifetimes") else None, [k for k in skipped if steps[k][2]], doubts)
-
-
-def segment_marked(trace: Trace, prefix: str, lifetimes: Lifetimes) -> Segmentation:
-    """``segment`` of a trace whose forward or backward markers are there, from its marks alone
-    (nothing is inferred there), with the trace's ``lifetimes`` given: what a step index is built
-    from. tests/segmentation/test_segment_handbuilt.py checks that it is ``segment``'s answer.
-
-    Example:
-        >>> seg = segment_marked(trace, "phasemem::", lifetimes_of(trace))
-    """
-    n, first = len(trace), window_first(trace.meta)
-    marks = find_marks(trace, prefix)
-    steps, numbers, ends, skipped = steps_from_intervals(trace, marks, marks.labels, lambda: lifetimes,
-                                                         inside=marks.marked)
-    steps = cut_by_oom(trace, marks.labels, steps)
-    step_of = np.full(n, -1, dtype=np.int32)
-    for k, (a, b, _) in enumerate(steps):
-        step_of[a:b] = k
-    return Segmentation(marks.labels, step_of, steps, [first + k for k in numbers], np.array(ends, dtype=np.int64),
-                        marks.intervals, marks.sources, {ph: 1.0 for ph in marks.sources}, marks.t_lost,
-                        None, [k for k in skipped if steps[k][2]], [])
 
 
 def step_at_time(seg: Segmentation, t: int) -> int:
@@ -110,13 +89,3 @@ def step_at_time(seg: Segmentation, t: int) -> int:
         return -1
     k = int(np.searchsorted(seg.step_t1, t, "left"))
     return k if k < len(seg.steps) else -1
-
-
-def window_first(meta: dict) -> int:
-    """The training step a step window began at (``instrument(steps="10-12")``, the trainer
-    callbacks: snapshot["phasemem"]["steps"]), so that its steps are numbered as the loop numbered
-    them; 0 for a recording of the loop from its start."""
-    steps = meta.get("steps") if isinstance(meta, dict) else None
-    if isinstance(steps, (list, tuple)) and steps and isinstance(steps[0], int) and steps[0] > 0:
-        return steps[0]
-    return 0

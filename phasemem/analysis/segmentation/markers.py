@@ -44,6 +44,7 @@ class Marks:
     optimizer: list[Interval]  # outermost optimizer ranges, in time order
     forward: list[Interval]  # outermost forward ranges, in time order
     t_lost: int  # µs: the end of the last optimizer range before the first event (steps the ring buffer lost)
+    first_step: int = 0  # the training step the recording's first step is (``window_first``)
 
 
 def find_marks(trace: Trace, prefix: str = MARKER_PREFIX) -> Marks:
@@ -70,7 +71,17 @@ def find_marks(trace: Trace, prefix: str = MARKER_PREFIX) -> Marks:
     return Marks(intervals, sources, labels,
                  any(iv.source in ("markers", "metadata") and iv.phase in ("forward", "backward") for iv in intervals),
                  opt, outermost([iv for iv in intervals if iv.phase == "forward"]),
-                 max(lost) if lost else int(np.iinfo(np.int64).min))
+                 max(lost) if lost else int(np.iinfo(np.int64).min), window_first(trace.meta))
+
+
+def window_first(meta: dict) -> int:
+    """The training step a step window began at (``instrument(steps="10-12")``, the trainer
+    callbacks: snapshot["phasemem"]["steps"]), so that its steps are numbered as the loop numbered
+    them; 0 for a recording of the loop from its start."""
+    steps = meta.get("steps") if isinstance(meta, dict) else None
+    if isinstance(steps, (list, tuple)) and steps and isinstance(steps[0], int) and steps[0] > 0:
+        return steps[0]
+    return 0
 
 
 def _pair(markers, wanted) -> list[tuple[str, int, int]]:
