@@ -24,6 +24,18 @@ ROLE_HATCHES = {"ddp_buckets": "////", "unsharded_parameters": "////", "all_gath
 LIGHTER = 0.55
 #: Bar width, and the gap between two plans' groups, in slots.
 BAR_WIDTH, GROUP_GAP = 0.72, 0.9
+#: Line widths: between a bar's slices, the trace's outline, the lower reading's line.
+SLICE_EDGE_LW, TRACE_OUTLINE_LW, LOW_LINE_LW = 0.6, 1.1, 1.0
+#: The texts over a bar may take this share of its slot's width.
+TEXT_ROOM = 0.98
+#: Points between a bar's top and the text over it; the largest batch's line over the peak's, in font sizes.
+TEXT_AIR_PT, OVER_LINE_EM = 2, 1.35
+#: "does not apply" across a group: a character's width in font sizes, the fewest characters a line, the most lines.
+CHAR_EM, MIN_LINE_CHARS, MAX_WHY_LINES = 0.55, 12, 6
+#: "n/a" up a slot: the share of the plot's height it may take, and where it starts (in axes' heights).
+WHY_ROOM, WHY_Y = 0.92, 0.02
+#: The shortest "n/a" text a slot is cut down to.
+MIN_WHY_CHARS = 8
 
 
 def bar_slots(pic) -> list[tuple[float, str, PlanBar | None]]:
@@ -61,7 +73,8 @@ def draw_bars(ax, lay, pic, slots, div: float, slot_px: float) -> list[dict]:
                                                   slot_px, pic)
             for r in drawn["segments"]:
                 r[2].set_edgecolor("white")
-            ax.add_patch(Rectangle((x - BAR_WIDTH / 2, 0), BAR_WIDTH, peak / div, fill=False, ec=INK, lw=1.1, zorder=4))
+            ax.add_patch(Rectangle((x - BAR_WIDTH / 2, 0), BAR_WIDTH, peak / div, fill=False, ec=INK, lw=TRACE_OUTLINE_LW,
+                                   zorder=4))
         else:
             p = item.plan
             if not p.applies:
@@ -92,7 +105,7 @@ def _bar(ax, x, cats: dict, wrapper: dict, div: float, low, peak) -> dict:
             if nbytes <= 0:
                 continue
             rect = Rectangle((x0, y), BAR_WIDTH, nbytes / div, facecolor=CATEGORY_COLORS[cat], edgecolor="white",
-                             lw=0.6, hatch=ROLE_HATCHES.get(role) if role else None, zorder=2)
+                             lw=SLICE_EDGE_LW, hatch=ROLE_HATCHES.get(role) if role else None, zorder=2)
             ax.add_patch(rect)
             segs.append((cat, role, rect))
             y += nbytes / div
@@ -101,27 +114,27 @@ def _bar(ax, x, cats: dict, wrapper: dict, div: float, low, peak) -> dict:
         low_rect = Rectangle((x0, low / div), BAR_WIDTH, (peak - low) / div, facecolor="white", alpha=LIGHTER, lw=0,
                              zorder=3)
         ax.add_patch(low_rect)
-        ax.plot([x0, x0 + BAR_WIDTH], [low / div] * 2, color=INK, lw=1.0, zorder=4)
+        ax.plot([x0, x0 + BAR_WIDTH], [low / div] * 2, color=INK, lw=LOW_LINE_LW, zorder=4)
     return {"segments": segs, "low": low_rect, "why": None}
 
 
 def _over(ax, lay, x, peak, low, div, label, slot_px, pic):
     """The peak (small) and the largest batch (bold) over a bar, each as long as the slot allows."""
-    room = slot_px * 0.98
+    room = slot_px * TEXT_ROOM
     options = [format_bytes(peak), _num(peak / div)]
     if low is not None:
         options = [f"{_num(low / div)}–{format_bytes(peak)}", f"{_num(low / div)}–{_num(peak / div)}"] + options
     said = next((t for t in options if lay.fits(t, LEGEND_PT, room)), None)
     peak_t = label_t = None
     if said is not None:
-        peak_t = ax.annotate(said, (x, peak / div), xytext=(0, 2), textcoords="offset points", ha="center",
-                             va="bottom", fontsize=LEGEND_PT, color=GREY, zorder=5, annotation_clip=False)
+        peak_t = ax.annotate(said, (x, peak / div), xytext=(0, TEXT_AIR_PT), textcoords="offset points",
+                             ha="center", va="bottom", fontsize=LEGEND_PT, color=GREY, zorder=5, annotation_clip=False)
     # the largest batch: bold; smaller, then without its "x", where the slot is narrow; left out (the
     # table and the JSON have it) where even that does not fit
     fit = next(((t, pt) for t, pt in ((label, LABEL_PT), (label, LEGEND_PT), (label.replace("×", ""), LEGEND_PT))
                 if lay.fits(t, pt, room, "bold")), None)
     if fit is not None:
-        lift = 2 + LEGEND_PT * 1.35 if peak_t is not None else 2
+        lift = TEXT_AIR_PT + LEGEND_PT * OVER_LINE_EM if peak_t is not None else TEXT_AIR_PT
         label_t = ax.annotate(fit[0], (x, peak / div), xytext=(0, lift), textcoords="offset points", ha="center",
                               va="bottom", fontsize=fit[1], fontweight="bold",
                               color=PEAK if label in ("none", "?") else INK, zorder=5, annotation_clip=False)
@@ -144,8 +157,8 @@ def mark_not_applying(fig, ax, lay, pic, slots, slot_px, main_h) -> None:
         reasons = {(b.plan.why or ["unknown"])[0] for _, b in off}
         if len(off) == len(mine) and len(reasons) == 1:
             group_px = slot_px * len(mine)
-            chars = max(int(group_px / (lay.px(LEGEND_PT) * 0.55)), 12)
-            lines = textwrap.wrap("does not apply: " + reasons.pop(), chars)[:6]
+            chars = max(int(group_px / (lay.px(LEGEND_PT) * CHAR_EM)), MIN_LINE_CHARS)
+            lines = textwrap.wrap("does not apply: " + reasons.pop(), chars)[:MAX_WHY_LINES]
             xs = [x for x, _ in mine]
             t = ax.text((xs[0] + xs[-1]) / 2, 0.5, "\n".join(lines), transform=mtransforms.blended_transform_factory(
                 ax.transData, ax.transAxes), ha="center", va="center", fontsize=LEGEND_PT, color=GREY,
@@ -156,10 +169,10 @@ def mark_not_applying(fig, ax, lay, pic, slots, slot_px, main_h) -> None:
             continue
         for x, b in off:
             why = "n/a: " + (b.plan.why or ["unknown"])[0]
-            room = main_h * 0.92
-            while len(why) > 8 and not lay.fits(why, LEGEND_PT, room):
+            room = main_h * WHY_ROOM
+            while len(why) > MIN_WHY_CHARS and not lay.fits(why, LEGEND_PT, room):
                 why = why[:-2].rstrip() + "…" if why.endswith("…") else why[:-1].rstrip() + "…"
-            t = ax.text(x, 0.02, why, transform=mtransforms.blended_transform_factory(ax.transData, ax.transAxes),
+            t = ax.text(x, WHY_Y, why, transform=mtransforms.blended_transform_factory(ax.transData, ax.transAxes),
                         rotation=90, ha="center", va="bottom", fontsize=LEGEND_PT, color=GREY, style="italic", zorder=5)
             for d in fig.phasemem_bars:
                 if d["plan"] == name and d["ranks"] == b.plan.ranks:

@@ -43,6 +43,21 @@ _SVG_NS = "{http://www.w3.org/2000/svg}"
 _XLINK_HREF = "{http://www.w3.org/1999/xlink}href"
 _FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 _GRID, _REF = "#e6e6e6", "#f1f1f1"
+#: Slots of margin: past the last bar, and before the trace's (whose slot spans -0.5..0.5).
+RIGHT_MARGIN_SLOTS, LEFT_EDGE = 0.3, -0.6
+#: The plot's left margin: the widest tick label, the y label's line in its font sizes, and pixels; the right margin.
+YLABEL_EM, LEFT_PAD_PX, RIGHT_PX = 2.4, 10, 16
+#: A legend row, the x axis (tick and label lines in their font sizes, and pixels), and the note under the
+#: legend (in legend font sizes, and pixels).
+ROW_EM, TICK_LINE_EM, AXIS_LABEL_EM, AXIS_PAD_PX, NOTE_EM, NOTE_PAD_PX = 1.9, 1.9, 2.0, 6, 2.2, 8
+#: The fewest pixels the bars' plot may have.
+MIN_PLOT_PX = 80
+#: Pixels between the broken axis' two parts.
+BREAK_GAP_PX = 10
+#: Room over the tallest bar for its two texts (in label font sizes, and pixels); headroom over an unbroken budget line.
+OVER_BAR_EM, OVER_BAR_PX, BUDGET_HEADROOM = 3.0, 6, 1.06
+#: The y axis: tick length and pad (points), the grid's width.
+TICK_LEN, TICK_PAD, GRID_LW = 3, 2, 0.8
 
 
 def picture_writer(pic: PlanPicture, path, size=(1600, 900), dpi=100):
@@ -77,31 +92,31 @@ def plot_plans(pic: PlanPicture, size=(1600, 900), dpi=100) -> Figure:
     lay = Layout(FigureCanvasAgg(fig), width, height, dpi)
     top = draw_title(fig, lay, pic)
     slots = bar_slots(pic)
-    n_slots = slots[-1][0] + 0.5 + 0.3
+    n_slots = slots[-1][0] + 0.5 + RIGHT_MARGIN_SLOTS
     used_cats, used_roles = used_parts(pic)
     entries = legend_entries(pic, used_cats, used_roles)
-    left = lay.text_size("000.0", TICK_PT)[0] + lay.px(LABEL_PT) * 2.4 + 10
-    right = 16
+    left = lay.text_size("000.0", TICK_PT)[0] + lay.px(LABEL_PT) * YLABEL_EM + LEFT_PAD_PX
+    right = RIGHT_PX
     plot_w = width - left - right
     legend_rows = fit_legend_rows(lay, entries, plot_w)
-    row_h = lay.px(LEGEND_PT) * 1.9
-    axis_h = lay.px(TICK_PT) * 1.9 + lay.px(LABEL_PT) * 2.0 + 6
-    bottom = axis_h + len(legend_rows) * row_h + lay.px(LEGEND_PT) * 2.2 + 8
+    row_h = lay.px(LEGEND_PT) * ROW_EM
+    axis_h = lay.px(TICK_PT) * TICK_LINE_EM + lay.px(LABEL_PT) * AXIS_LABEL_EM + AXIS_PAD_PX
+    bottom = axis_h + len(legend_rows) * row_h + lay.px(LEGEND_PT) * NOTE_EM + NOTE_PAD_PX
     plot_h = height - top - bottom
-    if plot_h < 80:
+    if plot_h < MIN_PLOT_PX:
         raise PhasememError(f"size={size!r}: too small for the plan picture; give a larger size (640x360 or more)")
 
     tallest: int = max([pic.peak_bytes] + [b.plan.predicted_peak_bytes for b in pic.bars if b.plan.applies])  # type: ignore[type-var, assignment]  # those that apply have one
     broken = pic.budget_bytes > BREAK_RATIO * tallest
     div, unit = axis_unit(max(tallest, pic.budget_bytes if not broken else 0, 1))
-    main_h = plot_h * (1 - BREAK_SHARE) - 10 if broken else plot_h
-    label_px = lay.px(LABEL_PT) * 3.0 + 6
+    main_h = plot_h * (1 - BREAK_SHARE) - BREAK_GAP_PX if broken else plot_h
+    label_px = lay.px(LABEL_PT) * OVER_BAR_EM + OVER_BAR_PX
     y_top = tallest / div * main_h / max(main_h - label_px, 1)
     if not broken:
-        y_top = max(y_top, pic.budget_bytes / div * 1.06)
+        y_top = max(y_top, pic.budget_bytes / div * BUDGET_HEADROOM)
     ax = _axes(fig, lay, [left / width, bottom / height, plot_w / width, main_h / height], n_slots, y_top, unit,
                main_h)
-    slot_px = plot_w / (n_slots + 0.6)
+    slot_px = plot_w / (n_slots - LEFT_EDGE)
     fig.phasemem_unit = div  # type: ignore[attr-defined]  # phasemem's own attribute
     fig.phasemem_axes = ax  # type: ignore[attr-defined]  # phasemem's own attribute
     fig.phasemem_broken = broken  # type: ignore[attr-defined]  # phasemem's own attribute
@@ -117,11 +132,11 @@ def _axes(fig, lay, box, n_slots: float, y_top: float, unit: str, main_h: float)
     """The bars' axes at ``box`` (figure fractions): no x ticks, a y grid, the y label as long as
     ``main_h`` allows, and the trace's slot shaded."""
     ax = fig.add_axes(box)
-    ax.set_xlim(-0.6, n_slots)
+    ax.set_xlim(LEFT_EDGE, n_slots)
     ax.set_ylim(0, y_top)
     ax.set_xticks([])
-    ax.tick_params(labelsize=TICK_PT, length=3, pad=2, colors=INK)
-    ax.yaxis.grid(True, color=_GRID, lw=0.8)
+    ax.tick_params(labelsize=TICK_PT, length=TICK_LEN, pad=TICK_PAD, colors=INK)
+    ax.yaxis.grid(True, color=_GRID, lw=GRID_LW)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
