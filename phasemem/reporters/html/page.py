@@ -21,6 +21,7 @@ from ...units import axis_unit, format_bytes
 from ...vocab import CATEGORIES, PHASES
 from ..picture import bands as _bands
 from ..picture.colours import _CURVE, _RESERVED, _band_colors
+from ..picture.draw import CURVE_LW, STRIP_EM
 from ..picture.labels import STRIP_PT
 from .template import page
 
@@ -31,6 +32,10 @@ LAYER_BUDGET = 400_000
 #: A step wider than this share of the picture gets no layer of its own: zoomed, it would stretch the
 #: picture's columns by under 1/0.9 (the one step of ../shared/wild/wedsonlin_medium512_train).
 WHOLE_SHARE = 0.9
+
+#: Decimals of the bands' coordinates in the SVG: the whole picture's, and a zoomed step's most (one more for
+#: each tenfold zoom, so a step stretched across the page stays as sharp as the whole).
+BASE_DIGITS, MAX_DIGITS = 2, 6
 
 #: Frames of an allocation's stack shown on hover (innermost first, as memory_viz lists them).
 STACK_FRAMES = 14
@@ -119,7 +124,7 @@ class _Scene:
         self.codes = _bands.category_codes(report)
         self.lines = {"curve": any(str(ln.get_color()) == _CURVE for ln in ax.lines),
                       "reserved": report.reserved_peak_bytes > 0}
-        self.layers = [self._layer(st, 2)]  # the whole picture: the very stack plot() drew
+        self.layers = [self._layer(st, BASE_DIGITS)]  # the whole picture: the very stack plot() drew
         self.step_layer = self._step_layers()
         self.base = st
         self.drawn = sorted({int(i) for _, paths, _ in self.layers for i in paths})
@@ -160,7 +165,7 @@ class _Scene:
             if self.lines[name]:
                 xs, ys = _bands.step_outline(edges, values, self.unit)
                 extra.append(("path", {"d": _paths([self.ux(xs)], [self.vy(ys)], nd, close=False)[0], "fill": "none",
-                                       "stroke": ink, "stroke-width": f"{0.9 * self.dpi / 72:.2f}", "class": "pm-line"}))
+                                       "stroke": ink, "stroke-width": f"{CURVE_LW * self.dpi / 72:.2f}", "class": "pm-line"}))
         return sum(len(p) for p in polys), paths, extra
 
     def _step_layers(self) -> dict[int, int]:
@@ -179,7 +184,7 @@ class _Scene:
             st = _bands.stack(tl.lifetimes, cols, r.n_events, self.max_bands,
                               base_key=self.codes if self.color == "category" else None)
             zoom = (self.X1 - self.X0) / max(self.X[b] - self.X[a], 1e-9)
-            layer = self._layer(st, min(2 + math.ceil(math.log10(max(zoom, 1))), 6))
+            layer = self._layer(st, min(BASE_DIGITS + math.ceil(math.log10(max(zoom, 1))), MAX_DIGITS))
             if spent + layer[0] > LAYER_BUDGET:
                 break
             spent += layer[0]
@@ -191,7 +196,7 @@ class _Scene:
     def data(self) -> dict:
         r, X = self.r, self.X
         geo = {"L": self.L, "R": self.R, "T": self.T, "B": self.B, "X0": self.X0, "X1": self.X1,
-               "strip": STRIP_PT * 1.9, "by": self.by, "ytop": self.ytop, "unit": self.unit}
+               "strip": STRIP_PT * STRIP_EM, "by": self.by, "ytop": self.ytop, "unit": self.unit}
         views = {"all": [self.X0, self.X1, 0, "the whole picture", None]}
         steps = []
         for s in r.steps:
