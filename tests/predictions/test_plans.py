@@ -193,6 +193,26 @@ def test_cli_plans_in_text_and_json(tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_per_rank_fits_start_from_the_plans_peak(tmp_path):
+    """Under a plan, what fits starts from the peak that plan predicts per rank, in the JSON and in the
+    text printed under it, never the one-GPU trace's (printed once, above)."""
+    from phasemem.units import format_bytes
+
+    trace = os.path.join(HERE, "gpt__single_fp32__n1_r0__b4.pkl.xz")
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "phasemem", "analyze", trace, "--plan", "zero1:4", "--plan", "fsdp2:8",
+                        "--fits", "24GiB", "--json", str(out), "-o", str(tmp_path / "m.png")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    plans = json.loads(out.read_text())["plans"]
+    said = [line for line in p.stdout.splitlines() if line.startswith("    what fits in")]
+    assert len(plans) == len(said) == 2
+    for plan_json, line in zip(plans, said):
+        assert plan_json["fits"]["peak_bytes"] == plan_json["predicted_peak_bytes"]
+        assert f"(peak now {format_bytes(plan_json['predicted_peak_bytes'])}," in line
+    assert json.loads(out.read_text())["fits"]["peak_bytes"] == report("gpt__single_fp32__n1_r0__b4").peak_bytes
+
+
 def test_per_rank_fits_against_the_capped_runs():
     """Under a 24 GiB cap, the largest batch per rank --fits names for the one GPU, fsdp2:8 and zero1:4 of
     every family (all held out): within 5 % of the largest that ran; every one runs but gpt's zero1:4,

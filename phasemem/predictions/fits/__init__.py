@@ -54,6 +54,8 @@ def fits(an: Analysis, patterns: list[Pattern], budget: int, changes: list[Chang
             out.append(Fit(axis, False, why=[g.evidence]))
             continue
         out.append(_solve(f, axis, budget, reserve, frag, names, base, capped, blocks))
+    if base:  # the peak the answer starts from is the changed one (a plan's, per rank), as its plan says
+        peak = _at(*_parts(f, base), 1.0)
     return Fits(budget, peak, reserve, frag, out[0], out[1], said)
 
 

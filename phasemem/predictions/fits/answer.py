@@ -36,7 +36,7 @@ class Fits:
     """``report.fits(budget)``: the largest batch and sequence predicted to fit in ``budget_bytes``."""
 
     budget_bytes: int
-    peak_bytes: int
+    peak_bytes: int  # allocated, at the trace's batch: the trace's peak, or with ``changes`` (a plan) the changed one
     reserve_ratio: float  # reserved over allocated at the trace's peak
     fragmentation_ratio: float  # (allocated + free bytes inside segments that hold live blocks) / allocated
     batch: Fit
