@@ -51,7 +51,8 @@ class Plan:
     settings: dict = field(default_factory=dict)
     confidence: str = "low"
     explanation: str = ""
-    #: Where the trace cannot tell between two readings: the peak under the lower one (else None).
+    #: Where the trace cannot tell between two readings: the peak under the lower one (else None); the
+    #: peak lies from it to ``predicted_peak_bytes`` (a loss that may upcast: one of the two; autocast: between).
     predicted_peak_bytes_low: int | None = None
 
     def to_dict(self) -> dict:

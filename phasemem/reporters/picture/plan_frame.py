@@ -174,7 +174,7 @@ def legend_entries(pic, cats: list[str], roles: list[str]) -> list[tuple[dict, s
                     f"{ROLE_NAMES.get(r, r)} (in {CATEGORY_NAMES.get(cat, cat)})"))
     if any(b.plan.predicted_peak_bytes_low is not None for b in pic.bars):
         out.append((dict(facecolor="#bbbbbb", edgecolor=INK, lw=LOW_SWATCH_LW),
-                    "lighter top: above the lower of two readings the trace cannot tell apart"))
+                    "lighter top: from the lower to the upper of two readings the trace cannot tell apart"))
     return out
 
 
