@@ -226,7 +226,7 @@ def _run_ranks(args, budgets) -> int:
     outputs = [(args.output, run.picture_writer(args.output, size=args.size, dpi=args.dpi))]
     if args.json:
         outputs.append((args.json, run.json_writer()))
-    print(run)
+    print(run.text(full=args.full))
     write_all(outputs)  # all of them or none
     print(f"\nwrote {', '.join(p for p, _ in outputs)}")
     for line in broken:

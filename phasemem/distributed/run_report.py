@@ -17,7 +17,7 @@ import numpy as np
 from ..analysis.roles import DDP_ROLES, FSDP2_ROLES, backward_ends, role_bytes, roles
 from ..errors import PhasememError
 from ..report.breakdown import peak_breakdown, shape_at
-from ..report.registry import Written
+from ..report.registry import Written, reporter
 from ..report.report import INCOMPLETE_NOTE, Report
 from ..vocab import PHASES
 
@@ -200,6 +200,15 @@ class RunReport(Written):
     phases: list[Row]
     peak: RunPeak
     notes: list[str] = field(default_factory=list)
+
+    def text(self, full: bool = False) -> str:
+        """The run as text: the peak, each rank's wrapper, the ranks' peaks per phase of the typical step,
+        of the steps that differ from it and over all steps; ``full``: of every step.
+
+        Example:
+            >>> print(run.text(full=True))
+        """
+        return reporter("text", self).render(self, full=full)  # type: ignore[return-value]  # text renders str
 
     @property
     def spread(self) -> int:

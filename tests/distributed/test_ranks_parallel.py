@@ -70,6 +70,32 @@ def test_same_report_one_after_another_and_on_two_processes(folder):
     assert str(two) == str(one)
 
 
+def test_run_text_folds_alike_steps(folder, tmp_path, capsys):
+    """The run's text shows the typical step and each kind of step that differs (alike: every rank's peak in
+    every phase within ALIKE of the typical step's peak, as the one-trace report's rule), then all steps;
+    ``--full`` every step's rows."""
+    import re
+
+    from phasemem.analysis.typical import ALIKE
+
+    run = phasemem.analyze_ranks(folder, workers=1)
+    rows = lambda text: [ln for ln in text.splitlines() if re.match(r"\s+\d+ [a-z_]+ ", ln)]  # noqa: E731
+    full = run.text(full=True)
+    assert len(rows(full)) == len(run.rows)
+    # independently of the reporter: each step against step 1, rank by rank and phase by phase
+    of = {(r.step, r.phase): r.peaks for r in run.rows}
+    ref = {ph: p for (st, ph), p in of.items() if st == 1}
+    top = max(v for p in ref.values() for v in p.values())
+    alike = [s for s in run.steps if {ph for (st, ph) in of if st == s} == set(ref)
+             and all(abs(of[s, ph][k] - ref[ph][k]) <= ALIKE * top for ph in ref for k in ref[ph])]
+    assert alike == [1, 2, 3, 4]  # step 0 differs: no optimizer state before its update
+    short = str(run)
+    assert sorted({int(ln.split()[0]) for ln in rows(short)}) == [0, 1]
+    assert f"4 of 5 steps within {ALIKE:.0%}" in short and len(short.splitlines()) < len(full.splitlines())
+    code, out, err = _cli(["analyze", str(folder), "--full", "-o", str(tmp_path / "r.png"), "--workers", "1"], capsys)
+    assert code == 0 and rows(out) == rows(full)
+
+
 def test_default_is_every_core_and_says_the_same(folder, monkeypatch):
     used = []
     real = ranks_mod._on_processes

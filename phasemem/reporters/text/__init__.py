@@ -18,7 +18,7 @@ from .short import format_report
 
 
 class Text:
-    """The lines ``print`` shows; ``full`` (a Report's only): every step's phases and every shape."""
+    """The lines ``print`` shows; ``full`` (a Report's and a run's): every step's phases and every shape."""
 
     name = "text"
     suffixes = (".txt",)
@@ -27,7 +27,7 @@ class Text:
     def render(self, report, full: bool = False) -> str:
         if isinstance(report, Report):
             return format_report(report, full=full)
-        return format_comparison(report) if isinstance(report, Comparison) else format_run(report)
+        return format_comparison(report) if isinstance(report, Comparison) else format_run(report, full=full)
 
     def writer(self, report, path=None, **options) -> Writer:
         return writes(self.render(report, **options))
