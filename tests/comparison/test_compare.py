@@ -293,3 +293,22 @@ def test_each_recorded_pair_names_the_change_that_was_made(name, pairs=PAIRS):
         assert change.get(("checkpoint_recompute", "backward")) == "appeared"
     if name in ("chunked_ce", "bf16_logits", "half_batch"):
         assert c.delta < 0
+
+
+def test_a_shapes_two_figures_are_labelled_where_both_are_said():
+    """A shape's change is said twice with two meanings: in the shapes (each side's largest occurrence,
+    whole) and in the causes (its bytes alive at each peak). Each line carries its label, and the main
+    cause is the causes' own figure (half_batch: logits_release -3.84 GiB whole, -4.61 GiB at the peak)."""
+    from phasemem.reporters.text.compare import SHAPE_SIZES
+    from phasemem.units import signed
+    from phasemem.vocab import AT_PEAK
+
+    c = phasemem.compare(str(PAIRS / "base.pkl.xz"), str(PAIRS / "half_batch.pkl.xz"))
+    text = str(c).splitlines()
+    main = c.main_cause()
+    cause = next(x for x in c.attribution if x.cause == main["cause"])
+    shape = next(s for s in c.shapes if s.kind == main["cause"] and s.change != "same")
+    assert cause.bytes != shape.delta  # two figures of one shape: why both need a label
+    assert f"main cause: {main['cause']} {signed(cause.bytes)} {AT_PEAK}" in text
+    assert f"shapes ({SHAPE_SIZES}):" in text
+    assert any(line.startswith(f"the peak's change {signed(c.delta)}, by cause ({AT_PEAK}") for line in text)

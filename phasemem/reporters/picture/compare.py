@@ -19,7 +19,7 @@ from matplotlib.patches import Patch, Rectangle
 from ...errors import PhasememError
 from ...output import check_picture_size
 from ...units import axis_unit, format_bytes, pct, signed
-from ...vocab import CATEGORY_NAMES, PHASE_COLORS
+from ...vocab import AT_PEAK, CATEGORY_NAMES, PHASE_COLORS
 from . import layout
 from .labels import CALLOUT_PT, LABEL_PT, LEGEND_PT, STRIP_PT, TICK_PT, TITLE_PT, Layout
 
@@ -315,7 +315,7 @@ def _causes(fig, lay, c, top, bottom, width, height) -> None:
     # room either side for the value labels, which are as long as the bars' own text
     ax.set_xlim(-scale / div * X_ROOM, scale / div * X_ROOM)
     ax.tick_params(axis="x", labelsize=TICK_PT)
-    ax.set_title(f"the peak's change by cause ({unit})", fontsize=LABEL_PT, loc="left")
+    ax.set_title(f"the peak's change by cause ({unit}, {AT_PEAK})", fontsize=LABEL_PT, loc="left")
     main, said = c.main_cause(), ""
     if not c.moved and main is not None:  # say where the change went when the peak itself stayed
         said = _wrap(lay, f"The peak did not move; the largest change is {main['where']}'s peak "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from matplotlib.patches import Rectangle
 
 from ...units import format_bytes
-from ...vocab import CATEGORY_COLORS, CATEGORY_NAMES
+from ...vocab import AT_PEAK, CATEGORY_COLORS, CATEGORY_NAMES
 from . import layout
 from .labels import TICK_PT
 
@@ -29,10 +29,10 @@ BAR_GAP_PX, COLUMN_AIR_PX = 8, 12
 MIN_LABEL_PX = 13
 #: The shapes named above the bar: the largest few.
 SHAPES_SHOWN = 3
-#: What the shapes' figures above the bar are: the part of each shape alive at the peak, which the
-#: report's list of shapes and the callouts do not give (they give each occurrence's whole size).
-#: (The report's text names the same two measures; this picture's words until they share one constant.)
-ALIVE_AT_PEAK = "alive at the peak"
+#: What the shapes' figures above the bar are: the part of each shape alive at the peak (vocab.AT_PEAK,
+#: the report's text's words), which the list of shapes and the callouts do not give (they give each
+#: occurrence's whole size).
+ALIVE_AT_PEAK = AT_PEAK
 #: The bar's x extent in its axes (0..1), and where the names beside it start.
 BAR_W, NAME_X = 0.28, 0.33
 #: Under the bar, a name starts this many font sizes right of its slice's colour swatch.

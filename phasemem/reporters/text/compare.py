@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from ...report.comparison import Cause, Comparison, Side, headline, named_floor
 from ...units import format_bytes, pct, signed
-from ...vocab import CATEGORY_NAMES
+from ...vocab import AT_PEAK, CATEGORY_NAMES
+
+#: What the shapes' figures are (``ShapeDelta.a_bytes``, ``b_bytes``): each side's largest occurrence, whole;
+#: the causes' are the bytes alive at each peak (vocab.AT_PEAK), so a shape's two figures differ.
+SHAPE_SIZES = "each side's largest, whole"
 
 
 def format_comparison(c: Comparison) -> str:
@@ -19,7 +23,7 @@ def format_comparison(c: Comparison) -> str:
     if main is not None:
         what = main["cause"] if main["type"] != "category" else (
             f"{CATEGORY_NAMES.get(main['cause'], main['cause'])} outside the named shapes")
-        lines.append(f"main cause: {what} {signed(main['bytes'])}" if main["where"] == "peak" else
+        lines.append(f"main cause: {what} {signed(main['bytes'])} {AT_PEAK}" if main["where"] == "peak" else
                      f"the peak did not move; the largest change is {main['where']}'s peak "
                      f"{signed(main['phase_delta'])}, mostly {what} {signed(main['bytes'])}")
     lines += [f"note: {n}" for n in c.notes]
@@ -34,12 +38,12 @@ def format_comparison(c: Comparison) -> str:
     lines.append(f"{'peak':<10} {format_bytes(c.a.peak_bytes):>11} {format_bytes(c.b.peak_bytes):>11} "
                  f"{signed(c.delta):>11} {pct(c.delta, c.a.peak_bytes):>8}")
     changed = [s for s in c.shapes if s.change != "same"]
-    lines += ["", "shapes:" if changed else "shapes: none changed"]
+    lines += ["", f"shapes ({SHAPE_SIZES}):" if changed else "shapes: none changed"]
     lines += [f"  {s.change:<12} {s.phase:<10} {s.said()}" for s in changed]
     lines += ["", f"{'category at the peak':<22} {'A':>11} {'B':>11} {'Δ':>11}"]
     lines += [f"  {CATEGORY_NAMES.get(k, k):<20} {format_bytes(v['a']):>11} {format_bytes(v['b']):>11} "
               f"{signed(v['delta']):>11}" for k, v in c.categories.items() if v["a"] or v["b"]]
-    lines += ["", f"the peak's change {signed(c.delta)}, by cause:"]
+    lines += ["", f"the peak's change {signed(c.delta)}, by cause ({AT_PEAK} on each side):"]
     lines += [f"  {_cause(x):<44} {signed(x.bytes):>11}" for x in c.attribution]
     small = f"unexplained (other; causes under {format_bytes(named_floor(c.a.peak_bytes, c.b.peak_bytes))})"
     lines.append(f"  {small:<44} {signed(c.unexplained_bytes):>11}")
