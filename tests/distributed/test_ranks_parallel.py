@@ -96,6 +96,23 @@ def test_run_text_folds_alike_steps(folder, tmp_path, capsys):
     assert code == 0 and rows(out) == rows(full)
 
 
+def test_run_text_names_the_ranks_at_the_ends_past_many(folder, monkeypatch):
+    """Past RANK_LINES ranks, the wrapper's lines are the first rank's, the highest's and the lowest's;
+    ``full`` keeps every rank's."""
+    from phasemem.reporters.text import ranks as text_ranks
+
+    run = phasemem.analyze_ranks(folder, workers=1)
+    monkeypatch.setattr(text_ranks, "RANK_LINES", 2)
+    import re
+
+    wrapper = re.compile(r"  rank (\d+) \S+ peak ")
+    said = [int(m.group(1)) for m in map(wrapper.match, str(run).splitlines()) if m]
+    peaks = {s.rank: s.peak_bytes for s in run.ranks}
+    want = sorted({0, max(peaks, key=peaks.get), min(peaks, key=peaks.get)})
+    assert said == want and f"… {len(peaks) - len(want)} more ranks" in str(run)
+    assert len([ln for ln in run.text(full=True).splitlines() if wrapper.match(ln)]) == 4
+
+
 def test_default_is_every_core_and_says_the_same(folder, monkeypatch):
     used = []
     real = ranks_mod._on_processes

@@ -17,6 +17,8 @@ from ...vocab import CATEGORY_NAMES, ROLE_NAMES
 
 #: Per-rank columns in the table up to this many ranks; past it only max, min and spread.
 TABLE_RANKS = 8
+#: Ranks whose wrapper line is printed, past which only the first, the highest and the lowest are.
+RANK_LINES = 16
 #: Kinds of step that differ from the typical one shown by their first step's rows; the rest are counted.
 DIFFER_SHOWN = 5
 FULL_HINT = "(every step's rows: phasemem analyze DIR --full, or print(run.text(full=True)))"
@@ -40,7 +42,13 @@ def format_run(run: RunReport, full: bool = False) -> str:
         lines.append(f"  rank {p.rank} holds {format_bytes(p.category_excess)} more "
                      f"{CATEGORY_NAMES.get(p.category, p.category)} at its peak than the median other rank at its own")
     lines += [f"note: {n}" for n in run.notes]
-    lines += ["", "what the distributed wrapper holds at each rank's peak:"] + [_parallel_line(s) for s in ranks]
+    lines += ["", "what the distributed wrapper holds at each rank's peak:"]
+    if full or len(ranks) <= RANK_LINES:
+        lines += [_parallel_line(s) for s in ranks]
+    else:  # the ranks at the ends of the spread, and the first: the rest are between them
+        keep = sorted({int(ranks[0].rank or 0), int(p.rank), int(lo.rank or 0)})  # numbered by RunReport.of
+        lines += [_parallel_line(s) for s in ranks if s.rank in keep]
+        lines.append(f"  … {len(ranks) - len(keep)} more ranks between them (every rank: --full)")
     shown = [s.number for s in ranks] if len(ranks) <= TABLE_RANKS else []
     head = f"{'step':>5} {'phase':<10}" + "".join(f"{'rank ' + str(r):>11}" for r in shown) + \
         f"{'max':>11}{'min':>11}{'spread':>11}{'max at':>8}"
