@@ -118,7 +118,8 @@ class PlanPicture:
         lines += ["  " + "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths)))
                   .rstrip() for r in rows]
         if any(b.plan.predicted_peak_bytes_low is not None for b in self.bars):
-            lines.append("  a-b: two readings of what the trace cannot tell (docs/plans.md); the peak lies from a to b")
+            lines.append("  a-b: two readings of what the trace cannot tell (docs/plans.md); the peak lies from a to b, "
+                         "and the batch in brackets fits at b")
         lines += [f"  n/a ({self._where(w)}): {why}" for why, w in off.items()]
         lines += [f"  ? ({self._where(w)}): what fits cannot be told: {why}" for why, w in unsolved.items()]
         if self.reference_factor is None:
