@@ -14,6 +14,7 @@ from ...model import Pattern
 from ..blocks import Change, Facts
 from ..remedies import REMEDIES
 from ..remedies.per_token import block_growth
+from ..replay import points
 from ..scaling import CONSTANT
 from .answer import Fit, Fits
 from .bounds import _at, _blocks, _parts, _reserve, fragmentation
@@ -55,7 +56,7 @@ def fits(an: Analysis, patterns: list[Pattern], budget: int, changes: list[Chang
             continue
         out.append(_solve(f, axis, budget, reserve, frag, names, base, capped, blocks))
     if base:  # the peak the answer starts from is the changed one (a plan's, per rank), as its plan says
-        peak = _at(*_parts(f, base), 1.0)
+        peak = int(points(f.n, *blocks[:3]).max())
     return Fits(budget, peak, reserve, frag, out[0], out[1], said)
 
 

@@ -87,23 +87,22 @@ def half_compute(f: Facts, params: Params, steps: list[StepBlocks], ch: Change, 
     the vocabulary-sized ones (upcast for the loss); under autocast, as they are, less its weight casts."""
     casts = autocast_casts(f, params, steps)
     kind = block_growth(f).kind
+    grows = kind != CONSTANT
+    made = np.isin(f.phase_alloc, [P["forward"], P["loss"], P["backward"]])
     if casts is not None:
         ch.size[casts] = 0
         scores = kind == QUADRATIC  # autocast runs softmax in fp32; a half-precision model does not
         ch.size[scores] = np.round(ch.size[scores] * HALF_COMPUTE).astype(np.int64)
         # which other blocks autocast kept in fp32 (a residual stream, norms, the loss) no trace tells: the
         # lower answer takes every per-token block for one
-        made = np.isin(f.phase_alloc, [P["forward"], P["loss"], P["backward"]])
-        st["_low"] = np.flatnonzero((kind != CONSTANT) & made & ~casts & ~scores)
+        st["_low"] = np.flatnonzero(grows & made & ~casts & ~scores)
         return ("the trace ran under autocast: its per-token blocks are taken as half precision already but the "
                 "attention scores (autocast's softmax runs in fp32), and its casts of the weights give way to the "
                 "gathered half-precision parameters; which other blocks autocast kept in fp32 (a residual stream, "
                 "norms, the loss) no trace tells, so the lower answer halves every per-token block (from an fp32 "
                 "trace the answer is one number: record a step without autocast for it)")
-    grows = kind != CONSTANT
     vocab = np.zeros(len(f.size), bool)
     vocab[f.members("logits", "softmax_spike", "logits_release")] = True
-    made = np.isin(f.phase_alloc, [P["forward"], P["loss"], P["backward"]])
     upcast = loss_upcasts(f) if vocab.any() else False
     half = grows & made & (~vocab if upcast is not False else True)
     ch.size[half] = np.round(ch.size[half] * HALF_COMPUTE).astype(np.int64)
