@@ -20,6 +20,7 @@ from helpers.paths import FIXTURES
 from phasemem.analysis.peak import SHAPE_PRIORITY
 from phasemem.reporters.picture import labels, peakbar
 from phasemem.units import format_bytes
+from phasemem.vocab import AT_PEAK
 
 WILD = FIXTURES.parent.parent / "shared" / "wild"
 PATHS = sorted(FIXTURES.glob("*.pkl.xz")) + sorted(FIXTURES.glob("*/**/*.pkl.xz"))
@@ -99,7 +100,7 @@ def test_picture_numbers_are_the_reports(path: Path, lay):
             (kind,) = ln.names
             assert ln.nbytes == shapes[kind] and _figure(ln.text) == format_bytes(shapes[kind])
         if listed:  # said to be what was alive then, not the shape's whole size the list gives
-            assert any(ln.kind == "heading" and peakbar.ALIVE_AT_PEAK in ln.text for ln in got)
+            assert any(ln.kind == "heading" and AT_PEAK in ln.text for ln in got)
 
 
 def test_the_bar_sums_thin_slices_it_has_no_room_to_name(lay):

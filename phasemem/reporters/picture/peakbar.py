@@ -29,10 +29,6 @@ BAR_GAP_PX, COLUMN_AIR_PX = 8, 12
 MIN_LABEL_PX = 13
 #: The shapes named above the bar: the largest few.
 SHAPES_SHOWN = 3
-#: What the shapes' figures above the bar are: the part of each shape alive at the peak (vocab.AT_PEAK,
-#: the report's text's words), which the list of shapes and the callouts do not give (they give each
-#: occurrence's whole size).
-ALIVE_AT_PEAK = AT_PEAK
 #: The bar's x extent in its axes (0..1), and where the names beside it start.
 BAR_W, NAME_X = 0.28, 0.33
 #: Under the bar, a name starts this many font sizes right of its slice's colour swatch.
@@ -102,9 +98,9 @@ def lines(lay, peak, top_bytes: float, h_px: float, px: float, under_px: float) 
     small = TICK_PT * SHAPE_SCALE
     shapes = [(k, int(v)) for k, v in sorted(peak.by_shape.items(), key=lambda kv: -kv[1])[:SHAPES_SHOWN]]
     shapes = [(k, v) for k, v in shapes if lay.fits(_shape_text(k, v), small, px - COLUMN_AIR_PX)]
-    heading = f"of which shapes, {ALIVE_AT_PEAK}"
+    heading = f"of which shapes, {AT_PEAK}"  # what the shapes' figures above the bar are (vocab)
     if not lay.fits(heading, small, px - COLUMN_AIR_PX):
-        heading = f"shapes {ALIVE_AT_PEAK}"
+        heading = f"shapes {AT_PEAK}"
     while shapes and ((len(shapes) + 1) * lay.px(small) * ABOVE_LINE_EM + lay.px(TICK_PT) * ABOVE_LINE_EM
                       + TEXT_AIR_PX > room):
         shapes.pop()
