@@ -60,7 +60,7 @@ def format_run(run: RunReport, full: bool = False) -> str:
                 + f"{format_bytes(r.max):>11}{format_bytes(r.min):>11}{format_bytes(r.spread):>11}"
                 + f"{'rank ' + str(r.max_rank) if r.spread else '—':>8}")
 
-    groups = _kinds(run)
+    groups = [] if full else _kinds(run)
     if full or len(groups) == len(run.steps):  # every step its own kind: nothing to fold
         return "\n".join(lines + [row(r) for r in run.rows + run.phases])
     by_step: dict[int, list[Row]] = {}
